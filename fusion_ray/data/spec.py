@@ -1,0 +1,35 @@
+"""The data pipeline's typed settings: where documents come from and how they become ids."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class DataSpec:
+    """One dataset: its source, its splits and its tokenizer. Independent of trial seed and model."""
+
+    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
+
+    source: str = "synthetic"
+    """Where documents come from, a name in fusion_ray.data.SOURCES (hub, local, synthetic)."""
+    source_kwargs: dict[str, Any] = field(default_factory=lambda: {"regime": "short"})
+    """Keyword options of the source (hub: dataset; local: train/validation/test paths, columns;
+    synthetic: regime and sizes)."""
+    num_classes: int | None = None
+    """Number of labels; None takes the source's own count. Labels outside 0..num_classes-1 fail."""
+    validation_fraction: float = 0.1
+    """Share of train carved out as validation when the source has no validation split."""
+    split_seed: int = 1234
+    """Seed of the validation carve-out and of subsampling; never the trial seed."""
+    max_train_samples: int | None = None
+    """Keep at most this many training documents (a seeded subsample), for quick runs."""
+    tokenizer: str = "bpe"
+    """Tokenizer family, a name in fusion_ray.data.TOKENIZERS (bpe, word)."""
+    tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the tokenizer (vocab_size, min_frequency, ...)."""
+    max_length: int = 512
+    """Documents are truncated to this many tokens."""
+    cache_dir: str | None = None
+    """Where tokenised splits are cached; None uses $FUSION_RAY_CACHE or ~/.cache/fusion_ray."""

@@ -1,0 +1,42 @@
+"""The model's typed settings. A plain dataclass, so the model package needs only torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class ModelSpec:
+    """Encoder-only Transformer classifier; only the fusion step differs between operators."""
+
+    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
+
+    d_model: int = 128
+    """Width of token embeddings, position signals and the encoder."""
+    n_heads: int = 8
+    """Attention heads per layer; must divide d_model."""
+    n_layers: int = 2
+    """Encoder layers."""
+    d_ff: int = 256
+    """Hidden width of each feed-forward block."""
+    dropout: float = 0.1
+    """Dropout in attention, feed-forward and after fusion."""
+    activation: Literal["relu", "gelu"] = "relu"
+    """Feed-forward activation (the study used PyTorch's default, relu)."""
+    norm_first: bool = False
+    """Pre-LayerNorm blocks when true; post-LN (the study's nn.TransformerEncoder default) when false."""
+    max_len: int = 512
+    """Longest sequence the position tables cover; at least the data's max_length."""
+    fusion: str = "add"
+    """Fusion operator, a name in fusion_ray.model.FUSIONS."""
+    fusion_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the fusion operator (e.g. kernel_size for gate_cnn)."""
+    position: str = "sinusoidal"
+    """Input-level position signal P, a name in fusion_ray.model.POSITIONS."""
+    position_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the input-level position signal."""
+    attention_position: str = "none"
+    """Attention-level position mechanism, a name in fusion_ray.model.ATTENTION_POSITIONS."""
+    attention_position_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword options of the attention-level position mechanism."""

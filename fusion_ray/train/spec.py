@@ -1,0 +1,61 @@
+"""Typed settings of one trial's training, and the full config of one trial."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from fusion_ray.data.spec import DataSpec
+from fusion_ray.model.spec import ModelSpec
+
+
+@dataclass
+class TrainSpec:
+    """Optimisation, evaluation and batching; identical across the operators of a sweep."""
+
+    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
+
+    optimizer: Literal["adamw", "adam"] = "adamw"
+    """AdamW (AG News / IMDB in the study) or Adam (ArXiv)."""
+    lr: float = 3e-4
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay after warm-up."""
+    warmup_steps: int = 0
+    """Linear warm-up steps from 0 to lr."""
+    batch_size: int = 64
+    """Documents per optimiser step, summed over all workers."""
+    eval_batch_size: int = 128
+    """Documents per evaluation batch on each worker."""
+    epochs: int = 20
+    """Maximum training epochs."""
+    patience: int | None = None
+    """Stop after this many epochs without a better validation accuracy; None never stops early."""
+    grad_clip: float | None = 1.0
+    """Clip the global gradient norm to this value; None disables clipping."""
+    padding: Literal["dynamic", "max_length"] = "dynamic"
+    """dynamic: length-grouped batches padded to their longest document; max_length: the study's
+    fixed padding of every batch to data.max_length."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """auto: bf16 autocast on GPU, fp32 on CPU."""
+    latency_repeats: int = 20
+    """Timed repeats of the inference-latency measurement (median reported, after warm-up)."""
+    latency_batch_size: int = 32
+    """Documents per batch in the inference-latency measurement."""
+
+
+@dataclass
+class TrialConfig:
+    """Everything one trial needs: a dataset, a model, a training recipe and the paired seed."""
+
+    __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
+
+    dataset: str = "short"
+    """The dataset's name in the sweep (an MLflow tag and a table row)."""
+    data: DataSpec = field(default_factory=DataSpec)
+    model: ModelSpec = field(default_factory=ModelSpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    seed: int = 0
+    """The blocking factor: same seed => same shared init and batch order for every operator."""
