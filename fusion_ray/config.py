@@ -1,0 +1,379 @@
+"""The sweep file: typed schema, loading and validation (every problem at once, before Ray starts).
+
+A sweep file is YAML. Operators, positions, sources and tokenizers are chosen by registry name,
+with options as keyword arguments (``{name: gate_cnn, kernel_size: 9}``); nothing in YAML is a
+Python import path. ``extends:`` names YAML fragments (e.g. tuned settings written by ``sweeps/hpo.yaml``)
+merged under the file itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+from fusion_ray.data.spec import DataSpec
+from fusion_ray.model.spec import ModelSpec
+from fusion_ray.train.spec import TrainSpec
+
+AXES = ("datasets", "positions", "attention_positions", "fusions")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class Named(_Strict):
+    """A registry entry chosen by name, with keyword options (``gate_cnn`` or ``{name: gate_cnn, kernel_size: 9}``)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    @property
+    def label(self) -> str:
+        """The name alone, or ``name(k=v,...)`` when options are set (the MLflow ``fusion`` tag)."""
+        if not self.kwargs:
+            return self.name
+        options = ",".join(f"{k}={v}" for k, v in sorted(self.kwargs.items()))
+        return f"{self.name}({options})"
+
+
+def _bare_names(value: Any) -> Any:
+    """Accept ``add`` as shorthand for ``{name: add}`` in a list of registry entries."""
+    if not isinstance(value, list):
+        return value
+    return [{"name": v} if isinstance(v, str) else v for v in value]
+
+
+class Grid(_Strict):
+    """The crossed factors. Every combination is a cell, repeated for every seed."""
+
+    datasets: list[str] = Field(min_length=1)
+    """Names of entries under ``datasets:``."""
+    positions: list[Named] = Field(default_factory=lambda: [Named(name="sinusoidal")])
+    """Input-level position signals (fusion_ray.model.POSITIONS)."""
+    attention_positions: list[Named] = Field(default_factory=lambda: [Named(name="none")])
+    """Attention-level positions (fusion_ray.model.ATTENTION_POSITIONS)."""
+    fusions: list[Named] = Field(min_length=1)
+    """Fusion operators (fusion_ray.model.FUSIONS); the first is the default baseline."""
+
+    @field_validator("positions", "attention_positions", "fusions", mode="before")
+    @classmethod
+    def _accept_bare_names(cls, value: Any) -> Any:
+        return _bare_names(value)
+
+
+class SubGrid(_Strict):
+    """Extra cells beyond the grid (e.g. gate_cnn on arxiv only); axes left out take the grid's values."""
+
+    datasets: list[str] | None = None
+    positions: list[Named] | None = None
+    attention_positions: list[Named] | None = None
+    fusions: list[Named] | None = None
+
+    @field_validator("positions", "attention_positions", "fusions", mode="before")
+    @classmethod
+    def _accept_bare_names(cls, value: Any) -> Any:
+        return _bare_names(value)
+
+
+class Rule(_Strict):
+    """Selects cells: a cell matches when, for every axis given, its value is in the list."""
+
+    datasets: list[str] | None = None
+    positions: list[str] | None = None
+    attention_positions: list[str] | None = None
+    fusions: list[str] | None = None
+    """Operator names (or labels such as ``gate_cnn(kernel_size=9)``)."""
+
+
+class Defaults(_Strict):
+    """Model and training settings shared by every dataset unless a preset overrides them."""
+
+    model: dict[str, Any] = Field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
+
+
+class Resources(_Strict):
+    """What each trial asks of the cluster."""
+
+    workers: int = Field(1, ge=1)
+    """Ray Train workers (DDP ranks) per trial; 1 runs the loop directly in the Tune trial."""
+    use_gpu: bool = False
+    """Train on GPUs (nccl for DDP); false trains on CPU (gloo)."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    gpus_per_worker: float = Field(0.0, ge=0)
+    """GPUs per worker; a fraction such as 0.25 packs four small trials on one card."""
+    max_concurrent_trials: int | None = Field(None, ge=1)
+    """Trials running at once; None lets the cluster's resources decide."""
+    force_trainer: bool = False
+    """Run one-worker trials through TorchTrainer too (normally they run directly in the Tune trial)."""
+
+
+class DatasetPreset(_Strict):
+    """One dataset of the sweep with its own model and training preset (the study's per-dataset settings)."""
+
+    data: DataSpec
+    model: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of ``defaults.model`` for this dataset."""
+    train: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of ``defaults.train`` for this dataset."""
+    resources: Resources | None = None
+    """Trial resources for this dataset's cells (e.g. DDP on long documents); None uses the sweep's."""
+
+
+class SweepSpec(_Strict):
+    """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """The MLflow experiment and the Ray Tune run name."""
+    description: str = ""
+    extends: list[str] = Field(default_factory=list)
+    """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
+    seeds: list[int] = Field(min_length=1)
+    """Every cell runs once per seed; seeds are never sampled."""
+    grid: Grid
+    include: list[SubGrid] = Field(default_factory=list)
+    """Extra sub-grids crossed with the seeds (e.g. ``{datasets: [arxiv], fusions: [gate_cnn]}``)."""
+    exclude: list[Rule] = Field(default_factory=list)
+    """Cells matching any of these rules are dropped."""
+    datasets: dict[str, DatasetPreset]
+    defaults: Defaults = Field(default_factory=Defaults)
+    resources: Resources = Field(default_factory=Resources)
+    storage_path: str = "ray_results"
+    """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix."""
+    tracking_uri: str = "sqlite:///mlflow.db"
+    """The MLflow tracking store or server."""
+    retries: int = Field(1, ge=0)
+    """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
+    address: str | None = None
+    """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
+    baseline: str | None = None
+    """Operator the report compares against; None takes the first of grid.fusions."""
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
+        dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+        if dupes:
+            raise ValueError(f"duplicate seeds {dupes}; list each seed once")
+        if any(s < 0 for s in seeds):
+            raise ValueError("seeds must be >= 0")
+        return seeds
+
+
+# ----------------------------------------------------------------------------- loading
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(value: Any) -> Any:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in strings (for storage paths and URIs)."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match) -> str:
+            if m.group(1) in os.environ:
+                return os.environ[m.group(1)]
+            if m.group(2) is not None:
+                return m.group(2)
+            raise ValueError(f"environment variable {m.group(1)} is not set")
+
+        return _ENV.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v) for v in value]
+    return value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``; nested mappings merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class SweepFileError(ValueError):
+    """A sweep file with problems; the message lists every one as ``file: field: problem``."""
+
+    def __init__(self, path: str | Path, problems: list[str]) -> None:
+        self.path, self.problems = str(path), problems
+        lines = "\n".join(f"  {self.path}: {p}" for p in problems)
+        super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist; see sweeps/ for examples")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SweepFileError(path, [f"not valid YAML: {exc}"]) from exc
+    if not isinstance(raw, dict):
+        raise SweepFileError(path, ["top level must be a mapping with name, seeds, grid, datasets"])
+    return raw
+
+
+def read_sweep_dict(path: str | Path) -> dict[str, Any]:
+    """The sweep file with its ``extends:`` fragments merged under it and ``${VAR}`` expanded."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    merged: dict[str, Any] = {}
+    for fragment in raw.get("extends", []) or []:
+        fragment_path = (path.parent / fragment).resolve()
+        if not fragment_path.is_file():
+            raise SweepFileError(
+                path, [f"extends: fragment {fragment!r} not found at {fragment_path}; fix the path or run the phase that writes it"]
+            )
+        merged = deep_merge(merged, _read_yaml(fragment_path))
+    merged = deep_merge(merged, raw)
+    try:
+        return _expand_env(merged)
+    except ValueError as exc:
+        raise SweepFileError(path, [f"{exc}; export it or give a default as ${{VAR:-default}}"]) from exc
+
+
+def _pydantic_problems(exc: ValidationError) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+            problems.append(f"{where}: unknown key; remove it or check its spelling")
+        elif err["type"] == "missing":
+            problems.append(f"{where}: required field is missing")
+        else:
+            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return problems
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and fully validate a sweep file; raises ``SweepFileError`` listing every problem."""
+    raw = read_sweep_dict(path)
+    try:
+        spec = SweepSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SweepFileError(path, _pydantic_problems(exc)) from None
+    problems = semantic_problems(spec)
+    if problems:
+        raise SweepFileError(path, problems)
+    return spec
+
+
+# ----------------------------------------------------------------------------- semantic checks
+
+
+def resolve_specs(spec: SweepSpec, dataset: str) -> tuple[DataSpec, dict[str, Any], dict[str, Any]]:
+    """A dataset's data spec and its merged (defaults + preset) model and train settings."""
+    preset = spec.datasets[dataset]
+    model = deep_merge(spec.defaults.model, preset.model)
+    train = deep_merge(spec.defaults.train, preset.train)
+    return preset.data, model, train
+
+
+def semantic_problems(spec: SweepSpec) -> list[str]:
+    """Problems the schema cannot see: unknown registry names, options, presets, resources."""
+    from fusion_ray.data import check_data_spec
+    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, check_model_spec
+
+    problems: list[str] = []
+    for name in spec.grid.datasets:
+        if name not in spec.datasets:
+            problems.append(
+                f"grid.datasets: {name!r} has no entry under datasets:; defined: {', '.join(spec.datasets) or 'none'}"
+            )
+    registries = {"fusions": FUSIONS, "positions": POSITIONS, "attention_positions": ATTENTION_POSITIONS}
+    grids: list[tuple[str, Grid | SubGrid]] = [("grid", spec.grid)]
+    grids += [(f"include[{i}]", sub) for i, sub in enumerate(spec.include)]
+    known: dict[str, set[str]] = {axis: set() for axis in AXES}
+    for where, grid in grids:
+        for name in grid.datasets or []:
+            known["datasets"].add(name)
+            if name not in spec.datasets:
+                problems.append(
+                    f"{where}.datasets: {name!r} has no entry under datasets:; defined: {', '.join(spec.datasets) or 'none'}"
+                )
+        for axis, registry in registries.items():
+            entries: list[Named] = getattr(grid, axis) or []
+            labels = [e.label for e in entries]
+            for dup in sorted({x for x in labels if labels.count(x) > 1}):
+                problems.append(f"{where}.{axis}: {dup!r} is listed twice")
+            for i, entry in enumerate(entries):
+                known[axis] |= {entry.name, entry.label}
+                for p in registry.check(entry.name, entry.kwargs):
+                    problems.append(f"{where}.{axis}[{i}]: {p}")
+    for i, rule in enumerate(spec.exclude):
+        for axis in AXES:
+            for value in getattr(rule, axis) or []:
+                if value not in known[axis]:
+                    problems.append(
+                        f"exclude[{i}].{axis}: {value!r} is in no grid; allowed: {', '.join(sorted(known[axis]))}"
+                    )
+
+    model_adapter, train_adapter = TypeAdapter(ModelSpec), TypeAdapter(TrainSpec)
+    for name, preset in spec.datasets.items():
+        for p in check_data_spec(preset.data):
+            problems.append(f"datasets.{name}.data: {p}")
+        data, model, train = resolve_specs(spec, name)
+        try:
+            model_spec = model_adapter.validate_python(model)
+        except ValidationError as exc:
+            problems += [f"datasets.{name}.model (with defaults.model): {p}" for p in _pydantic_problems(exc)]
+            model_spec = None
+        try:
+            train_spec = train_adapter.validate_python(train)
+        except ValidationError as exc:
+            problems += [f"datasets.{name}.train (with defaults.train): {p}" for p in _pydantic_problems(exc)]
+            train_spec = None
+        if model_spec is not None:
+            for p in check_model_spec(model_spec):
+                problems.append(f"datasets.{name}.model: {p}")
+            if model_spec.max_len < data.max_length:
+                problems.append(
+                    f"datasets.{name}.model.max_len: {model_spec.max_len} is shorter than data.max_length "
+                    f"{data.max_length}; set model.max_len >= {data.max_length}"
+                )
+        if train_spec is not None:
+            for field_name in ("lr", "batch_size", "epochs", "eval_batch_size"):
+                if getattr(train_spec, field_name) <= 0:
+                    problems.append(f"datasets.{name}.train.{field_name}: must be > 0 (got {getattr(train_spec, field_name)})")
+            if train_spec.weight_decay < 0 or train_spec.warmup_steps < 0:
+                problems.append(f"datasets.{name}.train: weight_decay and warmup_steps must be >= 0")
+            if train_spec.patience is not None and train_spec.patience < 1:
+                problems.append(f"datasets.{name}.train.patience: must be >= 1 or null")
+            workers = (preset.resources or spec.resources).workers
+            if train_spec.batch_size < workers:
+                problems.append(
+                    f"datasets.{name}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "
+                    f"{workers}; each worker needs at least one document per step"
+                )
+    resource_sets = [("resources", spec.resources)]
+    resource_sets += [(f"datasets.{n}.resources", p.resources) for n, p in spec.datasets.items() if p.resources]
+    for where, res in resource_sets:
+        if res.use_gpu and res.gpus_per_worker == 0:
+            problems.append(f"{where}.gpus_per_worker: must be > 0 when use_gpu is true (e.g. 1, or 0.25 to pack trials)")
+        if not res.use_gpu and res.gpus_per_worker > 0:
+            problems.append(f"{where}.use_gpu: set it to true when gpus_per_worker > 0")
+        if res.gpus_per_worker > 1 and res.gpus_per_worker != int(res.gpus_per_worker):
+            problems.append(f"{where}.gpus_per_worker: above 1 it must be a whole number of GPUs")
+        if res.workers > 1 and 0 < res.gpus_per_worker < 1:
+            problems.append(f"{where}.gpus_per_worker: DDP workers (workers > 1) need whole GPUs; use 1")
+    return problems
+
+
+def resources_for(spec: SweepSpec, dataset: str) -> Resources:
+    """A dataset's trial resources: its own when given, else the sweep's."""
+    return spec.datasets[dataset].resources or spec.resources
+

@@ -1,0 +1,296 @@
+"""The CLI: ``python -m fusion_ray.sweep SWEEP.yaml [--dry-run]``.
+
+Validate the sweep file (every problem at once, before Ray starts) -> expand the grid into cells
+-> drop cells that already have a FINISHED MLflow run -> run the rest as Ray Tune trials, seed-major
+(one trial per cell; a multi-worker trial is a Ray Train TorchTrainer with DDP) -> summary and
+report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fusion_ray.config import Resources, SweepFileError, SweepSpec, load_sweep, resources_for
+from fusion_ray.grid import Cell, axis_counts, expand
+
+log = logging.getLogger("fusion_ray.sweep")
+
+
+# ----------------------------------------------------------------------------- the trial
+
+
+def run_cell(config: dict[str, Any]) -> None:
+    """Ray Tune function trainable: one cell, directly (one worker) or as a DDP TorchTrainer."""
+    import torch
+    from pydantic import TypeAdapter
+
+    from fusion_ray.train.loop import run_trial, train_worker
+    from fusion_ray.train.report import TuneReporter
+    from fusion_ray.train.spec import TrialConfig
+
+    trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
+    res = config["resources"]
+    if res["workers"] == 1 and not res["force_trainer"]:
+        torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
+        use_cuda = res["use_gpu"] and torch.cuda.is_available()
+        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        run_trial(trial, TuneReporter(device=device, resume_from=config.get("resume_from")))
+        return
+
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    per_worker = {"CPU": res["cpus_per_worker"]}
+    if res["use_gpu"]:
+        per_worker["GPU"] = res["gpus_per_worker"]
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={
+            "trial": trial,
+            "resume_from": config.get("resume_from"),
+            "threads": max(1, int(res["cpus_per_worker"])),
+        },
+        torch_config=TorchConfig(backend="nccl" if res["use_gpu"] else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=res["workers"], use_gpu=res["use_gpu"], resources_per_worker=per_worker
+        ),
+        run_config=RunConfig(
+            name=f"{config['sweep']}-{config['cell_id']}",
+            storage_path=config["train_storage_path"],
+            failure_config=FailureConfig(max_failures=config["retries"]),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    trainer.fit()
+
+
+def trial_resources(res: Resources) -> dict[str, float]:
+    """What the Tune trial itself holds: the worker (direct path) or nothing (TorchTrainer path)."""
+    if res.workers == 1 and not res.force_trainer:
+        out = {"CPU": res.cpus_per_worker}
+        if res.use_gpu:
+            out["GPU"] = res.gpus_per_worker
+        return out
+    return {"CPU": 0}  # the TorchTrainer's workers request their own resources
+
+
+def _absolute(storage_path: str) -> str:
+    return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
+
+
+def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None) -> dict[str, Any]:
+    storage = _absolute(spec.storage_path)
+    return {
+        "cell_id": cell.cell_id,
+        "sweep": spec.name,
+        "trial": dataclasses.asdict(cell.trial),
+        "resources": resources_for(spec, cell.dataset).model_dump(),
+        "resume_from": resume_from,
+        "retries": spec.retries,
+        "train_storage_path": f"{storage.rstrip('/')}/{spec.name}-train",
+    }
+
+
+def _init_ray(spec: SweepSpec, address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or spec.address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("connecting to the Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=False)
+    else:
+        log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
+        ray.init(log_to_driver=False)
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+    cells: int
+    already_finished: int
+    ran: int
+    finished: list[str]
+    failed: dict[str, str]
+    interrupted: list[str]
+
+
+def plan(spec: SweepSpec, tracker: Any) -> tuple[list[Cell], set[str], dict[str, Any]]:
+    cells = expand(spec)
+    existing = tracker.cell_runs()
+    done = {cid for cid, run in existing.items() if run.status == "FINISHED"}
+    return cells, done, existing
+
+
+def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 1) -> SweepOutcome:
+    """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened."""
+    from ray import tune
+    from ray.tune import PlacementGroupFactory
+
+    from fusion_ray.tracking import MLflowSweepCallback, Tracker
+
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    cells, done, existing = plan(spec, tracker)
+    pending = [c for c in cells if c.cell_id not in done]
+    parent_id = tracker.parent_run(sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(cells))})
+    if not pending:
+        print(f"sweep {spec.name}: all {len(cells)} cells already have a FINISHED run; nothing to do")
+        tracker.end_parent(parent_id, {"cells_finished": len(cells)})
+        return SweepOutcome(len(cells), len(done), 0, [], {}, [])
+
+    payloads = []
+    for cell in pending:
+        prior = existing.get(cell.cell_id)
+        resume_from = prior.checkpoint_path if prior is not None else None
+        payloads.append(_payload(spec, cell, resume_from))
+
+    _init_ray(spec, address)
+    callback = MLflowSweepCallback(
+        tracker, {c.cell_id: c for c in pending}, existing, parent_id, _absolute(spec.storage_path)
+    )
+    by_id = {c.cell_id: c for c in pending}
+    # Payloads go to the object store once (with_parameters); each trial picks its own by id.
+    resources_by_id = {
+        c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))]) for c in pending
+    }
+    trainable = tune.with_parameters(_run_by_id, payloads={p["cell_id"]: p for p in payloads})
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
+        param_space={"cell_id": tune.grid_search([p["cell_id"] for p in payloads])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=spec.resources.max_concurrent_trials,
+            trial_name_creator=lambda t: _trial_name(by_id[t.config["cell_id"]]),
+            trial_dirname_creator=lambda t: t.config["cell_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            storage_path=_absolute(spec.storage_path),
+            callbacks=[callback],
+            failure_config=tune.FailureConfig(max_failures=spec.retries),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            verbose=verbose,
+        ),
+    )
+    try:
+        tuner.fit()
+    finally:
+        interrupted = callback.close_unfinished()
+    tracker.end_parent(
+        parent_id,
+        {"cells": len(cells), "cells_finished": len(done) + len(callback.finished), "cells_failed": len(callback.failed)},
+    )
+    return SweepOutcome(len(cells), len(done), len(pending), sorted(callback.finished), callback.failed, interrupted)
+
+
+def _run_by_id(config: dict[str, Any], payloads: dict[str, dict[str, Any]]) -> None:
+    run_cell(payloads[config["cell_id"]])
+
+
+def _trial_name(cell: Cell) -> str:
+    return f"{cell.dataset}-{cell.fusion}-{cell.position}-s{cell.seed}-{cell.cell_id[:6]}"
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def print_dry_run(spec: SweepSpec, cells: list[Cell], done: set[str]) -> None:
+    print(f"sweep {spec.name}: {len(cells)} cells ({len(done & {c.cell_id for c in cells})} already FINISHED in MLflow at {spec.tracking_uri})")
+    for axis, counts in axis_counts(cells).items():
+        print(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    print(f"  {'seed-major order':<19} (seed, dataset, position, attention_position, fusion, status, cell_id):")
+    for cell in cells:
+        status = "FINISHED" if cell.cell_id in done else "pending"
+        print(f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {status:<8} {cell.cell_id}")
+
+
+def summary_table(spec: SweepSpec) -> str:
+    """Mean test accuracy and finished seeds per (dataset, position, attention position, fusion)."""
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    runs = tracker.client.search_runs(
+        [tracker.experiment_id], filter_string="tags.role = 'trial' and attributes.status = 'FINISHED'",
+        max_results=50000,
+    )
+    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for run in runs:
+        t = run.data.tags
+        key = (t.get("dataset", "?"), t.get("position", "?"), t.get("attention_position", "?"), t.get("fusion", "?"))
+        if "test_acc" in run.data.metrics:
+            groups[key].append(run.data.metrics["test_acc"])
+    lines = [f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} {'seeds':>5} {'test_acc':>9}"]
+    for key in sorted(groups):
+        accs = groups[key]
+        lines.append(f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%")
+    return "\n".join(lines)
+
+
+def _report(spec: SweepSpec, out_dir: str) -> None:
+    """Run the analysis report on the sweep's experiment (logged to its parent run)."""
+    try:
+        from analysis import report
+    except ImportError:
+        return
+    baseline = spec.baseline or spec.grid.fusions[0].label
+    try:
+        report.main(["--experiment", spec.name, "--tracking-uri", spec.tracking_uri, "--baseline", baseline, "--out", out_dir])
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            print(f"analysis report did not complete (exit {exc.code}); run it by hand: python -m analysis.report --experiment {spec.name}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fusion_ray.sweep", description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
+    parser.add_argument("--dry-run", action="store_true", help="print the cells and what is already finished; start nothing")
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)")
+    parser.add_argument("--report-dir", default=None, help="where the analysis report goes (default reports/<sweep name>)")
+    parser.add_argument("--no-report", action="store_true", help="skip the analysis report at the end")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    try:
+        spec = load_sweep(args.sweep_file)
+    except (SweepFileError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+    if args.dry_run:
+        from fusion_ray.tracking import Tracker
+
+        tracker = Tracker(spec.tracking_uri, spec.name)
+        cells, done, _ = plan(spec, tracker)
+        print_dry_run(spec, cells, done)
+        return 0
+
+    outcome = run_sweep(spec, args.sweep_file, address=args.address)
+    print()
+    print(f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
+          f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted")
+    for cid, reason in outcome.failed.items():
+        print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
+    if outcome.failed or outcome.interrupted:
+        print("  re-run the same command to retry failed cells and resume interrupted ones from their checkpoints")
+    print()
+    print(summary_table(spec))
+    if not args.no_report:
+        _report(spec, args.report_dir or str(Path("reports") / spec.name))
+    print(f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000")
+    return 1 if outcome.failed or outcome.interrupted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

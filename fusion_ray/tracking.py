@@ -1,0 +1,270 @@
+"""The one MLflow writer on the fusion_ray side: a Ray Tune callback on the sweep driver.
+
+Workers never talk to MLflow: they report to Tune, and this callback, running in the driver,
+writes runs that follow the schema in DESIGN.md. One run per cell; a resumed or retried cell
+continues its earlier run, so a cell never has two FINISHED runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+from mlflow.entities import Metric, Param
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from fusion_ray.grid import Cell
+
+log = logging.getLogger(__name__)
+
+EPOCH_METRICS = ("train_loss", "val_loss", "val_acc")
+FINAL_METRICS = (
+    "test_acc",
+    "best_val_acc",
+    "best_epoch",
+    "test_correct",
+    "test_total",
+    "test_loss",
+    "epochs_run",
+    "latency_ms_per_sample",
+    "num_params",
+    "train_seconds",
+)
+PREDICTIONS_FILE = "test_predictions.parquet"
+
+
+def git_sha() -> str:
+    """The commit of the working directory's checkout (with ``+dirty`` if modified), or ``unknown``."""
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+        return sha + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return os.environ.get("FUSION_RAY_GIT_SHA", "unknown")
+
+
+@dataclass
+class CellRun:
+    """What MLflow already holds for a cell."""
+
+    run_id: str
+    status: str
+    checkpoint_path: str | None
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class Tracker:
+    """MLflow access for one sweep: its experiment, its parent run, and one run per cell."""
+
+    def __init__(self, tracking_uri: str, sweep: str) -> None:
+        self.tracking_uri, self.sweep = tracking_uri, sweep
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        experiment = self.client.get_experiment_by_name(sweep)
+        if experiment is None:
+            self.experiment_id = self.client.create_experiment(sweep)
+        else:
+            if experiment.lifecycle_stage == "deleted":
+                self.client.restore_experiment(experiment.experiment_id)
+            self.experiment_id = experiment.experiment_id
+
+    # --- reading
+    def cell_runs(self) -> dict[str, CellRun]:
+        """The best existing run of every cell: FINISHED first, else the most recent one."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string="tags.role = 'trial'", max_results=50000
+        )
+        rank = {"FINISHED": 0, "RUNNING": 1, "KILLED": 2, "FAILED": 3, "SCHEDULED": 4}
+        best: dict[str, CellRun] = {}
+        for run in sorted(runs, key=lambda r: (rank.get(r.info.status, 9), -r.info.start_time)):
+            cid = run.data.tags.get("cell_id")
+            if cid and cid not in best:
+                best[cid] = CellRun(run.info.run_id, run.info.status, run.data.tags.get("checkpoint_path"))
+        return best
+
+    def finished_cells(self) -> set[str]:
+        return {cid for cid, run in self.cell_runs().items() if run.status == "FINISHED"}
+
+    # --- the sweep's parent run
+    def parent_run(self, sweep_file: str | None = None, params: dict[str, str] | None = None) -> str:
+        """The sweep's parent run (reused across invocations); it carries the sweep file and reports."""
+        runs = self.client.search_runs(
+            [self.experiment_id], filter_string="tags.role = 'sweep'", max_results=1,
+            order_by=["attributes.start_time DESC"],
+        )
+        if runs:
+            run_id = runs[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            run = self.client.create_run(
+                self.experiment_id, run_name=f"{self.sweep} (sweep)",
+                tags={"role": "sweep", "sweep": self.sweep, "git_sha": git_sha()},
+            )
+            run_id = run.info.run_id
+        if sweep_file:
+            self.client.log_artifact(run_id, sweep_file)
+        if params:
+            self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()][:100])
+        return run_id
+
+    def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in summary.items()])
+        self.client.set_terminated(run_id, "FINISHED")
+
+    # --- one run per cell
+    def open_cell_run(self, cell: Cell, parent_id: str | None, existing: CellRun | None, resume: bool) -> str:
+        """Continue the cell's earlier run when resuming from its checkpoint, else replace it."""
+        if existing is not None and existing.status != "FINISHED" and resume:
+            self.client.update_run(existing.run_id, status="RUNNING")
+            return existing.run_id
+        if existing is not None and existing.status != "FINISHED":
+            self.client.delete_run(existing.run_id)  # restarting from scratch: replace, never duplicate
+        tags = cell.tags(self.sweep, git_sha())
+        if parent_id:
+            tags["mlflow.parentRunId"] = parent_id
+        name = f"{cell.dataset}/{cell.position}/{cell.attention_position}/{cell.fusion}/seed{cell.seed}"
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        params = [Param(k, v[:6000]) for k, v in cell.params().items()]
+        for chunk in _chunks(params, 100):
+            self.client.log_batch(run.info.run_id, params=chunk)
+        return run.info.run_id
+
+    def log_epoch(self, run_id: str, result: dict[str, Any]) -> None:
+        step = int(result["epoch"])
+        metrics = [Metric(k, float(result[k]), 0, step) for k in EPOCH_METRICS if k in result]
+        self.client.log_batch(run_id, metrics=metrics)
+
+    def log_final(self, run_id: str, result: dict[str, Any]) -> None:
+        metrics = [Metric(k, float(result[k]), 0, 0) for k in FINAL_METRICS if k in result]
+        self.client.log_batch(run_id, metrics=metrics)
+
+    def set_checkpoint(self, run_id: str, path: str) -> None:
+        self.client.set_tag(run_id, "checkpoint_path", path)
+
+    def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
+        """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts."""
+        from ray.train import Checkpoint
+
+        with Checkpoint(checkpoint_uri).as_directory() as directory:
+            path = Path(directory, PREDICTIONS_FILE)
+            if not path.exists():
+                return False
+            self.client.log_artifact(run_id, str(path))
+        return True
+
+    def finish(self, run_id: str) -> None:
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
+        self.client.set_tag(run_id, "failure_reason", reason[-4900:])
+        self.client.set_terminated(run_id, status)
+
+
+def _uri(path: str, storage_path: str) -> str:
+    """A checkpoint path as a URI that ``ray.train.Checkpoint`` can open later."""
+    if "://" in path or "://" not in storage_path:
+        return path
+    return f"{storage_path.split('://', 1)[0]}://{path}"
+
+
+def _error_text(trial: Any) -> str:
+    try:
+        error_file = trial.error_file
+        if error_file and Path(error_file).exists():
+            text = Path(error_file).read_text().strip().splitlines()
+            return "\n".join(text[-15:])
+    except OSError:
+        pass
+    return "the trial raised an error; see the Ray Tune logs"
+
+
+class MLflowSweepCallback(Callback):
+    """Ray Tune callback that writes every trial of a sweep to MLflow (the only writer)."""
+
+    def __init__(self, tracker: Tracker, cells: dict[str, Cell], existing: dict[str, CellRun], parent_id: str, storage_path: str) -> None:
+        self.tracker, self.cells, self.existing = tracker, cells, existing
+        self.parent_id, self.storage_path = parent_id, storage_path
+        self.run_ids: dict[str, str] = {}
+        self.checkpoints: dict[str, str] = {}
+        self.finished: set[str] = set()
+        self.failed: dict[str, str] = {}
+
+    def _cell_id(self, trial: Any) -> str:
+        return trial.config["cell_id"]
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        cid = self._cell_id(trial)
+        if cid in self.run_ids:  # a retry of a trial already tracked
+            return
+        resume = bool(trial.config.get("resume_from"))
+        self.run_ids[cid] = self.tracker.open_cell_run(self.cells[cid], self.parent_id, self.existing.get(cid), resume)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        run_id = self.run_ids[self._cell_id(trial)]
+        if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
+            self._remember_checkpoint(trial, result["checkpoint_path"])
+        if result.get("final"):
+            self.tracker.log_final(run_id, result)
+        elif "epoch" in result:
+            self.tracker.log_epoch(run_id, result)
+
+    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+        self._remember_checkpoint(trial, checkpoint.path)
+
+    def _remember_checkpoint(self, trial: Any, path: str) -> None:
+        cid = self._cell_id(trial)
+        uri = _uri(path, self.storage_path)
+        self.checkpoints[cid] = uri
+        self.tracker.set_checkpoint(self.run_ids[cid], uri)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        cid = self._cell_id(trial)
+        run_id = self.run_ids[cid]
+        if not (trial.last_result or {}).get("final"):
+            reason = "the trial ended without reporting final metrics"
+            self.tracker.fail(run_id, reason)
+            self.failed[cid] = reason
+            return
+        checkpoint = self.checkpoints.get(cid)
+        if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
+            log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
+        self.tracker.finish(run_id)
+        self.finished.add(cid)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        cid = self._cell_id(trial)
+        if cid not in self.run_ids:
+            self.on_trial_start(iteration, trials, trial)
+        reason = _error_text(trial)
+        self.tracker.fail(self.run_ids[cid], reason)
+        self.failed[cid] = reason
+
+    def close_unfinished(self) -> list[str]:
+        """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable later."""
+        open_cells = [c for c in self.run_ids if c not in self.finished and c not in self.failed]
+        for cid in open_cells:
+            try:
+                self.tracker.client.set_terminated(self.run_ids[cid], "KILLED")
+            except mlflow.exceptions.MlflowException:
+                log.warning("could not mark run of cell %s as KILLED", cid)
+        return open_cells
+
+
+def log_report_artifacts(tracker: Tracker, parent_id: str, directory: str) -> None:
+    """Attach a report directory to the sweep's parent run."""
+    tracker.client.log_artifacts(parent_id, directory, artifact_path="report")
+
+

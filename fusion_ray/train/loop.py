@@ -1,0 +1,350 @@
+"""One trial's per-worker training loop, written once for every way a trial runs.
+
+Ray Train runs ``train_worker`` on each DDP worker; a one-worker trial runs ``run_trial`` directly
+inside its Tune trainable; ``run_local`` runs it with no Ray at all. The loop reads top to bottom:
+data -> model -> optimiser -> (resume) -> epochs of train + validate + checkpoint -> best model
+on test -> latency -> final report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import math
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from fusion_ray.data import (
+    LengthGroupedSampler,
+    PreparedData,
+    TokenizedSplit,
+    collate,
+    prepare_data,
+)
+from fusion_ray.model import build_classifier, count_parameters
+from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
+from fusion_ray.train.spec import TrainSpec, TrialConfig
+
+PREDICTIONS_FILE = "test_predictions.parquet"
+
+
+def derive_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed from (seed, name); Python's hash() is salted per process."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def _autocast(device: torch.device, spec: TrainSpec) -> contextlib.AbstractContextManager:
+    use_bf16 = spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda")
+    if not use_bf16:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
+    """Sum scalars over DDP ranks (a no-op with one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return list(values)
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _lr_lambda(spec: TrainSpec, total_steps: int):
+    def factor(step: int) -> float:
+        if spec.warmup_steps and step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        if spec.schedule == "constant":
+            return 1.0
+        progress = (step - spec.warmup_steps) / max(1, total_steps - spec.warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if spec.schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))  # cosine
+
+    return factor
+
+
+def _make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    return torch.optim.Adam(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+
+
+def _eval_batches(split: TokenizedSplit, indices: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+    """Evaluation batches sorted by length (less padding); order does not change the results."""
+    order = sorted(indices, key=lambda i: (len(split.ids[i]), i))
+    for start in range(0, len(order), batch_size):
+        yield order[start : start + batch_size]
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    split: TokenizedSplit,
+    *,
+    batch_size: int,
+    device: torch.device,
+    spec: TrainSpec,
+    pad_to: int | None,
+    rank: int = 0,
+    world_size: int = 1,
+    want_predictions: bool = False,
+) -> dict[str, Any]:
+    """Loss and accuracy on a split, each rank scoring its share; sums are reduced over ranks."""
+    model.eval()
+    my_indices = list(range(rank, len(split), world_size))
+    loss_sum, correct, preds = 0.0, 0, {}
+    for batch_indices in _eval_batches(split, my_indices, batch_size):
+        batch = collate(split, batch_indices, pad_to=pad_to)
+        input_ids = batch["input_ids"].to(device)  # [B, L]
+        mask = batch["attention_mask"].to(device)  # [B, L]
+        labels = batch["labels"].to(device)  # [B]
+        with _autocast(device, spec):
+            logits = model(input_ids, mask)  # [B, C]
+        logits = logits.float()
+        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        predicted = logits.argmax(dim=-1)
+        correct += int((predicted == labels).sum().item())
+        if want_predictions:
+            preds.update(zip(batch_indices, predicted.cpu().tolist(), strict=True))
+    loss_sum, correct_f, count = _all_reduce_sum([loss_sum, correct, len(my_indices)], device)
+    result = {"loss": loss_sum / max(count, 1), "correct": int(round(correct_f)), "total": int(count)}
+    if want_predictions:
+        if dist.is_available() and dist.is_initialized():
+            gathered: list[dict[int, int]] = [{} for _ in range(world_size)]
+            dist.all_gather_object(gathered, preds)
+            preds = {k: v for part in gathered for k, v in part.items()}
+        result["predictions"] = np.array([preds[i] for i in range(len(split))], dtype=np.int64)
+    return result
+
+
+@torch.no_grad()
+def measure_latency(
+    model: nn.Module, split: TokenizedSplit, spec: TrainSpec, device: torch.device, pad_to: int | None
+) -> float:
+    """Inference latency in ms per document: warm-up, then the median of timed repeats."""
+    model.eval()
+    indices = list(range(min(spec.latency_batch_size, len(split))))
+    batch = collate(split, indices, pad_to=pad_to)
+    input_ids = batch["input_ids"].to(device)  # [B, L]
+    mask = batch["attention_mask"].to(device)  # [B, L]
+
+    def once() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        with _autocast(device, spec):
+            model(input_ids, mask)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    for _ in range(3):
+        once()
+    timings = [once() for _ in range(max(1, spec.latency_repeats))]
+    return 1000.0 * statistics.median(timings) / len(indices)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def _state_dict_copy(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone().cpu() for k, v in _unwrap(model).state_dict().items()}
+
+
+def _rng_state(device: torch.device) -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+@dataclasses.dataclass
+class Progress:
+    """Everything besides weights and optimiser that a resumed run needs to continue exactly."""
+
+    epochs_done: int = 0
+    best_val_acc: float = -1.0
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    stopped_early: bool = False
+    train_seconds: float = 0.0
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+
+def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
+    """Train, validate and test one trial; returns the final metrics (also reported)."""
+    spec, device = trial.train, reporter.device
+    rank, world_size = reporter.rank, reporter.world_size
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    # --- data: tokenised once per node and cached; independent of seed and operator
+    data: PreparedData = prepare_data(trial.data)
+    pad_to = trial.data.max_length if spec.padding == "max_length" else None
+    sampler = LengthGroupedSampler(
+        data.train.lengths.clip(max=trial.data.max_length),
+        spec.batch_size,
+        seed=trial.seed,
+        rank=rank,
+        world_size=world_size,
+        group_by_length=spec.padding == "dynamic",
+    )
+
+    # --- model: every parameter outside `fusion` is identical across operators for this seed
+    model = build_classifier(trial.model, data.vocab_size, data.num_classes, trial.seed).to(device)
+    num_params = count_parameters(model)
+    if world_size > 1:
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    optimizer = _make_optimizer(model, spec)
+    total_steps = spec.epochs * len(sampler)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(spec, total_steps))
+    torch.manual_seed(derive_seed(trial.seed, f"train/rank{rank}"))  # dropout stream
+
+    # --- resume: weights, optimiser, schedule, RNG and progress from the last checkpoint
+    progress, best_state = Progress(), None
+    saved = last_state = reporter.restore()
+    if saved is not None:
+        _unwrap(model).load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        scheduler.load_state_dict(saved["scheduler"])
+        _set_rng_state(saved["rng"][min(rank, len(saved["rng"]) - 1)], device)
+        progress = Progress(**saved["progress"])
+        best_state = saved["best_model"]
+
+    # --- epochs
+    while progress.epochs_done < spec.epochs and not progress.stopped_early:
+        epoch = progress.epochs_done
+        started = time.perf_counter()
+        model.train()
+        sampler.set_epoch(epoch)
+        loss_sum, docs = 0.0, 0
+        for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
+            batch = collate(data.train, local_indices, pad_to=pad_to)
+            input_ids = batch["input_ids"].to(device)  # [b, L], b = this rank's share
+            mask = batch["attention_mask"].to(device)  # [b, L]
+            labels = batch["labels"].to(device)  # [b]
+            with _autocast(device, spec):
+                logits = model(input_ids, mask)  # [b, C]
+            batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            # DDP averages gradients over ranks, so this is the mean over the global batch.
+            loss = batch_loss * world_size / len(global_batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"training loss is {loss.item()} at epoch {epoch}; lower train.lr, enable "
+                    f"train.grad_clip, or use train.precision: fp32"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if spec.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            loss_sum += batch_loss.item()
+            docs += len(local_indices)
+        loss_sum, docs = _all_reduce_sum([loss_sum, docs], device)
+        progress.train_seconds += time.perf_counter() - started
+
+        val = evaluate(
+            model, data.validation, batch_size=spec.eval_batch_size, device=device, spec=spec,
+            pad_to=pad_to, rank=rank, world_size=world_size,
+        )
+        val_acc = val["correct"] / max(val["total"], 1)
+        metrics = {"epoch": epoch, "train_loss": loss_sum / docs, "val_loss": val["loss"], "val_acc": val_acc}
+        progress.history.append(metrics)
+        progress.epochs_done = epoch + 1
+        if val_acc > progress.best_val_acc:
+            progress.best_val_acc, progress.best_epoch, progress.bad_epochs = val_acc, epoch, 0
+            best_state = _state_dict_copy(model)
+        else:
+            progress.bad_epochs += 1
+        if spec.patience is not None and progress.bad_epochs >= spec.patience:
+            progress.stopped_early = True
+
+        rng = [_rng_state(device)]
+        if world_size > 1:  # every rank's dropout stream, so each resumes exactly
+            rng = [None] * world_size
+            dist.all_gather_object(rng, _rng_state(device))
+        last_state = {
+            "model": _state_dict_copy(model),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng,
+            "progress": dataclasses.asdict(progress),
+            "best_model": best_state,
+            "trial": dataclasses.asdict(trial),
+        }
+        with tempfile.TemporaryDirectory() as ckpt_dir:
+            if rank == 0:
+                torch.save(last_state, Path(ckpt_dir, CHECKPOINT_FILE))
+            reporter.report(metrics, checkpoint_dir=ckpt_dir)
+
+    # --- test at the best validation epoch, latency, predictions
+    assert best_state is not None, "no epoch ran: train.epochs must be >= 1"
+    _unwrap(model).load_state_dict(best_state)
+    test = evaluate(
+        model, data.test, batch_size=spec.eval_batch_size, device=device, spec=spec,
+        pad_to=pad_to, rank=rank, world_size=world_size, want_predictions=True,
+    )
+    latency = measure_latency(_unwrap(model), data.test, spec, device, pad_to) if rank == 0 else 0.0
+    final = {
+        "final": True,
+        "test_acc": test["correct"] / max(test["total"], 1),
+        "test_correct": test["correct"],
+        "test_total": test["total"],
+        "test_loss": test["loss"],
+        "best_val_acc": progress.best_val_acc,
+        "best_epoch": progress.best_epoch,
+        "epochs_run": progress.epochs_done,
+        "latency_ms_per_sample": latency,
+        "num_params": num_params,
+        "train_seconds": progress.train_seconds,
+    }
+    with tempfile.TemporaryDirectory() as out_dir:
+        if rank == 0:  # the final checkpoint: the last state again (a resume only re-tests) + predictions
+            torch.save(last_state, Path(out_dir, CHECKPOINT_FILE))
+            predictions = pd.DataFrame(
+                {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
+            )
+            predictions.to_parquet(Path(out_dir, PREDICTIONS_FILE), index=False)
+        reporter.report(final, checkpoint_dir=out_dir)
+    return final
+
+
+def train_worker(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``: one DDP rank of a multi-worker trial."""
+    if config.get("threads"):
+        torch.set_num_threads(int(config["threads"]))
+    reporter = TrainReporter.from_context(resume_from=config.get("resume_from"))
+    run_trial(config["trial"], reporter)
+
+
+def run_local(trial: TrialConfig, out_dir: str, **reporter_options: Any) -> dict[str, Any]:
+    """Run one trial in this process without Ray (debugging, tests); resumes from ``out_dir``."""
+    return run_trial(trial, LocalReporter(out_dir=out_dir, **reporter_options))

@@ -1,0 +1,153 @@
+"""The sweep file: every shipped file validates; bad files fail with every problem, before Ray starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fusion_ray.config import SweepFileError, load_sweep
+from fusion_ray.grid import expand
+from fusion_ray.sweep import main as sweep_main
+from tests.conftest import ROOT, tiny_sweep
+
+SWEEP_FILES = sorted(p for p in (ROOT / "sweeps").glob("*.yaml") if not p.name.startswith("_"))
+FRAGMENTS = sorted((ROOT / "sweeps").glob("_*.yaml"))
+
+
+def test_there_are_sweep_files():
+    names = {p.name for p in SWEEP_FILES}
+    assert {"quickstart.yaml", "full_grid.yaml"} <= names
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
+def test_every_shipped_sweep_file_validates_and_expands(path: Path, monkeypatch):
+    monkeypatch.setenv("FUSION_RAY_STORAGE", "s3://example-bucket/fusion-ray")
+    spec = load_sweep(path)
+    cells = expand(spec)
+    assert cells, f"{path.name} expands to no cells"
+    assert len({c.cell_id for c in cells}) == len(cells), "cell ids must be unique"
+    # seed-major: all cells of a seed come before any cell of the next seed
+    seeds = [c.seed for c in cells]
+    assert seeds == sorted(seeds, key=spec.seeds.index)
+
+
+def test_every_fragment_is_used_by_a_sweep():
+    used = set()
+    for path in SWEEP_FILES:
+        used |= set(yaml.safe_load(path.read_text()).get("extends", []))
+    assert {p.name for p in FRAGMENTS} <= used
+
+
+def _write(tmp_path: Path, mutate) -> Path:
+    path = tiny_sweep(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    mutate(raw)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _problems(path: Path) -> str:
+    with pytest.raises(SweepFileError) as info:
+        load_sweep(path)
+    return str(info.value)
+
+
+def test_unknown_fusion_names_the_allowed_ones(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r["grid"].update(fusions=["add", "gated_sum"])))
+    assert "grid.fusions[1]" in msg and "gated_sum" in msg
+    assert "gate_scalar" in msg and "concat" in msg  # the allowed values
+
+
+def test_unknown_fusion_option_is_an_error(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r["grid"].update(fusions=[{"name": "gate_cnn", "kernel_sz": 3}])))
+    assert "kernel_sz" in msg and "kernel_size" in msg
+
+
+def test_unknown_key_is_an_error(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r["defaults"]["train"].update(learning_rate=0.1)))
+    assert "learning_rate" in msg and "unknown key" in msg
+
+
+def test_empty_seeds(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(seeds=[])))
+    assert "seeds" in msg
+
+
+def test_duplicate_seeds(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(seeds=[0, 1, 1])))
+    assert "duplicate seeds [1]" in msg
+
+
+def test_negative_values(tmp_path):
+    def mutate(r):
+        r["defaults"]["train"]["lr"] = -0.1
+        r["resources"]["workers"] = -2
+        r["seeds"] = [-1, 0]
+
+    msg = _problems(_write(tmp_path, mutate))
+    assert "train.lr" in msg and "resources.workers" in msg and "seeds" in msg
+
+
+def test_missing_dataset(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r["grid"].update(datasets=["short", "arxiv"])))
+    assert "'arxiv' has no entry under datasets" in msg
+
+
+def test_all_problems_are_reported_at_once(tmp_path):
+    def mutate(r):
+        r["grid"]["fusions"] = ["add", "nope"]
+        r["grid"]["datasets"] = ["short", "missing"]
+        r["defaults"]["model"]["d_model"] = 15  # not divisible by n_heads=2
+
+    msg = _problems(_write(tmp_path, mutate))
+    assert "nope" in msg and "missing" in msg and "d_model" in msg
+    assert msg.count(str(tmp_path)) >= 3  # every line names the file
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_sweep(tmp_path / "nope.yaml")
+
+
+def test_cli_rejects_bad_file_before_starting_ray(tmp_path, capsys):
+    import ray
+
+    was_running = ray.is_initialized()
+    path = _write(tmp_path, lambda r: r["grid"].update(fusions=["bogus"]))
+    assert sweep_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "bogus" in err and "allowed" in err
+    assert ray.is_initialized() == was_running
+
+
+def test_extends_fragment_and_env_expansion(tmp_path, monkeypatch):
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({"defaults": {"train": {"lr": 0.0042}}}))
+    monkeypatch.setenv("MY_STORE", str(tmp_path / "store"))
+    path = _write(tmp_path, lambda r: r.update(extends=["tuned.yaml"], storage_path="${MY_STORE}/runs"))
+    spec = load_sweep(path)
+    assert spec.storage_path == f"{tmp_path}/store/runs"
+    assert all(c.trial.train.lr == 0.0042 for c in expand(spec))
+
+
+def test_include_and_exclude_rules(tmp_path):
+    def mutate(r):
+        r["grid"]["fusions"] = ["add", "concat"]
+        r["include"] = [{"fusions": [{"name": "gate_cnn", "kernel_size": 5}]}]
+        r["exclude"] = [{"fusions": ["concat"], "datasets": ["short"]}]
+
+    cells = expand(load_sweep(_write(tmp_path, mutate)))
+    fusions = sorted({c.fusion for c in cells})
+    assert fusions == ["add", "gate_cnn(kernel_size=5)"]
+    assert all(c.trial.model.fusion_kwargs == {"kernel_size": 5} for c in cells if c.fusion.startswith("gate_cnn"))
+
+
+def test_cell_ids_are_stable_and_depend_on_the_config(tmp_path):
+    path = tiny_sweep(tmp_path)
+    first = {(c.fusion, c.seed): c.cell_id for c in expand(load_sweep(path))}
+    again = {(c.fusion, c.seed): c.cell_id for c in expand(load_sweep(path))}
+    assert first == again
+    changed = _write(tmp_path, lambda r: r["defaults"]["train"].update(lr=0.002))
+    other = {(c.fusion, c.seed): c.cell_id for c in expand(load_sweep(changed))}
+    assert set(first.values()).isdisjoint(other.values())

@@ -1,0 +1,94 @@
+"""One trial's loop without Ray: determinism, bitwise resume, predictions, early stopping, NaN."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from fusion_ray.data.spec import DataSpec
+from fusion_ray.model.spec import ModelSpec
+from fusion_ray.train import TrainSpec, TrialConfig, run_local
+from fusion_ray.train.report import load_checkpoint_dir
+
+
+def tiny_trial(data_cache: str, **train) -> TrialConfig:
+    return TrialConfig(
+        dataset="short",
+        data=DataSpec(
+            source="synthetic",
+            source_kwargs={"regime": "short", "n_train": 160, "n_validation": 48, "n_test": 48},
+            tokenizer="word",
+            max_length=64,
+            cache_dir=data_cache,
+        ),
+        model=ModelSpec(d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=64, fusion="gate_scalar"),
+        train=TrainSpec(
+            **{"epochs": 3, "batch_size": 32, "lr": 2e-3, "latency_repeats": 2, "latency_batch_size": 4, **train}
+        ),
+        seed=3,
+    )
+
+
+def _weights(out_dir: Path) -> dict[str, torch.Tensor]:
+    last = sorted((out_dir / "checkpoints").glob("report_*"))[-1]
+    return load_checkpoint_dir(last)["model"]
+
+
+def _without_timing(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if k not in ("latency_ms_per_sample", "train_seconds")}
+
+
+def test_same_config_and_seed_twice_gives_identical_metrics(tmp_path, data_cache):
+    trial = tiny_trial(data_cache)
+    first = run_local(trial, str(tmp_path / "a"))
+    second = run_local(trial, str(tmp_path / "b"))
+    assert _without_timing(first) == _without_timing(second)
+    for name, tensor in _weights(tmp_path / "a").items():
+        assert torch.equal(tensor, _weights(tmp_path / "b")[name]), name
+
+
+def test_stopped_after_epoch_k_and_resumed_is_bitwise_identical(tmp_path, data_cache):
+    trial = tiny_trial(data_cache)
+    reference = run_local(trial, str(tmp_path / "ref"))
+    with pytest.raises(KeyboardInterrupt):
+        run_local(trial, str(tmp_path / "resumed"), stop_after_reports=1)  # stopped after epoch 0
+    assert len(list((tmp_path / "resumed" / "checkpoints").iterdir())) == 1
+    resumed = run_local(trial, str(tmp_path / "resumed"))
+    assert _without_timing(resumed) == _without_timing(reference)
+    ref_w, res_w = _weights(tmp_path / "ref"), _weights(tmp_path / "resumed")
+    assert ref_w.keys() == res_w.keys()
+    for name in ref_w:
+        assert torch.equal(ref_w[name], res_w[name]), f"{name} differs after resume"
+    # the resumed run reported only the epochs it ran, continuing the epoch numbering
+    lines = [json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m.get("epoch") for m in lines] == [0, 1, 2, None]
+
+
+def test_final_metrics_and_predictions(tmp_path, data_cache):
+    final = run_local(tiny_trial(data_cache), str(tmp_path))
+    assert final["test_total"] == 48
+    assert final["test_acc"] == pytest.approx(final["test_correct"] / 48)
+    assert 0 <= final["best_epoch"] < 3
+    assert final["latency_ms_per_sample"] > 0 and final["num_params"] > 0
+    last = sorted((tmp_path / "checkpoints").glob("report_*"))[-1]
+    preds = pd.read_parquet(last / "test_predictions.parquet")
+    assert list(preds.columns) == ["length", "label", "pred"] and len(preds) == 48
+    assert (preds["label"] == preds["pred"]).sum() == final["test_correct"]
+    history = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][:-1]
+    assert final["best_val_acc"] == max(m["val_acc"] for m in history)
+    assert history[final["best_epoch"]]["val_acc"] == final["best_val_acc"]
+
+
+def test_early_stopping_patience(tmp_path, data_cache):
+    # lr 0: validation accuracy never improves after epoch 0, so patience 1 stops after epoch 1
+    final = run_local(tiny_trial(data_cache, lr=0.0, epochs=6, patience=1), str(tmp_path))
+    assert final["epochs_run"] == 2 and final["best_epoch"] == 0
+
+
+def test_non_finite_loss_fails_with_a_fix(tmp_path, data_cache):
+    with pytest.raises(FloatingPointError, match="lower train.lr"):
+        run_local(tiny_trial(data_cache, lr=1e30, grad_clip=None, epochs=2), str(tmp_path))
