@@ -35,6 +35,7 @@ FINAL_METRICS = (
     "latency_ms_per_sample",
     "num_params",
     "train_seconds",
+    "loop_seconds",
 )
 PREDICTIONS_FILE = "test_predictions.parquet"
 

@@ -39,7 +39,7 @@ def _weights(out_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _without_timing(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k not in ("latency_ms_per_sample", "train_seconds")}
+    return {k: v for k, v in metrics.items() if k not in ("latency_ms_per_sample", "train_seconds", "loop_seconds")}
 
 
 def test_same_config_and_seed_twice_gives_identical_metrics(tmp_path, data_cache):

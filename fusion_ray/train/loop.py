@@ -200,6 +200,7 @@ class Progress:
 
 def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
     """Train, validate and test one trial; returns the final metrics (also reported)."""
+    entered = time.perf_counter()
     spec, device = trial.train, reporter.device
     rank, world_size = reporter.rank, reporter.world_size
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -325,6 +326,7 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
         "latency_ms_per_sample": latency,
         "num_params": num_params,
         "train_seconds": progress.train_seconds,
+        "loop_seconds": time.perf_counter() - entered,  # this process's time in the loop (not summed over resumes)
     }
     with tempfile.TemporaryDirectory() as out_dir:
         if rank == 0:  # the final checkpoint: the last state again (a resume only re-tests) + predictions
