@@ -33,7 +33,7 @@ def sweep_file(root: Path, name: str, trials: int, workers: int) -> Path:
             "short": {
                 "data": {
                     "source": "synthetic",
-                    "source_kwargs": {"regime": "short", "n_train": 256, "n_validation": 64, "n_test": 64},
+                    "source_kwargs": {"regime": "short", "n_train": 256, "n_validation": 64, "n_test": 64, "window": 48},
                     "tokenizer": "word",
                     "max_length": 64,
                     "cache_dir": str(root / "cache"),

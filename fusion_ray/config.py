@@ -262,14 +262,51 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
 def load_sweep(path: str | Path) -> SweepSpec:
     """Read and fully validate a sweep file; raises ``SweepFileError`` listing every problem."""
     raw = read_sweep_dict(path)
-    try:
-        spec = SweepSpec.model_validate(raw)
-    except ValidationError as exc:
-        raise SweepFileError(path, _pydantic_problems(exc)) from None
-    problems = semantic_problems(spec)
+    problems: list[str] = []
+    spec, attempt = None, copy.deepcopy(raw)
+    # Schema errors first; then drop the offending values and validate again, so the semantic
+    # checks still run on the rest and the user sees every problem in one go.
+    for _ in range(8):
+        try:
+            spec = SweepSpec.model_validate(attempt)
+            break
+        except ValidationError as exc:
+            problems += [p for p in _pydantic_problems(exc) if p not in problems]
+            if not _drop_invalid(attempt, exc):
+                break
+    if spec is not None:
+        problems += semantic_problems(spec)
     if problems:
         raise SweepFileError(path, problems)
     return spec
+
+
+def _drop_invalid(raw: dict[str, Any], exc: ValidationError) -> bool:
+    """Remove each invalid value from ``raw`` (its default then applies); False when that cannot help."""
+    changed = False
+    for err in sorted(exc.errors(), key=lambda e: [str(x) for x in e["loc"]], reverse=True):
+        loc = list(err["loc"])
+        if err["type"] == "missing" or not loc:
+            return False
+        if loc == ["seeds"] and isinstance(raw.get("seeds"), list):
+            valid = sorted({s for s in raw["seeds"] if isinstance(s, int) and s >= 0})
+            raw["seeds"] = valid or [0]
+            changed = True
+            continue
+        container: Any = raw
+        for key in loc[:-1]:
+            try:
+                container = container[key]
+            except (KeyError, IndexError, TypeError):
+                container = None
+                break
+        if isinstance(container, dict) and loc[-1] in container:
+            del container[loc[-1]]
+            changed = True
+        elif isinstance(container, list) and isinstance(loc[-1], int) and loc[-1] < len(container):
+            del container[loc[-1]]
+            changed = True
+    return changed
 
 
 # ----------------------------------------------------------------------------- semantic checks

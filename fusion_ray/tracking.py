@@ -215,12 +215,13 @@ class MLflowSweepCallback(Callback):
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
         run_id = self.run_ids[self._cell_id(trial)]
-        if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
-            self._remember_checkpoint(trial, result["checkpoint_path"])
         if result.get("final"):
             self.tracker.log_final(run_id, result)
         elif "epoch" in result:
             self.tracker.log_epoch(run_id, result)
+        # Only after the epoch's metrics are logged: a resume from this checkpoint logs later epochs.
+        if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
+            self._remember_checkpoint(trial, result["checkpoint_path"])
 
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         self._remember_checkpoint(trial, checkpoint.path)

@@ -17,7 +17,13 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # Workers import test helpers (e.g. tests.test_distributed) from the checkout.
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
+        )
     yield ray
     ray.shutdown()
 
@@ -40,7 +46,7 @@ def tiny_sweep(tmp_path: Path, name: str = "tiny", **overrides) -> Path:
             "short": {
                 "data": {
                     "source": "synthetic",
-                    "source_kwargs": {"regime": "short", "n_train": 160, "n_validation": 64, "n_test": 64},
+                    "source_kwargs": {"regime": "short", "n_train": 160, "n_validation": 64, "n_test": 64, "window": 48},
                     "tokenizer": "word",
                     "max_length": 64,
                 }

@@ -123,12 +123,17 @@ def test_cli_rejects_bad_file_before_starting_ray(tmp_path, capsys):
 
 
 def test_extends_fragment_and_env_expansion(tmp_path, monkeypatch):
-    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({"defaults": {"train": {"lr": 0.0042}}}))
+    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({"defaults": {"train": {"lr": 0.0042, "batch_size": 16}}}))
     monkeypatch.setenv("MY_STORE", str(tmp_path / "store"))
-    path = _write(tmp_path, lambda r: r.update(extends=["tuned.yaml"], storage_path="${MY_STORE}/runs"))
-    spec = load_sweep(path)
+
+    def mutate(r):
+        r.update(extends=["tuned.yaml"], storage_path="${MY_STORE}/runs")
+        del r["defaults"]["train"]["lr"]  # taken from the fragment
+        r["defaults"]["train"]["batch_size"] = 8  # the file itself wins over a fragment
+
+    spec = load_sweep(_write(tmp_path, mutate))
     assert spec.storage_path == f"{tmp_path}/store/runs"
-    assert all(c.trial.train.lr == 0.0042 for c in expand(spec))
+    assert all(c.trial.train.lr == 0.0042 and c.trial.train.batch_size == 8 for c in expand(spec))
 
 
 def test_include_and_exclude_rules(tmp_path):

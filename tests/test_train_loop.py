@@ -20,7 +20,7 @@ def tiny_trial(data_cache: str, **train) -> TrialConfig:
         dataset="short",
         data=DataSpec(
             source="synthetic",
-            source_kwargs={"regime": "short", "n_train": 160, "n_validation": 48, "n_test": 48},
+            source_kwargs={"regime": "short", "n_train": 160, "n_validation": 48, "n_test": 48, "window": 48},
             tokenizer="word",
             max_length=64,
             cache_dir=data_cache,

@@ -247,6 +247,7 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
         sampler.set_epoch(epoch)
         loss_sum, docs = 0.0, 0
         for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
+            reporter.on_train_batch(epoch, local_indices)
             batch = collate(data.train, local_indices, pad_to=pad_to)
             input_ids = batch["input_ids"].to(device)  # [b, L], b = this rank's share
             mask = batch["attention_mask"].to(device)  # [b, L]
@@ -271,6 +272,7 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
             docs += len(local_indices)
         loss_sum, docs = _all_reduce_sum([loss_sum, docs], device)
         progress.train_seconds += time.perf_counter() - started
+        reporter.on_epoch_end(epoch, _unwrap(model))
 
         val = evaluate(
             model, data.validation, batch_size=spec.eval_batch_size, device=device, spec=spec,

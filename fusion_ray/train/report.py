@@ -40,6 +40,13 @@ class Reporter:
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         raise NotImplementedError
 
+    # Observers for diagnostics and tests; the loop calls them, they change nothing.
+    def on_train_batch(self, epoch: int, indices: list[int]) -> None:
+        """Called with the document indices this rank trains on in each step."""
+
+    def on_epoch_end(self, epoch: int, model: torch.nn.Module) -> None:
+        """Called after each epoch's optimiser steps, before validation."""
+
 
 @dataclass
 class LocalReporter(Reporter):

@@ -1,0 +1,99 @@
+"""The sweep driver killed mid-sweep, then the same command again: only the missing cells run,
+an interrupted trial continues from its checkpoint in its own run, and no cell gets two runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from fusion_ray.config import load_sweep
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.slow
+
+
+def _snapshot(client: MlflowClient, name: str) -> dict[str, dict]:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
+    return {
+        r.info.run_id: {
+            "cell": r.data.tags["cell_id"],
+            "status": r.info.status,
+            "ckpt": r.data.tags.get("checkpoint_path"),
+        }
+        for r in runs
+    }
+
+
+def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
+    tmp_path, ray_session, data_cache
+):
+    path = tiny_sweep(
+        tmp_path,
+        name="killed",
+        seeds=[0, 1, 2],
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = 4
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": str(ROOT),
+    }
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+
+    driver = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    before: dict[str, dict] = {}
+    while time.monotonic() < deadline:
+        before = _snapshot(client, spec.name)
+        finished = [r for r in before.values() if r["status"] == "FINISHED"]
+        midway = [r for r in before.values() if r["status"] == "RUNNING" and r["ckpt"]]
+        if len(finished) >= 2 and midway:
+            break
+        assert driver.poll() is None, "the sweep ended before it could be interrupted"
+        time.sleep(0.2)
+    else:
+        pytest.fail("the sweep never reached two finished cells and one checkpointed running cell")
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    before = _snapshot(client, spec.name)
+    finished_before = {rid for rid, r in before.items() if r["status"] == "FINISHED"}
+    interrupted = {rid for rid, r in before.items() if r["status"] == "RUNNING" and r["ckpt"]}
+    assert finished_before and interrupted
+
+    rerun = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+
+    after = _snapshot(client, spec.name)
+    cells = [r["cell"] for r in after.values()]
+    assert len(cells) == 6 and len(set(cells)) == 6, "exactly one run per cell"
+    assert all(r["status"] == "FINISHED" for r in after.values())
+    assert finished_before <= set(after), "finished cells were not re-run"
+    for rid in interrupted:  # continued in its own run, from its checkpoint
+        assert rid in after
+        steps = [m.step for m in client.get_metric_history(rid, "val_acc")]
+        assert sorted(steps) == [0, 1, 2, 3], f"epochs logged twice or missing: {steps}"
