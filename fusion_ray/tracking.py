@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import mlflow
-from mlflow.entities import Metric, Param
+from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
@@ -117,8 +117,8 @@ class Tracker:
             run_id = run.info.run_id
         if sweep_file:
             self.client.log_artifact(run_id, sweep_file)
-        if params:
-            self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()][:100])
+        if params:  # tags, not params: they change when the sweep file grows
+            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in params.items()])
         return run_id
 
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:

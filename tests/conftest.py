@@ -64,5 +64,6 @@ def tiny_sweep(tmp_path: Path, name: str = "tiny", **overrides) -> Path:
     for key, value in overrides.items():
         spec[key] = value
     path = tmp_path / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path
