@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ class RecordingReporter(TrainReporter):
     """A real Ray Train reporter that also writes what this rank saw to ``out_dir``."""
 
     out_dir: str = ""
-    crash_after_reports: int | None = None
+    crash_in_epoch: int | None = None
 
     def on_train_batch(self, epoch: int, indices: list[int]) -> None:
         with open(Path(self.out_dir, f"batches_rank{self.rank}.jsonl"), "a") as f:
@@ -37,18 +38,14 @@ class RecordingReporter(TrainReporter):
             digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
         with open(Path(self.out_dir, f"weights_rank{self.rank}.jsonl"), "a") as f:
             f.write(json.dumps({"epoch": epoch, "sha": digest.hexdigest()}) + "\n")
-
-    def report(self, metrics, checkpoint_dir=None) -> None:
-        super().report(metrics, checkpoint_dir)
+        # Die hard at the end of epoch `crash_in_epoch`: no exception handling, no cleanup. The
+        # sleep first outlasts Ray Train's 2 s poll of the workers, so the previous epoch's
+        # report has reached the controller: a checkpoint is durable only once it is registered.
         marker = Path(self.out_dir, "crashed")
-        if (
-            self.crash_after_reports
-            and "epoch" in metrics
-            and metrics["epoch"] + 1 == self.crash_after_reports
-        ):
-            if self.rank == 1 and not marker.exists():
-                marker.write_text("rank 1 killed itself after its first checkpoint")
-                os._exit(1)  # a hard worker death: no exception handling, no cleanup
+        if epoch == self.crash_in_epoch and self.rank == 1 and not marker.exists():
+            marker.write_text(f"rank 1 killed itself at the end of epoch {epoch}")
+            time.sleep(5)
+            os._exit(1)
 
 
 def recording_worker(config: dict) -> None:
@@ -59,7 +56,7 @@ def recording_worker(config: dict) -> None:
         local_rank=base.local_rank,
         device=base.device,
         out_dir=config["out_dir"],
-        crash_after_reports=config.get("crash_after_reports"),
+        crash_in_epoch=config.get("crash_in_epoch"),
     )
     final = run_trial(config["trial"], reporter)
     if reporter.rank == 0:
@@ -123,16 +120,12 @@ def test_two_worker_ddp_disjoint_shards_identical_weights_and_exact_recovery(
     w0, w1 = _lines(clean / "weights_rank0.jsonl"), _lines(clean / "weights_rank1.jsonl")
     assert w0 == w1 and len(w0) == 3
 
-    # rank 1 dies after the first epoch's checkpoint; Ray Train restarts the group from it
-    fit(crashed, tmp_path / "storage", trial, crash_after_reports=1)
+    # rank 1 dies at the end of epoch 1; Ray Train restarts the group from the epoch-0 checkpoint
+    fit(crashed, tmp_path / "storage", trial, crash_in_epoch=1)
     assert (crashed / "crashed").exists()
-    resumed_epochs = [w["epoch"] for w in _lines(crashed / "weights_rank0.jsonl")]
-    assert resumed_epochs == [
-        0,
-        1,
-        2,
-    ]  # the restarted group continued after epoch 0, not from scratch
-    assert _lines(crashed / "weights_rank0.jsonl")[-1] == w0[-1]
+    epochs = [w["epoch"] for w in _lines(crashed / "weights_rank1.jsonl")]
+    assert epochs == [0, 1, 1, 2], f"the restart must continue after epoch 0, not from scratch: {epochs}"
+    assert _lines(crashed / "weights_rank0.jsonl")[-1] == w0[-1], "final weights differ from the clean run"
     clean_final, crashed_final = (
         json.loads((d / "final.json").read_text()) for d in (clean, crashed)
     )

@@ -1,0 +1,399 @@
+"""From a DataSpec to cached, tokenised splits: load -> check -> split -> fit tokenizer on train ->
+tokenise -> cache.
+
+Everything here depends on the dataset settings and ``split_seed`` only, never on a trial seed or
+a model choice, so every trial of a sweep (and every operator of a paired seed) sees the same
+splits and the same token ids.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tokenizers
+
+from fusion_ray.data import cache
+from fusion_ray.data.sources import (
+    SOURCES,
+    RawDataset,
+    RawSplit,
+    SyntheticSource,
+    source_num_classes,
+)
+from fusion_ray.data.spec import DataSpec
+from fusion_ray.data.stats import format_stats, length_stats
+from fusion_ray.data.tokenizer import PAD_ID, TOKENIZERS
+from fusion_ray.registry import Registry
+
+log = logging.getLogger(__name__)
+
+_CARVE_STREAM = 0xCA5E  # SeedSequence([split_seed, stream]) per use, so uses never share draws
+_SUBSAMPLE_STREAM = 0x5AB5
+_ENCODE_CHUNK = 2048
+
+
+@dataclass
+class TokenizedSplit:
+    """One split, tokenised: ids truncated to max_length (no padding), labels, and lengths in tokens
+    before truncation."""
+
+    ids: list[np.ndarray]
+    labels: np.ndarray
+    lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def input_lengths(self) -> np.ndarray:
+        """Tokens actually fed to the model (after truncation): what a batch's padding depends on."""
+        return np.fromiter((len(d) for d in self.ids), dtype=np.int64, count=len(self.ids))
+
+
+@dataclass
+class PreparedData:
+    """The three tokenised splits of a dataset, with what a model and the analysis need to know."""
+
+    train: TokenizedSplit
+    validation: TokenizedSplit
+    test: TokenizedSplit
+    vocab_size: int
+    num_classes: int
+    pad_id: int
+    stats: dict[str, dict[str, float]]
+    """Per split: n_docs, dropped_empty, mean, median, p90, p99, max tokens, clip_rate."""
+    cache_key: str
+    cache_hit: bool
+    cache_path: str = ""
+    """The cache entry directory (tokenizer.json and meta.json live there)."""
+    label_names: list[str] | None = field(default=None)
+    """Class names when the source had string labels (index = class id)."""
+
+    def tokenizer(self) -> tokenizers.Tokenizer:
+        """The fitted tokenizer, for decoding and inspection."""
+        return tokenizers.Tokenizer.from_file(str(Path(self.cache_path) / "tokenizer.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation without I/O
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _build(registry: Registry, name: str, kwargs: dict[str, Any]) -> tuple[Any, list[str]]:
+    """The entry built from kwargs and its problems; (None, problems) when it cannot be built."""
+    problems = registry.check(name, kwargs)
+    if problems:
+        return None, problems
+    entry = registry.get(name)(**kwargs)
+    return entry, entry.problems()
+
+
+def check_data_spec(spec: DataSpec) -> list[str]:
+    """Every problem a user can fix in a DataSpec, as messages; cheap (no downloads, no tokenising).
+
+    The config validator calls this for each dataset before Ray starts.
+    """
+    problems: list[str] = []
+    source, found = None, []
+    if not isinstance(spec.source_kwargs, dict):
+        problems.append(
+            f"data.source_kwargs: must be a mapping, got {type(spec.source_kwargs).__name__}"
+        )
+    else:
+        source, found = _build(SOURCES, spec.source, spec.source_kwargs)
+        problems += found
+    if not isinstance(spec.tokenizer_kwargs, dict):
+        problems.append(
+            f"data.tokenizer_kwargs: must be a mapping, got {type(spec.tokenizer_kwargs).__name__}"
+        )
+    else:
+        problems += _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
+
+    if spec.num_classes is not None:
+        if not _is_int(spec.num_classes) or spec.num_classes < 2:
+            problems.append(
+                f"data.num_classes: must be an integer >= 2 or null, got {spec.num_classes!r}"
+            )
+        elif source is not None:
+            declared = source_num_classes(source)
+            if declared is not None and spec.num_classes < declared:
+                problems.append(
+                    f"data.num_classes: {spec.num_classes} is fewer than the {declared} classes "
+                    f"the {spec.source} source has; remove it or set it to {declared}"
+                )
+    frac = spec.validation_fraction
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac < 1.0:
+        problems.append(
+            f"data.validation_fraction: must be a number strictly between 0 and 1, got {frac!r}"
+        )
+    if not _is_int(spec.split_seed) or spec.split_seed < 0:
+        problems.append(f"data.split_seed: must be a non-negative integer, got {spec.split_seed!r}")
+    if spec.max_train_samples is not None and (
+        not _is_int(spec.max_train_samples) or spec.max_train_samples < 1
+    ):
+        problems.append(
+            f"data.max_train_samples: must be a positive integer or null, got {spec.max_train_samples!r}"
+        )
+    if not _is_int(spec.max_length) or spec.max_length < 1:
+        problems.append(f"data.max_length: must be a positive integer, got {spec.max_length!r}")
+    if (
+        isinstance(source, SyntheticSource)
+        and not found
+        and _is_int(spec.max_length)
+        and spec.max_length < source.label_span()
+    ):
+        problems.append(
+            f"data.max_length: {spec.max_length} is shorter than the synthetic {source.regime!r} "
+            f"regime's label window ({source.label_span()} words), so truncation would let word "
+            "counts reveal the label; raise data.max_length or set data.source_kwargs.window to "
+            f"at most {spec.max_length}"
+        )
+    if spec.cache_dir is not None:
+        if not isinstance(spec.cache_dir, str):
+            problems.append(f"data.cache_dir: must be a path or null, got {spec.cache_dir!r}")
+        elif (
+            Path(spec.cache_dir).expanduser().exists()
+            and not Path(spec.cache_dir).expanduser().is_dir()
+        ):
+            problems.append(f"data.cache_dir: {spec.cache_dir} exists and is not a directory")
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+# ---------------------------------------------------------------------------------------------
+
+
+def _resolved_kwargs(registry: Registry, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """kwargs with defaults filled in, so spelling out a default does not change the cache key."""
+    bound = inspect.signature(registry.get(name)).bind(**kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def cache_settings(spec: DataSpec) -> dict[str, Any]:
+    """What the cached result depends on (and nothing else: not cache_dir, not any trial setting)."""
+    source = SOURCES.get(spec.source)(**spec.source_kwargs)
+    return {
+        "source": spec.source,
+        "source_kwargs": _resolved_kwargs(SOURCES, spec.source, spec.source_kwargs),
+        "source_files": source.fingerprint(),
+        "num_classes": spec.num_classes,
+        "validation_fraction": float(spec.validation_fraction),
+        "split_seed": int(spec.split_seed),
+        "max_train_samples": spec.max_train_samples,
+        "tokenizer": spec.tokenizer,
+        "tokenizer_kwargs": _resolved_kwargs(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs),
+        "max_length": int(spec.max_length),
+        "tokenizers_version": tokenizers.__version__,
+    }
+
+
+def _label_index(split_name: str, raw: RawSplit, num_classes: int | None) -> np.ndarray:
+    """Raw labels as int64, or a ValueError naming the origin, the row and the bad value.
+
+    With ``num_classes`` None only integrality and non-negativity are checked.
+    """
+    out = np.empty(len(raw.labels), dtype=np.int64)
+    upper = num_classes if num_classes is not None else np.iinfo(np.int64).max
+    for i, value in enumerate(raw.labels):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if not _is_int(value) or not 0 <= value < upper:
+            if not _is_int(value):
+                what, fix = "which is not an integer class index", "fill in or remove that row"
+            elif value < 0:
+                what, fix = "which is negative", "labels must be 0..C-1; fix or remove that row"
+            else:
+                what = f"outside 0..{upper - 1}"
+                fix = (
+                    f"fix or remove that row, or set data.num_classes (now {num_classes}) "
+                    "if the dataset really has more classes"
+                )
+            raise ValueError(
+                f"{raw.origin}: row {int(raw.rows[i])} of the {split_name} split has label "
+                f"{value!r}, {what}; {fix}"
+            )
+        out[i] = value
+    return out
+
+
+def _seeded_rng(split_seed: int, stream: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([split_seed, stream])))
+
+
+@dataclass
+class _Docs:
+    texts: list[str]
+    labels: np.ndarray
+    dropped_empty: int
+
+    def take(self, idx: np.ndarray) -> _Docs:
+        return _Docs([self.texts[i] for i in idx], self.labels[idx], 0)
+
+
+def _clean(split_name: str, raw: RawSplit, num_classes: int) -> _Docs:
+    labels = _label_index(split_name, raw, num_classes)
+    keep = [i for i, t in enumerate(raw.texts) if isinstance(t, str) and t.strip()]
+    return _Docs([raw.texts[i] for i in keep], labels[keep], len(raw.texts) - len(keep))
+
+
+def split_documents(raw: RawDataset, spec: DataSpec, num_classes: int) -> dict[str, _Docs]:
+    """Checked, non-empty documents per split; validation carved from train when missing."""
+    docs = {name: _clean(name, split, num_classes) for name, split in raw.splits.items()}
+    for required in ("train", "test"):
+        if required not in docs:
+            raise ValueError(f"the {spec.source} source gave no {required!r} split")
+    if "validation" not in docs:
+        train = docs["train"]
+        n = len(train.labels)
+        n_val = max(1, int(round(spec.validation_fraction * n)))
+        if n - n_val < 1:
+            raise ValueError(
+                f"cannot carve a validation split from {n} training documents with "
+                f"validation_fraction {spec.validation_fraction}; provide more data or a validation file"
+            )
+        perm = _seeded_rng(spec.split_seed, _CARVE_STREAM).permutation(n)
+        val, rest = np.sort(perm[:n_val]), np.sort(perm[n_val:])
+        docs["validation"] = train.take(val)
+        docs["train"] = train.take(rest)
+        docs["train"].dropped_empty = train.dropped_empty
+    if spec.max_train_samples is not None and spec.max_train_samples < len(docs["train"].labels):
+        train = docs["train"]
+        rng = _seeded_rng(spec.split_seed, _SUBSAMPLE_STREAM)
+        chosen = np.sort(rng.choice(len(train.labels), size=spec.max_train_samples, replace=False))
+        docs["train"] = train.take(chosen)
+        docs["train"].dropped_empty = train.dropped_empty
+    for name in ("train", "validation", "test"):
+        if len(docs[name].labels) == 0:
+            raise ValueError(
+                f"the {name} split has no non-empty documents ({docs[name].dropped_empty} empty "
+                "texts were dropped); check data.source_kwargs and the text column"
+            )
+    return docs
+
+
+def _encode(
+    tok: tokenizers.Tokenizer, texts: list[str], max_length: int
+) -> tuple[list[np.ndarray], np.ndarray]:
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    ids: list[np.ndarray] = []
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), _ENCODE_CHUNK):
+        for j, enc in enumerate(
+            encode(texts[start : start + _ENCODE_CHUNK], add_special_tokens=False)
+        ):
+            full = enc.ids
+            lengths[start + j] = len(full)
+            ids.append(np.asarray(full[:max_length], dtype=np.int32))
+    return ids, lengths
+
+
+def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, Any]) -> Path:
+    source = SOURCES.get(spec.source)(**spec.source_kwargs)
+    raw = source.load()
+    num_classes = spec.num_classes or raw.num_classes
+    if num_classes is None or num_classes < 2:
+        for name, split in raw.splits.items():  # a bad label explains a bad count best
+            _label_index(name, split, None)
+        raise ValueError(
+            f"cannot tell the number of classes of the {spec.source} source; set data.num_classes"
+        )
+    docs = split_documents(raw, spec, num_classes)
+
+    tokenizer = TOKENIZERS.get(spec.tokenizer)(**spec.tokenizer_kwargs)
+    tok = tokenizer.train(docs["train"].texts)  # the training split only
+
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    stats: dict[str, dict[str, float]] = {}
+    for name in ("train", "validation", "test"):
+        d = docs[name]
+        ids, lengths = _encode(tok, d.texts, spec.max_length)
+        nonempty = lengths > 0  # e.g. only characters the normaliser removes
+        dropped = d.dropped_empty + int((~nonempty).sum())
+        ids = [x for x, k in zip(ids, nonempty, strict=True) if k]
+        lengths, labels = lengths[nonempty], d.labels[nonempty]
+        if len(ids) == 0:
+            raise ValueError(f"every document of the {name} split tokenised to nothing")
+        sizes = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+        offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        arrays[name] = {
+            "ids": np.concatenate(ids).astype(np.int32, copy=False),
+            "offsets": offsets,
+            "labels": labels.astype(np.int64),
+            "lengths": lengths,
+        }
+        stats[name] = length_stats(lengths, spec.max_length, dropped)
+
+    meta = {
+        "splits": ["train", "validation", "test"],
+        "vocab_size": tok.get_vocab_size(),
+        "num_classes": int(num_classes),
+        "pad_id": PAD_ID,
+        "stats": stats,
+        "label_names": raw.label_names,
+        "validation_carved": "validation" not in raw.splits,
+        "settings": settings,
+    }
+    log.info("data %s: tokenised, %s vocabulary\n%s", key, meta["vocab_size"], format_stats(stats))
+    return cache.save_entry(cache_dir, key, meta, tok.to_str(), arrays)
+
+
+def _from_entry(path: Path, key: str, hit: bool) -> PreparedData:
+    meta, arrays = cache.load_entry(path)
+
+    def split(name: str) -> TokenizedSplit:
+        a = arrays[name]
+        flat, off = a["ids"], a["offsets"]
+        ids = [flat[off[i] : off[i + 1]] for i in range(len(off) - 1)]
+        return TokenizedSplit(
+            ids=ids, labels=np.asarray(a["labels"]), lengths=np.asarray(a["lengths"])
+        )
+
+    return PreparedData(
+        train=split("train"),
+        validation=split("validation"),
+        test=split("test"),
+        vocab_size=int(meta["vocab_size"]),
+        num_classes=int(meta["num_classes"]),
+        pad_id=int(meta["pad_id"]),
+        stats=meta["stats"],
+        cache_key=key,
+        cache_hit=hit,
+        cache_path=str(path),
+        label_names=meta.get("label_names"),
+    )
+
+
+def prepare_data(spec: DataSpec) -> PreparedData:
+    """Tokenised train/validation/test splits for ``spec``, from the cache when possible.
+
+    Concurrent calls on one node build an entry once (a file lock) and share it; a second call is a
+    cache hit. Raises ValueError for invalid settings or bad data, ConnectionError when a hub
+    dataset cannot be reached.
+    """
+    problems = check_data_spec(spec)
+    if problems:
+        raise ValueError("invalid data settings:\n  - " + "\n  - ".join(problems))
+    settings = cache_settings(spec)
+    key = cache.make_key(settings)
+    cache_dir = Path(spec.cache_dir).expanduser() if spec.cache_dir else cache.default_cache_dir()
+    path = cache.entry_dir(cache_dir, key)
+    if cache.is_complete(path):
+        return _from_entry(path, key, hit=True)
+    with cache.lock_for(cache_dir, key):
+        if cache.is_complete(path):  # another process built it while we waited
+            return _from_entry(path, key, hit=True)
+        log.info("data %s: not cached, building under %s", key, path)
+        path = _build_entry(spec, cache_dir, key, settings)
+    return _from_entry(path, key, hit=False)

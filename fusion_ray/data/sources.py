@@ -1,0 +1,554 @@
+"""Where documents come from: the ``SOURCES`` registry (hub, local, synthetic).
+
+A source is a class whose keyword-only ``__init__`` parameters are the options a sweep file may
+set under ``data.source_kwargs``. ``problems()`` checks those options cheaply (no downloads, no
+reading whole files) for the config validator; ``fingerprint()`` says what on disk the result
+depends on (for the cache key); ``load()`` reads the documents.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fusion_ray.data import synthetic
+from fusion_ray.registry import Registry
+
+SPLITS = ("train", "validation", "test")
+
+
+@dataclass
+class RawSplit:
+    """One split as read: texts, raw labels, and where each row came from (for error messages)."""
+
+    texts: list[str | None]
+    labels: list[Any]
+    origin: str
+    """A file path or a hub id and split, used in error messages."""
+    rows: np.ndarray | None = None
+    """Row index of each document in ``origin`` (0-based, header excluded); default 0..N-1."""
+
+    def __post_init__(self) -> None:
+        if self.rows is None:
+            self.rows = np.arange(len(self.texts), dtype=np.int64)
+        if not (len(self.texts) == len(self.labels) == len(self.rows)):
+            raise AssertionError("texts, labels and rows must have the same length")
+
+
+@dataclass
+class RawDataset:
+    """The splits a source provides (validation may be missing) and its class count."""
+
+    splits: dict[str, RawSplit]
+    num_classes: int | None = None
+    label_names: list[str] | None = field(default=None)
+
+
+SOURCES: Registry = Registry("data source")
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hub_offline() -> bool:
+    """True when the environment asks Hugging Face libraries not to use the network."""
+    return _env_flag("HF_HUB_OFFLINE") or _env_flag("HF_DATASETS_OFFLINE")
+
+
+# ---------------------------------------------------------------------------------------------
+# File readers shared by the local source and the hub source's data_dir
+# ---------------------------------------------------------------------------------------------
+
+FORMATS = {".csv": "csv", ".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+
+
+def file_format(path: str | Path) -> str | None:
+    return FORMATS.get(Path(path).suffix.lower())
+
+
+def _read_json_records(path: Path) -> list[dict[str, Any]]:
+    """JSON lines (or, for .json, one array of objects); invalid UTF-8 bytes become U+FFFD."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        content = f.read()
+    if path.suffix.lower() == ".json" and content.lstrip().startswith("["):
+        try:
+            records = json.loads(content)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        numbered = list(enumerate(records, start=1))
+        where = "item"
+    else:
+        numbered = []
+        for lineno, line in enumerate(content.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                numbered.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}: line {lineno} is not valid JSON ({e.msg}); each line of a .jsonl "
+                    'file must be one JSON object such as {"text": ..., "label": ...}'
+                ) from None
+        where = "line"
+    for number, obj in numbered:
+        if not isinstance(obj, dict):
+            raise ValueError(
+                f"{path}: {where} {number} is a JSON {type(obj).__name__}, not an object"
+            )
+    return [obj for _, obj in numbered]
+
+
+def _missing_column(path: Path, column: str, role: str, columns: list[str]) -> ValueError:
+    return ValueError(
+        f"{path}: no column {column!r} ({role}); columns are "
+        f"{', '.join(map(str, columns)) or 'none'}; set data.source_kwargs.{role}"
+    )
+
+
+def read_table(path: str | Path, text_column: str, label_column: str) -> tuple[list, list]:
+    """Texts and raw labels from one csv/tsv/jsonl/json/parquet file."""
+    import pandas as pd
+
+    path = Path(path)
+    fmt = file_format(path)
+    wanted = (("text_column", text_column), ("label_column", label_column))
+    if fmt == "jsonl":
+        records = _read_json_records(path)
+        columns = sorted({k for r in records for k in r})
+        for role, column in wanted:
+            if records and column not in columns:
+                raise _missing_column(path, column, role, columns)
+        texts = [r.get(text_column) for r in records]
+        labels = [r.get(label_column) for r in records]
+    elif fmt in ("csv", "tsv", "parquet"):
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            columns = pq.read_schema(path).names
+        else:
+            columns = list(
+                pd.read_csv(
+                    path, sep="," if fmt == "csv" else "\t", nrows=0, encoding_errors="replace"
+                ).columns
+            )
+        for role, column in wanted:
+            if column not in columns:
+                raise _missing_column(path, column, role, columns)
+        if fmt == "parquet":
+            frame = pd.read_parquet(path, columns=[text_column, label_column])
+        else:
+            frame = pd.read_csv(
+                path,
+                sep="," if fmt == "csv" else "\t",
+                usecols=[text_column, label_column],
+                encoding="utf-8",
+                encoding_errors="replace",
+                # Texts stay verbatim ("NA" is a word); an empty label cell is missing.
+                keep_default_na=False,
+                na_values={label_column: [""]},
+                dtype={text_column: str},
+            )
+        texts = frame[text_column].tolist()
+        labels = frame[label_column].tolist()
+    else:
+        raise ValueError(
+            f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FORMATS)}"
+        )
+    texts = [
+        t if isinstance(t, str) else (None if t is None or _is_nan(t) else str(t)) for t in texts
+    ]
+    return texts, labels
+
+
+def _is_nan(x: Any) -> bool:
+    return isinstance(x, float) and x != x
+
+
+def _is_int_label(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def encode_labels(splits: dict[str, RawSplit]) -> tuple[int | None, list[str] | None]:
+    """Integer labels stay as they are; string labels map to ints in sorted order over all splits.
+
+    Returns (num_classes, label_names): for strings, the count and the sorted names; for ints,
+    max + 1 (the range check in prepare_data reports negative or missing labels).
+    """
+    values = [v for s in splits.values() for v in s.labels]
+    strings = {v for v in values if isinstance(v, str)}
+    if strings:
+        non_str = [
+            (name, int(s.rows[i]), v)
+            for name, s in splits.items()
+            for i, v in enumerate(s.labels)
+            if not isinstance(v, str)
+        ]
+        if non_str:
+            name, row, v = non_str[0]
+            raise ValueError(
+                f"{splits[name].origin}: row {row} has label {v!r} while other labels are strings; "
+                "use one label type per column (all class names or all integers 0..C-1)"
+            )
+        names = sorted(strings)
+        index = {n: i for i, n in enumerate(names)}
+        for s in splits.values():
+            s.labels = [index[v] for v in s.labels]
+        return len(names), names
+    # Integer-valued floats (e.g. from a parquet float column) are accepted as ints.
+    for s in splits.values():
+        s.labels = [int(v) if isinstance(v, float) and v.is_integer() else v for v in s.labels]
+    ints = [int(v) for v in values if _is_int_label(v) or (isinstance(v, float) and v.is_integer())]
+    return (max(ints) + 1 if ints else None), None
+
+
+# ---------------------------------------------------------------------------------------------
+# Hub
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubDataset:
+    hub_id: str
+    splits: tuple[str, ...]
+    """The splits we use (IMDB's unsupervised split is never used)."""
+    num_classes: int
+    text_column: str = "text"
+    label_column: str = "label"
+    config: str | None = None
+    """Preferred config sub-folder when a local copy holds several."""
+
+
+HUB_DATASETS: dict[str, HubDataset] = {
+    "ag_news": HubDataset("fancyzhx/ag_news", ("train", "test"), 4, config="data"),
+    "imdb": HubDataset("stanfordnlp/imdb", ("train", "test"), 2, config="plain_text"),
+    "arxiv": HubDataset(
+        "ccdv/arxiv-classification", ("train", "validation", "test"), 11, config="default"
+    ),
+}
+
+
+def find_split_files(data_dir: Path, split: str, prefer: str | None) -> list[Path]:
+    """Parquet files of ``split`` in a local copy of a hub repo.
+
+    Accepts the hub's layouts: ``<cfg>/<split>-00000-of-00001.parquet`` (also at the top level)
+    and the converter's ``<cfg>/<split>/0000.parquet``. When several config folders match (e.g.
+    ArXiv's ``default`` and ``no_ref``), ``prefer`` picks one.
+    """
+    found: dict[str, list[Path]] = {}
+    for path in sorted(data_dir.rglob("*.parquet")):
+        rel = path.relative_to(data_dir)
+        parts = rel.parts
+        stem = path.name
+        if (
+            stem.startswith(f"{split}-")
+            or stem.startswith(f"{split}.")
+            or stem == f"{split}.parquet"
+        ):
+            group = "/".join(parts[:-1])
+        elif len(parts) >= 2 and parts[-2] == split:
+            group = "/".join(parts[:-2])
+        else:
+            continue
+        found.setdefault(group, []).append(path)
+    if len(found) <= 1:
+        return next(iter(found.values()), [])
+    for group in found:
+        if prefer is not None and group.split("/")[-1:] == [prefer]:
+            return found[group]
+    raise ValueError(
+        f"{data_dir}: split {split!r} appears in several folders ({', '.join(sorted(found))}); "
+        "point data_dir at the one you want"
+    )
+
+
+@SOURCES.register("hub")
+class HubSource:
+    """A Hugging Face Hub dataset by short name, or a local copy of its parquet files."""
+
+    def __init__(
+        self, *, dataset: str, revision: str | None = None, data_dir: str | None = None
+    ) -> None:
+        self.dataset = dataset
+        self.revision = revision
+        self.data_dir = data_dir
+
+    @property
+    def info(self) -> HubDataset:
+        return HUB_DATASETS[self.dataset]
+
+    def problems(self) -> list[str]:
+        if self.dataset not in HUB_DATASETS:
+            return [
+                f"data.source_kwargs.dataset: unknown hub dataset {self.dataset!r}; allowed: "
+                f"{', '.join(HUB_DATASETS)} (for other data use source: local)"
+            ]
+        if self.data_dir is None:
+            return []
+        root = Path(self.data_dir).expanduser()
+        if not root.is_dir():
+            return [
+                f"data.source_kwargs.data_dir: {root} is not a directory; it should hold a copy "
+                f"of {self.info.hub_id}'s parquet files"
+            ]
+        problems = []
+        for split in self.info.splits:
+            try:
+                files = find_split_files(root, split, self.info.config)
+            except ValueError as e:
+                problems.append(f"data.source_kwargs.data_dir: {e}")
+                continue
+            if not files:
+                problems.append(
+                    f"data.source_kwargs.data_dir: no parquet files for split {split!r} of "
+                    f"{self.info.hub_id} under {root} (expected e.g. {split}-00000-of-00001.parquet)"
+                )
+        return problems
+
+    def fingerprint(self) -> dict[str, Any]:
+        if self.data_dir is None:
+            return {}
+        root = Path(self.data_dir).expanduser()
+        return {
+            split: [_file_stamp(p) for p in find_split_files(root, split, self.info.config)]
+            for split in self.info.splits
+        }
+
+    def _offline_error(self, cause: BaseException | None = None) -> ConnectionError:
+        info = self.info
+        why = (
+            f" ({type(cause).__name__}: {cause})" if cause is not None else " (offline mode is set)"
+        )
+        return ConnectionError(
+            f"cannot load hub dataset {self.dataset!r} ({info.hub_id}){why}. On a machine "
+            "without network, point the config at local files instead: either download the "
+            f"repository's parquet files (hf download {info.hub_id} --repo-type "
+            "dataset --local-dir DIR) and set data.source_kwargs.data_dir: DIR, or use "
+            "source: local with source_kwargs {train: ..., test: ..., text_column: "
+            f"{info.text_column}, label_column: {info.label_column}}}."
+        )
+
+    def load(self) -> RawDataset:
+        info = self.info
+        if self.data_dir is not None:
+            root = Path(self.data_dir).expanduser()
+            splits = {}
+            for split in info.splits:
+                texts: list = []
+                labels: list = []
+                files = find_split_files(root, split, info.config)
+                for path in files:
+                    t, y = read_table(path, info.text_column, info.label_column)
+                    texts += t
+                    labels += y
+                origin = (
+                    str(files[0])
+                    if len(files) == 1
+                    else (
+                        f"{root} ({info.hub_id} {split}: rows counted across "
+                        f"{', '.join(str(f.relative_to(root)) for f in files)})"
+                    )
+                )
+                splits[split] = RawSplit(texts, labels, origin=origin)
+            return RawDataset(splits, num_classes=info.num_classes)
+
+        import datasets
+
+        if hub_offline() and not datasets.config.HF_HUB_OFFLINE:
+            # Offline was asked for after `datasets` was imported, so `datasets` would still try
+            # the network: fail fast instead. (Set before import, `datasets` itself serves a
+            # copy from its cache or fails at once.)
+            raise self._offline_error()
+        try:
+            splits = {}
+            for split in info.splits:
+                ds = datasets.load_dataset(info.hub_id, split=split, revision=self.revision)
+                splits[split] = RawSplit(
+                    list(ds[info.text_column]),
+                    list(ds[info.label_column]),
+                    origin=f"{info.hub_id} {split}",
+                )
+        except (ConnectionError, OSError, TimeoutError) as e:
+            raise self._offline_error(e) from e
+        except Exception as e:  # datasets raises its own types for missing/unreachable repos
+            if type(e).__name__ in {
+                "DatasetNotFoundError",
+                "LocalEntryNotFoundError",
+                "HfHubHTTPError",
+            }:
+                raise self._offline_error(e) from e
+            raise
+        return RawDataset(splits, num_classes=info.num_classes)
+
+
+def _file_stamp(path: Path) -> list:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+# ---------------------------------------------------------------------------------------------
+# Local files
+# ---------------------------------------------------------------------------------------------
+
+
+@SOURCES.register("local")
+class LocalSource:
+    """Local csv/tsv/jsonl/parquet files; string labels map to ints in sorted order."""
+
+    def __init__(
+        self,
+        *,
+        train: str,
+        test: str,
+        validation: str | None = None,
+        text_column: str = "text",
+        label_column: str = "label",
+    ) -> None:
+        self.paths = {"train": train, "validation": validation, "test": test}
+        self.text_column = text_column
+        self.label_column = label_column
+
+    def _given(self) -> dict[str, Path]:
+        return {k: Path(v).expanduser() for k, v in self.paths.items() if v is not None}
+
+    def problems(self) -> list[str]:
+        problems = []
+        for split, path in self._given().items():
+            if not path.is_file():
+                problems.append(f"data.source_kwargs.{split}: file {path} does not exist")
+            elif file_format(path) is None:
+                problems.append(
+                    f"data.source_kwargs.{split}: {path} has unsupported type {path.suffix!r}; "
+                    f"use one of {', '.join(FORMATS)}"
+                )
+        return problems
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {split: _file_stamp(path) for split, path in self._given().items()}
+
+    def load(self) -> RawDataset:
+        splits = {}
+        for split, path in self._given().items():
+            texts, labels = read_table(path, self.text_column, self.label_column)
+            splits[split] = RawSplit(texts, labels, origin=str(path))
+        num_classes, names = encode_labels(splits)
+        return RawDataset(splits, num_classes=num_classes, label_names=names)
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic
+# ---------------------------------------------------------------------------------------------
+
+
+@SOURCES.register("synthetic")
+class SyntheticSource:
+    """Segment-order tasks in three length regimes (see fusion_ray.data.synthetic).
+
+    Sizes default to the regime's (small, for a CPU quickstart); num_classes defaults to 4 in every
+    regime, so the regimes differ in length only. ``window`` (words) bounds the label-bearing
+    segments and defaults to the regime's (short 96, medium 256, long 512); data.max_length must
+    be at least the window, so truncation cannot reveal the label through word counts.
+    """
+
+    def __init__(
+        self,
+        *,
+        regime: str = "short",
+        n_train: int | None = None,
+        n_validation: int | None = None,
+        n_test: int | None = None,
+        num_classes: int | None = None,
+        window: int | None = None,
+        length_scale: float = 1.0,
+        topic_rate: float = 0.5,
+        generator_seed: int = 0,
+    ) -> None:
+        self.regime = regime
+        self.window = window
+        self.sizes = {"train": n_train, "validation": n_validation, "test": n_test}
+        self.num_classes = num_classes
+        self.length_scale = length_scale
+        self.topic_rate = topic_rate
+        self.generator_seed = generator_seed
+
+    def problems(self) -> list[str]:
+        p = "data.source_kwargs"
+        if self.regime not in synthetic.REGIMES:
+            return [
+                f"{p}.regime: unknown regime {self.regime!r}; allowed: {', '.join(synthetic.REGIMES)}"
+            ]
+        problems = []
+        for split, n in self.sizes.items():
+            if n is not None and (not _is_int_label(n) or n < 1):
+                problems.append(f"{p}.n_{split}: must be a positive integer, got {n!r}")
+        if self.num_classes is not None and (
+            not _is_int_label(self.num_classes) or not 2 <= self.num_classes <= 120
+        ):
+            problems.append(
+                f"{p}.num_classes: must be an integer in 2..120, got {self.num_classes!r}"
+            )
+        if self.window is not None and (not _is_int_label(self.window) or self.window < 8):
+            problems.append(f"{p}.window: must be an integer >= 8 or null, got {self.window!r}")
+        if not isinstance(self.length_scale, (int, float)) or not 0.05 <= self.length_scale <= 100:
+            problems.append(
+                f"{p}.length_scale: must be a number in 0.05..100, got {self.length_scale!r}"
+            )
+        if not isinstance(self.topic_rate, (int, float)) or not 0.0 < self.topic_rate <= 1.0:
+            problems.append(f"{p}.topic_rate: must be a number in (0, 1], got {self.topic_rate!r}")
+        if not _is_int_label(self.generator_seed) or self.generator_seed < 0:
+            problems.append(
+                f"{p}.generator_seed: must be a non-negative integer, got {self.generator_seed!r}"
+            )
+        return problems
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"synthetic_version": synthetic.SYNTHETIC_VERSION}
+
+    def label_span(self) -> int:
+        """The longest stretch of words (from the start) that can carry the label."""
+        regime = synthetic.REGIMES[self.regime]
+        longest = synthetic.document_length_bounds(regime, float(self.length_scale))[1]
+        return min(longest, self.window or regime.window)
+
+    def resolved_num_classes(self) -> int:
+        return self.num_classes or synthetic.REGIMES[self.regime].num_classes
+
+    def load(self) -> RawDataset:
+        regime = synthetic.REGIMES[self.regime]
+        defaults = {
+            "train": regime.n_train,
+            "validation": regime.n_validation,
+            "test": regime.n_test,
+        }
+        num_classes = self.resolved_num_classes()
+        splits = {}
+        for split in SPLITS:
+            n = self.sizes[split] or defaults[split]
+            texts, labels = synthetic.generate_split(
+                regime,
+                split,
+                n,
+                num_classes=num_classes,
+                generator_seed=self.generator_seed,
+                window=self.window,
+                length_scale=float(self.length_scale),
+                topic_rate=float(self.topic_rate),
+            )
+            splits[split] = RawSplit(
+                texts, labels.tolist(), origin=f"synthetic {self.regime} {split}"
+            )
+        return RawDataset(splits, num_classes=num_classes)
+
+
+def source_num_classes(source: Any) -> int | None:
+    """The class count a source declares without loading (None when it needs the data)."""
+    if isinstance(source, HubSource) and source.dataset in HUB_DATASETS:
+        return source.info.num_classes
+    if isinstance(source, SyntheticSource) and source.regime in synthetic.REGIMES:
+        return source.resolved_num_classes()
+    return None
