@@ -157,6 +157,9 @@ def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | 
     for cell in pending:
         prior = existing.get(cell.cell_id)
         resume_from = prior.checkpoint_path if prior is not None else None
+        if resume_from and "://" not in resume_from and not Path(resume_from).exists():
+            log.warning("cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from)
+            resume_from = prior.checkpoint_path = None
         payloads.append(_payload(spec, cell, resume_from))
 
     _init_ray(spec, address)

@@ -210,7 +210,8 @@ class MLflowSweepCallback(Callback):
         cid = self._cell_id(trial)
         if cid in self.run_ids:  # a retry of a trial already tracked
             return
-        resume = bool(trial.config.get("resume_from"))
+        prior = self.existing.get(cid)
+        resume = prior is not None and bool(prior.checkpoint_path)  # the trial resumes from it too
         self.run_ids[cid] = self.tracker.open_cell_run(self.cells[cid], self.parent_id, self.existing.get(cid), resume)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:

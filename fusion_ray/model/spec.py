@@ -26,6 +26,11 @@ class ModelSpec:
     """Feed-forward activation (the study used PyTorch's default, relu)."""
     norm_first: bool = False
     """Pre-LayerNorm blocks when true; post-LN (the study's nn.TransformerEncoder default) when false."""
+    scale_embeddings: bool = True
+    """Multiply token embeddings by sqrt(d_model) before fusion, as both study notebooks did.
+
+    With N(0, 1) embeddings this makes E about sqrt(d_model) times larger than a sinusoidal P,
+    which is part of what a fusion operator can learn to undo; false leaves E unscaled."""
     max_len: int = 512
     """Longest sequence the position tables cover; at least the data's max_length."""
     fusion: str = "add"

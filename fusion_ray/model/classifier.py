@@ -1,0 +1,228 @@
+"""The classifier: embedding -> position signal -> fusion -> dropout -> encoder -> pooling -> head.
+
+Only ``.fusion`` differs between operators. Each submodule is built under its own RNG seed,
+derived from (seed, submodule name), so for one seed every parameter outside ``.fusion`` is
+byte-identical across operators, and the embedding, encoder blocks and head are byte-identical
+across position choices too (the paired-seed protocol of DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from fusion_ray.model.attention import ATTENTION_POSITIONS, Encoder, EncoderBlock
+from fusion_ray.model.fusion import FUSIONS, Fusion
+from fusion_ray.model.positions import POSITIONS, PositionSignal
+from fusion_ray.model.spec import ModelSpec
+
+
+def derive_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for one submodule (sha256, so it does not vary between processes)."""
+    digest = hashlib.sha256(f"fusion_ray.model:{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+@contextmanager
+def seeded(seed: int, name: str) -> Iterator[None]:
+    """Run the body with the CPU RNG seeded from (seed, name); restore the caller's RNG after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, name))
+        yield
+
+
+class FusionClassifier(nn.Module):
+    """Encoder-only Transformer classifier with a pluggable fusion operator at ``.fusion``."""
+
+    def __init__(
+        self,
+        embedding: nn.Embedding,
+        position: PositionSignal,
+        fusion: Fusion,
+        encoder: Encoder,
+        head: nn.Linear,
+        dropout: float,
+        scale_embeddings: bool,
+        max_len: int,
+    ) -> None:
+        super().__init__()
+        self.embedding = embedding
+        self.position = position
+        self.fusion = fusion
+        self.dropout = nn.Dropout(dropout)
+        self.encoder = encoder
+        self.head = head
+        self.embed_scale = math.sqrt(embedding.embedding_dim) if scale_embeddings else 1.0
+        self.max_len = max_len
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids [B, L] long, attention_mask [B, L] bool or 0/1 (1 = real token) -> [B, C]."""
+        L = input_ids.size(1)
+        if L > self.max_len:
+            raise ValueError(
+                f"sequence length {L} exceeds model.max_len={self.max_len}; "
+                f"set model.max_len to at least the data's max_length"
+            )
+        keep = None
+        if attention_mask is not None:
+            keep = attention_mask.to(torch.bool)
+            if bool(keep.all()):
+                keep = None  # no padding: the unmasked (flash-eligible) path
+
+        E = self.embedding(input_ids) * self.embed_scale  # [B, L, d]
+        P = self.position(L, input_ids.device)  # [L, d]
+        if keep is not None:
+            P = P * keep[..., None].to(P.dtype)  # [B, L, d]: no position signal on padding
+        H = self.dropout(self.fusion(E, P))  # [B, L, d]
+        H = self.encoder(H, keep)  # [B, L, d]
+
+        if keep is None:
+            pooled = H.mean(dim=1)  # [B, d]
+        else:
+            w = keep[..., None].to(H.dtype)  # [B, L, 1]
+            pooled = (H * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)  # [B, d]
+        return self.head(pooled)
+
+
+def build_classifier(
+    spec: ModelSpec, vocab_size: int, num_classes: int, seed: int
+) -> FusionClassifier:
+    """Build the classifier ``spec`` describes; every submodule seeded from (seed, its name)."""
+    problems = check_model_spec(spec)
+    if problems:
+        raise ValueError("invalid model settings:\n  " + "\n  ".join(problems))
+    d, head_dim = spec.d_model, spec.d_model // spec.n_heads
+
+    with seeded(seed, "embedding"):
+        embedding = nn.Embedding(vocab_size, d, padding_idx=0)
+    with seeded(seed, "position"):
+        position = POSITIONS.build(spec.position, d, spec.max_len, **spec.position_kwargs)
+    with seeded(seed, "fusion"):
+        fusion = FUSIONS.build(spec.fusion, d, **spec.fusion_kwargs)
+    blocks = []
+    for i in range(spec.n_layers):
+        with seeded(seed, f"encoder.blocks.{i}"):
+            blocks.append(
+                EncoderBlock(
+                    d, spec.n_heads, spec.d_ff, spec.dropout, spec.activation, spec.norm_first
+                )
+            )
+    with seeded(seed, "encoder.attention_position"):
+        attention_position = ATTENTION_POSITIONS.build(
+            spec.attention_position,
+            spec.n_heads,
+            head_dim,
+            spec.max_len,
+            **spec.attention_position_kwargs,
+        )
+    final_norm = nn.LayerNorm(d) if spec.norm_first else None
+    encoder = Encoder(blocks, attention_position, final_norm)
+    with seeded(seed, "head"):
+        head = nn.Linear(d, num_classes)
+    return FusionClassifier(
+        embedding,
+        position,
+        fusion,
+        encoder,
+        head,
+        spec.dropout,
+        spec.scale_embeddings,
+        spec.max_len,
+    )
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token (forward + backward) at sequence length ``seq_len``.
+
+    6 x non-embedding parameters (fusion, encoder blocks, final norm) plus the attention term
+    12 x n_layers x seq_len x d_model (QK^T and AV, 2 FLOPs per multiply-add, backward twice the
+    forward). Token embedding and position tables are lookups; the head runs once per document.
+    """
+    with torch.device("meta"):
+        fusion = FUSIONS.build(spec.fusion, spec.d_model, **spec.fusion_kwargs)
+        block = EncoderBlock(spec.d_model, spec.n_heads, spec.d_ff, 0.0, spec.activation)
+    non_embedding = count_parameters(fusion) + spec.n_layers * count_parameters(block)
+    if spec.norm_first:
+        non_embedding += 2 * spec.d_model
+    return 6.0 * non_embedding + 12.0 * spec.n_layers * seq_len * spec.d_model
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_model_spec(spec: ModelSpec) -> list[str]:
+    """Every problem with ``spec`` as a user-facing message (field, bad value, allowed, fix)."""
+    problems: list[str] = []
+    for field in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+        value = getattr(spec, field)
+        if not _is_int(value) or value < 1:
+            problems.append(f"model.{field}={value!r}: must be a positive integer")
+    dropout = spec.dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        problems.append(f"model.dropout={dropout!r}: must be a number in [0, 1)")
+    if spec.activation not in ("relu", "gelu"):
+        problems.append(f"model.activation={spec.activation!r}: allowed values: relu, gelu")
+    for field in ("norm_first", "scale_embeddings"):
+        if not isinstance(getattr(spec, field), bool):
+            problems.append(f"model.{field}={getattr(spec, field)!r}: must be true or false")
+
+    d_ok = all(_is_int(v) and v >= 1 for v in (spec.d_model, spec.max_len))
+    heads_ok = d_ok and _is_int(spec.n_heads) and spec.n_heads >= 1
+    if heads_ok and spec.d_model % spec.n_heads:
+        divisors = [h for h in range(1, min(spec.d_model, 64) + 1) if spec.d_model % h == 0]
+        problems.append(
+            f"model.n_heads={spec.n_heads} does not divide model.d_model={spec.d_model}; "
+            f"use n_heads in {divisors} or change d_model"
+        )
+        heads_ok = False
+
+    head_dim = spec.d_model // spec.n_heads if heads_ok else 0
+    families = (
+        ("fusion", FUSIONS, spec.fusion, spec.fusion_kwargs, d_ok, (spec.d_model,)),
+        (
+            "position",
+            POSITIONS,
+            spec.position,
+            spec.position_kwargs,
+            d_ok,
+            (spec.d_model, spec.max_len),
+        ),
+        (
+            "attention_position",
+            ATTENTION_POSITIONS,
+            spec.attention_position,
+            spec.attention_position_kwargs,
+            heads_ok,
+            (spec.n_heads, head_dim, spec.max_len),
+        ),
+    )
+    for field, registry, name, kwargs, sizes_ok, framework_args in families:
+        if not isinstance(kwargs, Mapping):
+            problems.append(f"model.{field}_kwargs={kwargs!r}: must be a mapping of options")
+            continue
+        found = registry.check(name, kwargs)
+        problems.extend(f"model.{field}: {p}" for p in found)
+        if found or not sizes_ok:
+            continue
+        # Build on the meta device (no memory, no RNG): the constructors validate option values
+        # and size constraints (even d_model for sin/cos, even head dim for rope).
+        try:
+            with torch.device("meta"):
+                registry.build(name, *framework_args, **kwargs)
+        except (ValueError, TypeError) as error:
+            options = f" with {field}_kwargs {dict(kwargs)}" if kwargs else ""
+            problems.append(f"model.{field}={name!r}{options}: {error}")
+    return problems

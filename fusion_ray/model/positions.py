@@ -1,0 +1,123 @@
+"""Input-level position signals P: a [L, d] tensor that a fusion operator mixes with E.
+
+The study's notebooks fed all four of their position families in at this level, including the
+two they called "RoPE" and "relative"; those keep their behaviour here under names that say what
+they compute (``rotary_features``, ``relative_table``). Real attention-level mechanisms (rotating
+q and k, score biases) live in ``attention.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from fusion_ray.registry import Registry
+
+
+class PositionSignal(nn.Module):
+    """Base class: ``forward(seq_len, device) -> P [seq_len, d_model]``."""
+
+    needs_even_d_model: bool = False
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        if self.needs_even_d_model and d_model % 2:
+            raise ValueError(f"d_model must be even (sin/cos pairs), got {d_model}")
+        self.d_model = d_model
+        self.max_len = max_len
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        raise NotImplementedError
+
+
+POSITIONS: Registry[Callable[..., PositionSignal]] = Registry("position")
+
+
+def check_base(base: float) -> float:
+    """``base`` (the wavelength scale of sin/cos frequencies) as a float, if it is valid."""
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 1:
+        raise ValueError(f"base must be a number > 1, got {base!r}")
+    return float(base)
+
+
+def inverse_frequencies(dim: int, base: float) -> torch.Tensor:
+    """base^(-2i/dim) for i = 0 .. dim/2 - 1: the frequencies of sinusoidal and rotary encodings."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim / 2]
+
+
+@POSITIONS.register("none")
+class NoPosition(PositionSignal):
+    """P = 0. With ``add`` this gives H = E: no position information reaches the model unless
+    an attention-level position is set."""
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return torch.zeros(seq_len, self.d_model, device=device)
+
+
+@POSITIONS.register("sinusoidal")
+class Sinusoidal(PositionSignal):
+    """P[p, 2i] = sin(p w_i), P[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d) (Vaswani et al.)."""
+
+    needs_even_d_model = True
+
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+        super().__init__(d_model, max_len)
+        w = inverse_frequencies(d_model, check_base(base))
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * w[None, :]  # [max_len, d/2]
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1)  # [max_len, d/2, 2]
+        self.register_buffer("table", table.reshape(max_len, d_model).float(), persistent=False)
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self.table[:seq_len]
+
+
+@POSITIONS.register("learned")
+class Learned(PositionSignal):
+    """P[p] = a learned vector per absolute position (nn.Embedding(max_len, d), N(0, 1) init)."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__(d_model, max_len)
+        self.table = nn.Embedding(max_len, d_model)
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self.table.weight[:seq_len]
+
+
+@POSITIONS.register("rotary_features")
+class RotaryFeatures(PositionSignal):
+    """P[p] = [sin(p w_0..w_{d/2-1}), cos(p w_0..w_{d/2-1})], w_i = base^(-2i/d).
+
+    The study's "RoPE" row: the rotary frequencies used as an additive input feature (sines in
+    the first half, cosines in the second), not a rotation of q and k. Same frequencies as
+    ``sinusoidal`` in a different channel order.
+    """
+
+    needs_even_d_model = True
+
+    def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
+        super().__init__(d_model, max_len)
+        w = inverse_frequencies(d_model, check_base(base))
+        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * w[None, :]  # [max_len, d/2]
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # [max_len, d]
+        self.register_buffer("table", table.float(), persistent=False)
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self.table[:seq_len]
+
+
+@POSITIONS.register("relative_table")
+class RelativeTable(PositionSignal):
+    """P[p] = row p of a learned [max_len, d] parameter, N(0, 1) init.
+
+    The study's "Relative" row: despite the name it is indexed by absolute position, so it is
+    the same model family as ``learned`` (a different parameter, drawn from the same N(0, 1)).
+    """
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__(d_model, max_len)
+        self.table = nn.Parameter(torch.randn(max_len, d_model))
+
+    def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        return self.table[:seq_len]
