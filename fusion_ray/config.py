@@ -281,6 +281,21 @@ def load_sweep(path: str | Path) -> SweepSpec:
     return spec
 
 
+def smoke_version(spec: SweepSpec) -> SweepSpec:
+    """The same sweep shrunk to a minutes-long check of its whole path: one seed, one epoch,
+    64 training documents per dataset, its own experiment name."""
+    datasets = {}
+    for name, preset in spec.datasets.items():
+        data = copy.deepcopy(preset.data)
+        data.max_train_samples = min(data.max_train_samples or 64, 64)
+        train = {**preset.train, "epochs": 1, "patience": None}
+        datasets[name] = preset.model_copy(update={"data": data, "train": train})
+    defaults = spec.defaults.model_copy(update={"train": {**spec.defaults.train, "epochs": 1, "patience": None}})
+    return spec.model_copy(
+        update={"name": f"{spec.name}-smoke", "seeds": spec.seeds[:1], "datasets": datasets, "defaults": defaults}
+    )
+
+
 def _drop_invalid(raw: dict[str, Any], exc: ValidationError) -> bool:
     """Remove each invalid value from ``raw`` (its default then applies); False when that cannot help."""
     changed = False

@@ -18,7 +18,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fusion_ray.config import Resources, SweepFileError, SweepSpec, load_sweep, resources_for
+from fusion_ray.config import (
+    Resources,
+    SweepFileError,
+    SweepSpec,
+    load_sweep,
+    resources_for,
+    smoke_version,
+)
 from fusion_ray.grid import Cell, axis_counts, expand
 
 log = logging.getLogger("fusion_ray.sweep")
@@ -137,7 +144,7 @@ def plan(spec: SweepSpec, tracker: Any) -> tuple[list[Cell], set[str], dict[str,
     return cells, done, existing
 
 
-def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 1) -> SweepOutcome:
+def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 0) -> SweepOutcome:
     """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened."""
     from ray import tune
     from ray.tune import PlacementGroupFactory
@@ -245,16 +252,15 @@ def summary_table(spec: SweepSpec) -> str:
 
 def _report(spec: SweepSpec, out_dir: str) -> None:
     """Run the analysis report on the sweep's experiment (logged to its parent run)."""
-    try:
-        from analysis import report
-    except ImportError:
-        return
+    from analysis import report
+
     baseline = spec.baseline or spec.grid.fusions[0].label
-    try:
-        report.main(["--experiment", spec.name, "--tracking-uri", spec.tracking_uri, "--baseline", baseline, "--out", out_dir])
-    except SystemExit as exc:
-        if exc.code not in (0, None):
-            print(f"analysis report did not complete (exit {exc.code}); run it by hand: python -m analysis.report --experiment {spec.name}")
+    code = report.main(
+        ["--experiment", spec.name, "--tracking-uri", spec.tracking_uri, "--baseline", baseline, "--out", out_dir]
+    )
+    if code not in (0, None):
+        print(f"analysis report did not complete (exit {code}); run it by hand: "
+              f"python -m analysis.report --experiment {spec.name} --tracking-uri {spec.tracking_uri}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address", default=None, help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)")
     parser.add_argument("--report-dir", default=None, help="where the analysis report goes (default reports/<sweep name>)")
     parser.add_argument("--no-report", action="store_true", help="skip the analysis report at the end")
+    parser.add_argument("--verbose", type=int, default=0, choices=[0, 1, 2],
+                        help="Ray Tune's own progress output (0: one line per finished trial)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="run a shrunk copy (one seed, one epoch, 64 training documents) as experiment NAME-smoke")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -273,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 2
 
+    if args.smoke:
+        spec = smoke_version(spec)
+
     if args.dry_run:
         from fusion_ray.tracking import Tracker
 
@@ -281,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         print_dry_run(spec, cells, done)
         return 0
 
-    outcome = run_sweep(spec, args.sweep_file, address=args.address)
+    print(f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}")
+    outcome = run_sweep(spec, args.sweep_file, address=args.address, verbose=args.verbose)
     print()
     print(f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
           f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,15 @@ def git_sha() -> str:
         return os.environ.get("FUSION_RAY_GIT_SHA", "unknown")
 
 
+def artifact_root(tracking_uri: str, experiment: str) -> str | None:
+    """Artifacts beside a local sqlite store (``<db dir>/mlartifacts/<experiment>``), not in
+    whatever directory the driver happens to run from; servers keep their own default."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    return (db.resolve().parent / "mlartifacts" / experiment).as_uri()
+
+
 @dataclass
 class CellRun:
     """What MLflow already holds for a cell."""
@@ -76,7 +86,7 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
-            self.experiment_id = self.client.create_experiment(sweep)
+            self.experiment_id = self.client.create_experiment(sweep, artifact_location=artifact_root(tracking_uri, sweep))
         else:
             if experiment.lifecycle_stage == "deleted":
                 self.client.restore_experiment(experiment.experiment_id)
@@ -202,12 +212,25 @@ class MLflowSweepCallback(Callback):
         self.checkpoints: dict[str, str] = {}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
+        self.started_at: dict[str, float] = {}
+
+    def _progress(self, cid: str, outcome: str) -> None:
+        """One line per ended trial, so a long sweep can be followed without Tune's tables."""
+        cell = self.cells[cid]
+        done = len(self.finished) + len(self.failed)
+        seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
+        print(
+            f"[{done}/{len(self.cells)}] {cell.dataset}/{cell.position}/{cell.attention_position}/"
+            f"{cell.fusion} seed {cell.seed}: {outcome} ({seconds:.1f} s)",
+            flush=True,
+        )
 
     def _cell_id(self, trial: Any) -> str:
         return trial.config["cell_id"]
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self._cell_id(trial)
+        self.started_at.setdefault(cid, time.monotonic())
         if cid in self.run_ids:  # a retry of a trial already tracked
             return
         prior = self.existing.get(cid)
@@ -240,12 +263,14 @@ class MLflowSweepCallback(Callback):
             reason = "the trial ended without reporting final metrics"
             self.tracker.fail(run_id, reason)
             self.failed[cid] = reason
+            self._progress(cid, f"FAILED: {reason}")
             return
         checkpoint = self.checkpoints.get(cid)
         if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
             log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
         self.tracker.finish(run_id)
         self.finished.add(cid)
+        self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self._cell_id(trial)
@@ -254,6 +279,7 @@ class MLflowSweepCallback(Callback):
         reason = _error_text(trial)
         self.tracker.fail(self.run_ids[cid], reason)
         self.failed[cid] = reason
+        self._progress(cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs"))
 
     def close_unfinished(self) -> list[str]:
         """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable later."""

@@ -33,6 +33,17 @@ def test_every_shipped_sweep_file_validates_and_expands(path: Path, monkeypatch)
     assert seeds == sorted(seeds, key=spec.seeds.index)
 
 
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
+def test_every_shipped_sweep_file_has_a_dry_run(path: Path, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert sweep_main([str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    n_cells = len(expand(load_sweep(path)))
+    assert f"{n_cells} cells (0 already FINISHED" in out
+    assert out.count(" pending ") == n_cells
+
+
 def test_every_fragment_is_used_by_a_sweep():
     used = set()
     for path in SWEEP_FILES:

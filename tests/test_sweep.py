@@ -104,3 +104,21 @@ def test_one_worker_direct_and_trainer_paths_give_identical_metrics(tmp_path, ra
         history = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)]
         results[force] = (run.data.metrics["test_correct"], run.data.metrics["best_val_acc"], history)
     assert results[False] == results[True]
+
+
+def test_quickstart_smoke_path_runs_every_cell_once(tmp_path, ray_session, data_cache, monkeypatch, capsys):
+    from fusion_ray.config import smoke_version
+    from fusion_ray.grid import expand
+    from fusion_ray.sweep import main
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(tmp_path)  # the quickstart's MLflow store and checkpoints are relative paths
+    quickstart = ROOT / "sweeps" / "quickstart.yaml"
+    assert main([str(quickstart), "--smoke", "--no-report"]) == 0
+    spec = smoke_version(load_sweep(quickstart))
+    cells = expand(spec)
+    assert len(cells) == 9  # 3 regimes x 3 operators x 1 seed
+    finished = _runs(spec, "FINISHED")[1]
+    assert sorted(r.data.tags["cell_id"] for r in finished) == sorted(c.cell_id for c in cells)
+    out = capsys.readouterr().out
+    assert "9 finished now, 0 failed" in out and "mlflow ui" in out

@@ -1,0 +1,267 @@
+"""Length-aware analysis from the per-document test predictions (the study did not do this).
+
+Inside each dataset the test documents are cut into length quantile buckets (token counts
+before truncation); every run's correct count per bucket gives per-operator accuracy by length
+and, paired by seed, integer deltas per bucket with the same statistics as the main
+comparisons. A long-minus-short contrast per seed (delta in the longest bucket minus delta in
+the shortest) asks directly whether the operator's effect grows with length.
+
+Only ``test_predictions.parquet`` is read (columns length, label, pred), only for the runs in
+complete pairs, a thread pool for the I/O, and local artifact stores are read in place.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import numpy as np
+import pandas as pd
+
+from analysis.paired import StatsSettings, describe_deltas, finish_family
+
+PREDICTIONS_ARTIFACT = "test_predictions.parquet"
+COLUMNS = ["length", "label", "pred"]
+
+
+def _local_path(artifact_uri: str) -> Path | None:
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and artifact_uri[1:3] == ":\\"):
+        return Path(artifact_uri)
+    return None
+
+
+def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
+    """A run's test predictions (columns length, label, pred), or None when it has none.
+
+    Local artifact stores are read in place; others go through
+    ``mlflow.artifacts.download_artifacts``. An unreadable file raises.
+    """
+    import pyarrow.parquet as pq
+
+    local = _local_path(artifact_uri)
+    if local is not None:
+        path = local / PREDICTIONS_ARTIFACT
+        return pq.read_table(path, columns=COLUMNS).to_pandas() if path.exists() else None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{artifact_uri.rstrip('/')}/{PREDICTIONS_ARTIFACT}", dst_path=tmp
+            )
+        except (MlflowException, OSError):
+            return None
+        return pq.read_table(path, columns=COLUMNS).to_pandas()
+
+
+def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:
+    try:
+        return read_predictions(artifact_uri)
+    except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
+        return err
+
+
+@dataclass
+class LengthAnalysis:
+    """Accuracy by length bucket per operator, and paired deltas per bucket."""
+
+    buckets: pd.DataFrame
+    """One row per (dataset, bucket): label, token range, documents, share truncated."""
+    accuracy: pd.DataFrame
+    """One row per (group, operator, bucket): mean and sd over seeds of accuracy (%)."""
+    stats: pd.DataFrame
+    """One row per (group, operator, bucket) comparison, plus bucket 'long-short' contrasts."""
+    warnings: list[str] = field(default_factory=list)
+    median_length: dict[str, float] = field(default_factory=dict)
+
+
+def _edges(length: np.ndarray, n_buckets: int) -> np.ndarray:
+    """Lower bounds of buckets 1.. (bucket 0 starts at the shortest document), from length
+    quantiles; with many documents of one length, buckets merge rather than come out empty."""
+    qs = np.quantile(length, np.linspace(0, 1, n_buckets + 1))
+    edges = np.unique(np.round(qs[1:-1]).astype(np.int64))
+    bucket = np.searchsorted(edges, length, side="right")
+    nonempty = np.unique(bucket)
+    return np.array([length[bucket == b].min() for b in nonempty[1:]], dtype=np.int64)
+
+
+def analyse_lengths(
+    pairing: Any,
+    settings: StatsSettings | None = None,
+    n_buckets: int = 4,
+    max_workers: int = 8,
+) -> LengthAnalysis:
+    """Length-bucket accuracy and paired per-bucket statistics for the runs of a Pairing."""
+    settings = settings or StatsSettings()
+    keys = list(pairing.keys)
+    pairs = pairing.pairs
+    warns: list[str] = []
+    used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
+    runs = pairing.runs[pairing.runs["run_id"].isin(used)]
+    uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        preds = dict(zip(uris, pool.map(_read_or_error, uris.values()), strict=True))
+    broken = {r: p for r, p in preds.items() if isinstance(p, Exception)}
+    if broken:
+        first = next(iter(broken.items()))
+        warns.append(
+            f"length analysis: {len(broken)} {PREDICTIONS_ARTIFACT} file(s) could not be read "
+            f"and are left out (run {first[0]}: {first[1]!r})."
+        )
+        preds = {r: (None if r in broken else p) for r, p in preds.items()}
+    missing = sorted(r for r, p in preds.items() if p is None and r not in broken)
+    if missing:
+        warns.append(
+            f"length analysis: {len(missing)} of {len(preds)} paired runs have no "
+            f"{PREDICTIONS_ARTIFACT} and are left out (e.g. {', '.join(missing[:3])})."
+        )
+
+    bucket_rows, count_rows, medians = [], [], {}
+    inconsistent = []
+    for dataset, druns in runs.groupby("dataset", sort=True):
+        have = [r for r in druns["run_id"] if preds.get(r) is not None]
+        if not have:
+            continue
+        ref = np.sort(preds[have[0]]["length"].to_numpy(np.int64))
+        edges = _edges(ref, n_buckets)
+        medians[str(dataset)] = float(np.median(ref))
+        ref_bucket = np.searchsorted(edges, ref, side="right")
+        max_len = (
+            float(pd.to_numeric(druns["params.data.max_length"], errors="coerce").max())
+            if "params.data.max_length" in druns
+            else math.nan
+        )
+        for b in range(len(edges) + 1):
+            in_b = ref[ref_bucket == b]
+            bucket_rows.append(
+                {
+                    "dataset": dataset,
+                    "bucket": b,
+                    "label": f"{in_b.min()}-{in_b.max()}",
+                    "min_length": int(in_b.min()),
+                    "max_length": int(in_b.max()),
+                    "n_docs": len(in_b),
+                    "truncated_share": float((in_b > max_len).mean())
+                    if not math.isnan(max_len)
+                    else math.nan,
+                }
+            )
+        info = druns.set_index("run_id")
+        for run_id in have:
+            df = preds[run_id]
+            length = df["length"].to_numpy(np.int64)
+            correct = (df["pred"].to_numpy() == df["label"].to_numpy()).astype(np.int64)
+            row = info.loc[run_id]
+            if (
+                len(df) != row["test_total"]
+                or int(correct.sum()) != row["test_correct"]
+                or not np.array_equal(np.sort(length), ref)
+            ):
+                inconsistent.append(run_id)
+                continue
+            bucket = np.searchsorted(edges, length, side="right")
+            n_b = np.bincount(bucket, minlength=len(edges) + 1)
+            c_b = np.bincount(bucket, weights=correct, minlength=len(edges) + 1).astype(np.int64)
+            for b in range(len(edges) + 1):
+                count_rows.append((run_id, b, int(n_b[b]), int(c_b[b])))
+    if inconsistent:
+        warns.append(
+            f"length analysis: {len(inconsistent)} run(s) have predictions that disagree with "
+            "their test_total / test_correct or with the dataset's test lengths, and are left "
+            f"out: {', '.join(inconsistent[:5])}{' ...' if len(inconsistent) > 5 else ''}."
+        )
+    buckets = pd.DataFrame(
+        bucket_rows,
+        columns=[
+            "dataset",
+            "bucket",
+            "label",
+            "min_length",
+            "max_length",
+            "n_docs",
+            "truncated_share",
+        ],
+    )
+    counts = pd.DataFrame(count_rows, columns=["run_id", "bucket", "n_docs", "correct"])
+    if counts.empty:
+        empty = pd.DataFrame()
+        return LengthAnalysis(buckets, empty, empty, warns, medians)
+
+    # accuracy per operator and bucket, over the runs used in pairs
+    meta = runs[[*keys, "operator", "seed", "run_id"]]
+    per_run = counts.merge(meta, on="run_id")
+    per_run["acc"] = 100.0 * per_run["correct"] / per_run["n_docs"]
+    accuracy = (
+        per_run.groupby([*keys, "operator", "bucket"], sort=True)["acc"]
+        .agg(acc_mean="mean", acc_sd=lambda s: s.std(ddof=1), n_runs="size")
+        .reset_index()
+    )
+    accuracy = accuracy.merge(
+        buckets[["dataset", "bucket", "label", "n_docs"]], on=["dataset", "bucket"]
+    )
+
+    # paired deltas per bucket
+    wide_c = counts.pivot(index="run_id", columns="bucket", values="correct")
+    wide_n = counts.pivot(index="run_id", columns="bucket", values="n_docs")
+    ok = pairs[pairs["run_id"].isin(wide_c.index) & pairs["baseline_run_id"].isin(wide_c.index)]
+    rows = []
+    for gkey, grp in ok.groupby([*keys, "operator"], sort=True):
+        grp = grp.sort_values("seed")
+        c_op = wide_c.loc[grp["run_id"]].to_numpy()
+        c_base = wide_c.loc[grp["baseline_run_id"]].to_numpy()
+        n_docs = wide_n.loc[grp["run_id"]].to_numpy()
+        ident = dict(zip([*keys, "operator"], gkey, strict=True))
+        name = "|".join(map(str, gkey))
+        valid = ~np.isnan(c_op.astype(float)).any(axis=0)
+        nb = [b for b in range(c_op.shape[1]) if valid[b]]
+        for b in nb:
+            num = (c_op[:, b] - c_base[:, b]).astype(np.int64)
+            denom = int(n_docs[0, b])
+            row = {**ident, "baseline": pairing.baseline, "bucket": str(b), "n_docs": denom}
+            row.update(describe_deltas(num, denom, settings, f"{name}|bucket{b}"))
+            rows.append(row)
+        if len(nb) >= 2:
+            lo, hi = nb[0], nb[-1]
+            n_lo, n_hi = int(n_docs[0, lo]), int(n_docs[0, hi])
+            d_lo = (c_op[:, lo] - c_base[:, lo]).astype(np.int64)
+            d_hi = (c_op[:, hi] - c_base[:, hi]).astype(np.int64)
+            num = d_hi * n_lo - d_lo * n_hi  # (d_hi/n_hi - d_lo/n_lo) over n_lo*n_hi
+            row = {
+                **ident,
+                "baseline": pairing.baseline,
+                "bucket": "long-short",
+                "n_docs": n_lo + n_hi,
+            }
+            row.update(describe_deltas(num, n_lo * n_hi, settings, f"{name}|contrast"))
+            rows.append(row)
+    stats_table = pd.DataFrame(rows)
+    if len(stats_table):
+        is_contrast = stats_table["bucket"] == "long-short"
+        parts = []
+        for label, mask in (
+            ("length buckets", ~is_contrast),
+            ("long-minus-short contrasts", is_contrast),
+        ):
+            part = stats_table[mask].copy()
+            warns += finish_family(
+                part, settings, family=f"length analysis, {label}", cautions=False
+            )
+            part["family"] = label
+            parts.append(part)
+        stats_table = pd.concat(parts).sort_index()
+    return LengthAnalysis(buckets, accuracy, stats_table, warns, medians)
+
+
+def order_by_length(datasets: Sequence[str], medians: dict[str, float]) -> list[str]:
+    """Datasets from shortest to longest median test document (unknown ones last, by name)."""
+    return sorted(datasets, key=lambda d: (medians.get(d, math.inf), d))

@@ -1,0 +1,260 @@
+"""The study's figures, done properly: PNG and PDF, matplotlib's Agg backend, no pyplot state.
+
+- paired per-seed deltas against the baseline, one panel per dataset (or per position family),
+  integer seed axis, a zero line, wins k/n in each legend entry (the study's Figures 3, 5, 6, 7);
+- accuracy by length regime per operator (datasets ordered by median document length);
+- accuracy against measured latency;
+- accuracy by length quantile inside each dataset, with paired deltas per bucket.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+FORMATS = ("png", "pdf")
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of an operator or setting label."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
+
+
+def save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    """Write the figure as PNG (150 dpi) and PDF; return both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for ext in FORMATS:
+        path = out_dir / f"{stem}.{ext}"
+        fig.savefig(path, dpi=150)  # constrained layout already fits; "tight" draws twice
+        paths.append(path)
+    return paths
+
+
+def _panels(
+    n: int, width: float = 4.2, height: float = 3.2, sharey: bool = False
+) -> tuple[Figure, list]:
+    cols = min(n, 3)
+    rows = math.ceil(n / cols)
+    fig = Figure(figsize=(width * cols, height * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=sharey).ravel().tolist()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    return fig, axes[:n]
+
+
+def operator_colors(operators: Sequence[str]) -> dict[str, str]:
+    cycle = [
+        "#0072B2",
+        "#D55E00",
+        "#009E73",
+        "#CC79A7",
+        "#E69F00",
+        "#56B4E9",
+        "#F0E442",
+        "#000000",
+    ]
+    return {op: cycle[i % len(cycle)] for i, op in enumerate(operators)}
+
+
+def paired_deltas(
+    deltas: pd.DataFrame,
+    panel_key: str,
+    panels: Sequence[str],
+    operators: Sequence[str],
+    baseline: str,
+    title: str,
+    out_dir: Path,
+    stem: str,
+    colors: dict[str, str] | None = None,
+) -> list[Path]:
+    """Per-seed paired deltas (pp), one panel per value of ``panel_key``."""
+    panels = [p for p in panels if p in set(deltas[panel_key])]
+    if not panels:
+        return []
+    colors = colors or operator_colors(operators)
+    fig, axes = _panels(len(panels), sharey=True)  # one scale: magnitudes compare across panels
+    ops = [op for op in operators if op in set(deltas["operator"])]
+    width = 0.6 / max(1, len(ops))
+    for ax, panel in zip(axes, panels, strict=True):
+        sub = deltas[deltas[panel_key] == panel]
+        for i, op in enumerate(ops):
+            d = sub[sub["operator"] == op].sort_values("seed")
+            if d.empty:
+                continue
+            x = d["seed"].to_numpy(dtype=float) + (i - (len(ops) - 1) / 2) * width
+            y = d["delta"].to_numpy()
+            wins = int((y > 0).sum())
+            ax.vlines(x, 0, y, color=colors[op], lw=1.2, alpha=0.6)
+            ax.scatter(x, y, color=colors[op], s=22, zorder=3, label=f"{op} ({wins}/{len(y)} > 0)")
+        ax.axhline(0.0, color="0.2", lw=0.9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("seed")
+        ax.set_ylabel(f"Δ accuracy vs {baseline} (pp)")
+        ax.yaxis.set_tick_params(labelleft=True)
+        ax.set_title(str(panel))
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_dir, stem)
+
+
+def accuracy_by_regime(
+    summary: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    medians: dict[str, float],
+    title: str,
+    out_dir: Path,
+    stem: str = "accuracy_by_length_regime",
+    colors: dict[str, str] | None = None,
+) -> list[Path]:
+    """Mean ± sd accuracy per operator across datasets ordered by median length."""
+    datasets = [d for d in datasets if d in set(summary["dataset"])]
+    if not datasets:
+        return []
+    colors = colors or operator_colors(operators)
+    fig = Figure(figsize=(max(4.5, 1.6 * len(datasets) + 2), 3.6), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(datasets))
+    ops = [op for op in operators if op in set(summary["operator"])]
+    width = 0.5 / max(1, len(ops))
+    for i, op in enumerate(ops):
+        sub = summary[summary["operator"] == op].set_index("dataset")
+        mean = [sub["acc_mean"].get(d, np.nan) for d in datasets]
+        sd = [sub["acc_sd"].get(d, np.nan) for d in datasets]
+        xs = x + (i - (len(ops) - 1) / 2) * width
+        ax.errorbar(xs, mean, yerr=sd, fmt="o-", color=colors[op], capsize=3, ms=4, lw=1, label=op)
+    labels = [f"{d}\n(median {medians[d]:.0f} tok)" if d in medians else str(d) for d in datasets]
+    ax.set_xticks(x, labels)
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_xlabel("dataset, shortest to longest" if medians else "dataset")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title(title, fontsize=10)
+    return save(fig, out_dir, stem)
+
+
+def accuracy_vs_latency(
+    summary: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    title: str,
+    out_dir: Path,
+    stem: str = "accuracy_vs_latency",
+    colors: dict[str, str] | None = None,
+) -> list[Path]:
+    """Mean ± sd accuracy against mean ± sd latency, one panel per dataset."""
+    datasets = [d for d in datasets if d in set(summary["dataset"])]
+    if not datasets or summary["latency_mean"].isna().all():
+        return []
+    colors = colors or operator_colors(operators)
+    fig, axes = _panels(len(datasets))
+    for ax, d in zip(axes, datasets, strict=True):
+        sub = summary[summary["dataset"] == d]
+        for op in operators:
+            r = sub[sub["operator"] == op]
+            if r.empty:
+                continue
+            r = r.iloc[0]
+            ax.errorbar(
+                r["latency_mean"],
+                r["acc_mean"],
+                xerr=0 if pd.isna(r["latency_sd"]) else r["latency_sd"],
+                yerr=0 if pd.isna(r["acc_sd"]) else r["acc_sd"],
+                fmt="o",
+                color=colors[op],
+                capsize=3,
+                label=op,
+            )
+        ax.set_xlabel("inference latency (ms/sample)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(str(d))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_dir, stem)
+
+
+def accuracy_by_length_bucket(
+    accuracy: pd.DataFrame,
+    length_stats: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    baseline: str,
+    title: str,
+    out_dir: Path,
+    stem: str,
+    colors: dict[str, str] | None = None,
+) -> list[Path]:
+    """Top row: accuracy by length quantile per operator; bottom: mean paired delta per bucket
+    with its percentile-bootstrap interval and a zero line."""
+    datasets = [d for d in datasets if d in set(accuracy["dataset"])]
+    if not datasets:
+        return []
+    colors = colors or operator_colors(operators)
+    fig = Figure(figsize=(4.2 * len(datasets), 6.0), layout="constrained")
+    axes = fig.subplots(2, len(datasets), squeeze=False)
+    for j, d in enumerate(datasets):
+        top, bottom = axes[0][j], axes[1][j]
+        sub = accuracy[accuracy["dataset"] == d]
+        labels = sub.drop_duplicates("bucket").sort_values("bucket")["label"].tolist()
+        x = np.arange(len(labels))
+        present = [op for op in operators if op in set(sub["operator"])]
+        step = 0.3 / max(1, len(present))
+        for i, op in enumerate(present):
+            r = sub[sub["operator"] == op].sort_values("bucket")
+            top.errorbar(
+                r["bucket"] + (i - (len(present) - 1) / 2) * step,
+                r["acc_mean"],
+                yerr=r["acc_sd"].fillna(0),
+                fmt="o-",
+                color=colors[op],
+                capsize=3,
+                ms=4,
+                lw=1,
+                label=op,
+            )
+        top.set_title(str(d))
+        top.set_ylabel("accuracy (%)")
+        top.set_xticks(x, labels, fontsize=7)
+        top.grid(axis="y", alpha=0.3)
+        top.legend(fontsize=7, frameon=False)
+        st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
+        ops = [op for op in operators if op in set(st["operator"])]
+        width = 0.5 / max(1, len(ops))
+        for i, op in enumerate(ops):
+            r = (
+                st[st["operator"] == op]
+                .assign(b=lambda f: f["bucket"].astype(int))
+                .sort_values("b")
+            )
+            xs = r["b"].to_numpy() + (i - (len(ops) - 1) / 2) * width
+            err = np.vstack([r["mean_delta"] - r["ci_low"], r["ci_high"] - r["mean_delta"]])
+            bottom.errorbar(
+                xs,
+                r["mean_delta"],
+                yerr=np.nan_to_num(err),
+                fmt="o",
+                color=colors[op],
+                capsize=3,
+                label=op,
+            )
+        bottom.axhline(0.0, color="0.2", lw=0.9)
+        bottom.set_xticks(x, labels, fontsize=7)
+        bottom.set_xlabel("document length (tokens, quantile buckets)")
+        bottom.set_ylabel(f"Δ vs {baseline} (pp)")
+        bottom.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_dir, stem)

@@ -1,0 +1,203 @@
+"""Golden and property tests of analysis.paired (pure statistics, no MLflow)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+from statsmodels.stats.multitest import multipletests
+
+from analysis.paired import (
+    StatsSettings,
+    describe_deltas,
+    finish_family,
+    hodges_lehmann,
+    holm,
+    integer_deltas,
+    min_attainable_p,
+    seeds_needed,
+    sign_test,
+    signed_rank_null_cdf,
+    wilcoxon_signed_rank,
+)
+
+# Hollander & Wolfe (1973), p. 29; the paired example of R's ?wilcox.test
+HW_X = np.array([1.83, 0.50, 1.62, 2.48, 1.68, 1.88, 1.55, 3.06, 1.30])
+HW_Y = np.array([0.878, 0.647, 0.598, 2.05, 1.06, 1.29, 1.06, 3.14, 1.29])
+# Darwin's Zea mays: cross- minus self-fertilised heights (eighths of an inch)
+DARWIN = np.array([6, 8, 14, 16, 23, 24, 28, 29, 41, -48, 49, 56, 60, -67, 75])
+
+
+def test_golden_hollander_wolfe_one_sided_matches_r():
+    # R: wilcox.test(x, y, paired = TRUE, alternative = "greater") -> V = 40, p-value = 0.01953
+    res = wilcoxon_signed_rank(HW_X - HW_Y, alternative="greater")
+    assert res.statistic == 40
+    assert res.pvalue == pytest.approx(0.01953, abs=5e-6)
+    assert res.method == "exact"
+    # two-sided is twice the one-sided tail here
+    assert wilcoxon_signed_rank(HW_X - HW_Y).pvalue == pytest.approx(0.0390625)
+
+
+def test_golden_hollander_wolfe_hodges_lehmann_estimate_matches_r():
+    # R: wilcox.test(x, y, paired = TRUE, conf.int = TRUE) -> (pseudo)median 0.46
+    hl = hodges_lehmann(HW_X - HW_Y)
+    assert hl.estimate == pytest.approx(0.46)
+
+
+def test_golden_darwin_two_sided_exact():
+    # R: wilcox.test(d) -> V = 96, p-value = 0.04126 (exact); scipy's docs give 0.0413
+    res = wilcoxon_signed_rank(DARWIN)
+    assert res.statistic == 96
+    assert res.pvalue == pytest.approx(0.04126, abs=5e-6)
+    assert res.method == "exact"
+    assert res.rank_biserial == pytest.approx((96 - 24) / 120)
+
+
+def test_null_cdf_matches_brute_force_enumeration():
+    for n in range(1, 9):
+        counts = np.zeros(n * (n + 1) // 2 + 1)
+        for signs in itertools.product((0, 1), repeat=n):
+            counts[sum(r for r, s in zip(range(1, n + 1), signs, strict=True) if s)] += 1
+        np.testing.assert_allclose(signed_rank_null_cdf(n), np.cumsum(counts) / 2**n)
+
+
+@pytest.mark.parametrize("d", [HW_X - HW_Y, DARWIN.astype(float), np.arange(1, 7) * 1.5 - 2])
+def test_hodges_lehmann_interval_inverts_the_exact_test(d):
+    """The exact HL interval is the set of shifts the exact two-sided test does not reject."""
+    hl = hodges_lehmann(d, 0.95)
+    walsh = np.sort([(a + b) / 2 for a, b in itertools.combinations_with_replacement(d, 2)])
+    eps = 1e-7 * (np.abs(walsh).max() + 1)
+    gaps = np.diff(np.unique(walsh)).min()
+    assert eps < gaps / 4
+
+    def p_at(theta):
+        return stats.wilcoxon(d - theta, method="exact").pvalue
+
+    achieved_alpha = 1 - hl.confidence
+    assert achieved_alpha <= 0.05 + 1e-12 or len(d) <= 5
+    assert p_at(hl.low - eps) <= achieved_alpha + 1e-12  # just outside: rejected
+    assert p_at(hl.low + eps) > achieved_alpha  # just inside: kept
+    assert p_at(hl.high + eps) <= achieved_alpha + 1e-12
+    assert p_at(hl.high - eps) > achieved_alpha
+
+
+def test_hodges_lehmann_small_n_reports_achieved_level():
+    hl = hodges_lehmann([1.0, 2.0, 3.0, 4.0, 5.0], 0.95)
+    assert (hl.low, hl.high) == (1.0, 5.0)
+    assert hl.confidence == pytest.approx(1 - 2 / 32)
+
+
+@pytest.mark.parametrize("zero_method", ["wilcox", "pratt", "zsplit"])
+@pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
+def test_ties_and_zeros_use_exact_conditional_distribution(zero_method, alternative):
+    """With ties/zeros the p-value equals scipy's full permutation enumeration."""
+    rng = np.random.default_rng(7)
+    for _ in range(4):
+        d = rng.integers(-3, 5, size=int(rng.integers(4, 10)))
+        if not d.any():
+            continue
+        ours = wilcoxon_signed_rank(d, alternative, zero_method)
+        ref = stats.wilcoxon(
+            d,
+            alternative=alternative,
+            zero_method=zero_method,
+            method=stats.PermutationMethod(n_resamples=10_000),
+        )
+        assert ours.pvalue == pytest.approx(ref.pvalue, abs=1e-12), d
+        has_ties_or_zeros = (d == 0).any() or len(set(np.abs(d[d != 0]))) < (d != 0).sum()
+        if has_ties_or_zeros:
+            assert ours.method.startswith("exact conditional")
+
+
+def test_zero_policy_wilcox_drops_zeros():
+    res = wilcoxon_signed_rank([0, 0, 1, 2, 3, 4, 5])
+    assert res.n_zeros == 2
+    assert res.pvalue == pytest.approx(0.0625)  # = exact test on the 5 non-zero deltas
+    assert "2 zero(s) dropped" in res.method
+    all_zero = wilcoxon_signed_rank([0, 0, 0])
+    assert all_zero.pvalue == 1.0 and all_zero.method.startswith("none")
+
+
+def test_integer_deltas_keep_ties_exact():
+    # accuracies whose float differences are not equal although the counts differ equally
+    correct = np.array([301, 702, 1103])
+    base = np.array([300, 701, 1102])
+    total = np.array([3000, 3000, 3000])
+    float_d = correct / total - base / total
+    assert len(set(float_d)) > 1  # round-off breaks the tie in floating point
+    num, denom = integer_deltas(correct, base, total)
+    assert list(num) == [1, 1, 1] and denom == 3000
+    # different test-set sizes go over their least common multiple
+    num, denom = integer_deltas([3, 5], [2, 3], [4, 6])
+    assert denom == 12 and list(num) == [3, 4]
+
+
+def test_holm_matches_statsmodels_holm_not_its_default():
+    p = np.array([0.01, 0.04, 0.03, 0.005, 0.2])
+    ours = holm(p)
+    np.testing.assert_allclose(ours, multipletests(p, method="holm")[1])
+    # Holm by hand: sorted p times (m, m-1, ...), running max, capped at 1
+    order = np.argsort(p)
+    manual = np.minimum(1, np.maximum.accumulate(p[order] * np.arange(len(p), 0, -1)))
+    np.testing.assert_allclose(ours[order], manual)
+    assert not np.allclose(ours, multipletests(p)[1])  # default 'hs' is Holm-Sidak
+
+
+def test_guard_five_seeds_cannot_reach_005():
+    assert min_attainable_p(5) == 0.0625
+    assert min_attainable_p(5, "greater") == 1 / 32
+    assert seeds_needed(0.05) == 6
+    assert seeds_needed(0.05, alternative="greater") == 5
+    assert seeds_needed(0.05, m=4) == 8  # 4 * 2 / 2^n <= 0.05
+    table = pd.DataFrame([describe_deltas(np.array([3, 4, 5, 6, 7]), 100, StatsSettings(), "only")])
+    warns = finish_family(table, StatsSettings(), "test family")
+    assert table.loc[0, "p_wilcoxon"] == pytest.approx(0.0625)
+    assert not table.loc[0, "can_reach_alpha"] and table.loc[0, "seeds_needed"] == 6
+    guard = [w for w in warns if "cannot reach" in w]
+    assert guard and "0.0625" in guard[0] and "6 for a single comparison" in guard[0]
+    assert any("under-cover" in w for w in warns)
+
+
+def test_guard_accounts_for_holm():
+    rows = [describe_deltas(np.arange(1, 7), 100, StatsSettings(), str(i)) for i in range(3)]
+    table = pd.DataFrame(rows)
+    warns = finish_family(table, StatsSettings(), "three")
+    # 6 seeds: 2/64 = 0.03125 alone, 3 * 0.03125 = 0.094 after Holm over 3
+    assert table["min_attainable_p_holm"].iloc[0] == pytest.approx(3 * 0.03125)
+    assert table["p_holm"].iloc[0] == pytest.approx(3 * 0.03125)
+    assert "7 with Holm over m = 3" in " ".join(warns)
+
+
+def test_describe_deltas_effect_sizes_and_sign_test():
+    s = StatsSettings()
+    num = np.array([2, 4, -1, 3, 0, 5])
+    out = describe_deltas(num, 200, s, "k")
+    pp = 100 * num / 200
+    assert out["mean_delta"] == pytest.approx(pp.mean())
+    assert out["d_z"] == pytest.approx(pp.mean() / pp.std(ddof=1))
+    assert (out["wins"], out["losses"], out["ties"]) == (4, 1, 1)
+    assert out["sign_p"] == pytest.approx(stats.binomtest(4, 5).pvalue)
+    # rank-biserial from the ranks of the non-zero deltas (zeros dropped): 1 2 3 4 5
+    assert out["rank_biserial"] == pytest.approx((14 - 1) / 15)
+    assert out["ci_low"] < out["mean_delta"] < out["ci_high"]
+    again = describe_deltas(num, 200, s, "k")
+    assert (again["ci_low"], again["ci_high"]) == (out["ci_low"], out["ci_high"])  # seeded
+
+
+def test_sign_test_clopper_pearson():
+    p, low, high = sign_test(6, 0)
+    assert p == pytest.approx(2 / 64)
+    assert low == pytest.approx(stats.binomtest(6, 6).proportion_ci(0.95, "exact").low)
+    assert high == 1.0
+
+
+def test_settings_reject_unknown_choices():
+    with pytest.raises(ValueError, match="alternative"):
+        StatsSettings(alternative="bigger")
+    with pytest.raises(ValueError, match="zero_method"):
+        StatsSettings(zero_method="drop")
+    with pytest.raises(ValueError, match="alpha"):
+        StatsSettings(alpha=5)
