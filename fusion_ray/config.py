@@ -117,6 +117,24 @@ class Resources(_Strict):
     """Trials running at once; None lets the cluster's resources decide."""
     force_trainer: bool = False
     """Run one-worker trials through TorchTrainer too (normally they run directly in the Tune trial)."""
+    driver_resource: str | None = None
+    """A custom node resource, e.g. ``fusion_ray_driver`` on the head in cluster.yaml: each trial that
+    runs a TorchTrainer takes 1 unit of it, so its Tune trial (which holds no CPU or GPU and runs
+    Ray Train's controller) stays on the nodes that offer it. One-worker trials train inside their
+    Tune trial and do not use it."""
+
+    @field_validator("driver_resource")
+    @classmethod
+    def _custom_resource_name(cls, name: str | None) -> str | None:
+        if name is not None and (
+            name in ("CPU", "GPU", "memory", "object_store_memory")
+            or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name)
+        ):
+            raise ValueError(
+                "must name a custom resource (letters, digits, _), not CPU, GPU or memory; "
+                "e.g. fusion_ray_driver, which cluster.yaml gives the head node"
+            )
+        return name
 
 
 class DatasetPreset(_Strict):

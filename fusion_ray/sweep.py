@@ -82,15 +82,21 @@ def run_cell(config: dict[str, Any]) -> None:
 
 
 def trial_resources(res: Resources) -> dict[str, float]:
-    """What the Tune trial itself holds: the worker (direct path) or nothing (TorchTrainer path)."""
+    """What the Tune trial itself holds: the worker (direct path), or a token bundle plus one unit of
+    ``driver_resource`` when set (TorchTrainer path; the workers hold the CPUs and GPUs)."""
     if res.workers == 1 and not res.force_trainer:
         out = {"CPU": res.cpus_per_worker}
         if res.use_gpu:
             out["GPU"] = res.gpus_per_worker
         return out
     # The TorchTrainer's workers request their own resources. Tune needs a non-empty bundle for the
-    # trial itself; a token 1 KiB of memory keeps it from holding a CPU the workers need.
-    return {"memory": 1024}
+    # trial itself; a token 1 KiB of memory keeps it from holding a CPU the workers need. With
+    # `driver_resource`, one unit of that custom resource pins the trial (and the Train controller,
+    # which Ray places on the trial's node) to the nodes offering it, e.g. the cluster's head.
+    out: dict[str, float] = {"memory": 1024}
+    if res.driver_resource:
+        out[res.driver_resource] = 1
+    return out
 
 
 def _absolute(storage_path: str) -> str:
