@@ -81,14 +81,19 @@ def overheads(path: Path) -> tuple[list[float], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--only", type=int, choices=[1, 2], default=None, help="measure only this many workers")
     args = parser.parse_args()
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        one, one_e2e = overheads(sweep_file(root, "overhead_1worker", args.trials, workers=1))
-        two, two_e2e = overheads(sweep_file(root, "overhead_2workers", args.trials, workers=2))
+        one, one_e2e = [float("nan")], float("nan")
+        two, two_e2e = [float("nan")], float("nan")
+        if args.only in (None, 1):
+            one, one_e2e = overheads(sweep_file(root, "overhead_1worker", args.trials, workers=1))
+        if args.only in (None, 2):
+            two, two_e2e = overheads(sweep_file(root, "overhead_2workers", args.trials, workers=2))
     ray.shutdown()
     for label, values, e2e in (("1 worker (direct)", one, one_e2e), ("2 workers (TorchTrainer DDP)", two, two_e2e)):
         print(f"{label:<30} per trial, s: " + " ".join(f"{v:.2f}" for v in sorted(values)) + f"; end to end {e2e:.2f} s/trial")

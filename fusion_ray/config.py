@@ -59,9 +59,9 @@ class Grid(_Strict):
 
     datasets: list[str] = Field(min_length=1)
     """Names of entries under ``datasets:``."""
-    positions: list[Named] = Field(default_factory=lambda: [Named(name="sinusoidal")])
+    positions: list[Named] = Field(default_factory=lambda: [Named(name="sinusoidal")], min_length=1)
     """Input-level position signals (fusion_ray.model.POSITIONS)."""
-    attention_positions: list[Named] = Field(default_factory=lambda: [Named(name="none")])
+    attention_positions: list[Named] = Field(default_factory=lambda: [Named(name="none")], min_length=1)
     """Attention-level positions (fusion_ray.model.ATTENTION_POSITIONS)."""
     fusions: list[Named] = Field(min_length=1)
     """Fusion operators (fusion_ray.model.FUSIONS); the first is the default baseline."""
@@ -353,17 +353,17 @@ def resolve_specs(spec: SweepSpec, dataset: str) -> tuple[DataSpec, dict[str, An
     return preset.data, model, train
 
 
+GRID_OWNED_MODEL_FIELDS = {
+    "fusion", "fusion_kwargs", "position", "position_kwargs", "attention_position", "attention_position_kwargs",
+}
+
+
 def semantic_problems(spec: SweepSpec) -> list[str]:
     """Problems the schema cannot see: unknown registry names, options, presets, resources."""
     from fusion_ray.data import check_data_spec
     from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, check_model_spec
 
     problems: list[str] = []
-    for name in spec.grid.datasets:
-        if name not in spec.datasets:
-            problems.append(
-                f"grid.datasets: {name!r} has no entry under datasets:; defined: {', '.join(spec.datasets) or 'none'}"
-            )
     registries = {"fusions": FUSIONS, "positions": POSITIONS, "attention_positions": ATTENTION_POSITIONS}
     grids: list[tuple[str, Grid | SubGrid]] = [("grid", spec.grid)]
     grids += [(f"include[{i}]", sub) for i, sub in enumerate(spec.include)]
@@ -393,7 +393,16 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                     )
 
     model_adapter, train_adapter = TypeAdapter(ModelSpec), TypeAdapter(TrainSpec)
+    for where, settings in [("defaults.model", spec.defaults.model)] + [
+        (f"datasets.{n}.model", p.model) for n, p in spec.datasets.items()
+    ]:
+        for key in sorted(set(settings) & GRID_OWNED_MODEL_FIELDS):
+            problems.append(f"{where}.{key}: set by the grid axes, not here; list it under grid: instead")
     for name, preset in spec.datasets.items():
+        if preset.resources is not None and "max_concurrent_trials" in preset.resources.model_fields_set:
+            problems.append(
+                f"datasets.{name}.resources.max_concurrent_trials: applies to the whole sweep; set it under resources:"
+            )
         for p in check_data_spec(preset.data):
             problems.append(f"datasets.{name}.data: {p}")
         data, model, train = resolve_specs(spec, name)
@@ -421,6 +430,13 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                     problems.append(f"datasets.{name}.train.{field_name}: must be > 0 (got {getattr(train_spec, field_name)})")
             if train_spec.weight_decay < 0 or train_spec.warmup_steps < 0:
                 problems.append(f"datasets.{name}.train: weight_decay and warmup_steps must be >= 0")
+            for field_name in ("latency_repeats", "latency_batch_size"):
+                if getattr(train_spec, field_name) < 1:
+                    problems.append(f"datasets.{name}.train.{field_name}: must be >= 1 (got {getattr(train_spec, field_name)})")
+            if train_spec.grad_clip is not None and train_spec.grad_clip <= 0:
+                problems.append(
+                    f"datasets.{name}.train.grad_clip: must be > 0 (got {train_spec.grad_clip}); use null to disable clipping"
+                )
             if train_spec.patience is not None and train_spec.patience < 1:
                 problems.append(f"datasets.{name}.train.patience: must be >= 1 or null")
             workers = (preset.resources or spec.resources).workers
@@ -429,6 +445,15 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                     f"datasets.{name}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "
                     f"{workers}; each worker needs at least one document per step"
                 )
+    if spec.baseline is not None and spec.baseline not in known["fusions"]:
+        problems.append(
+            f"baseline: {spec.baseline!r} is not one of the sweep's fusions; allowed: {', '.join(sorted(known['fusions']))}"
+        )
+    if not problems:
+        from fusion_ray.grid import expand
+
+        if not expand(spec):
+            problems.append("grid/include/exclude: the sweep expands to no cells; loosen the exclude rules")
     resource_sets = [("resources", spec.resources)]
     resource_sets += [(f"datasets.{n}.resources", p.resources) for n, p in spec.datasets.items() if p.resources]
     for where, res in resource_sets:

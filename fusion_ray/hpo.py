@@ -182,28 +182,36 @@ def _sweep_problems(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
     return spec, problems
 
 
-def _space_problems(raw_sweep: dict[str, Any], tune: TuneSection, base: list[str]) -> list[str]:
-    """Each searched key must be a shared setting, and each bounding value must validate."""
+_FIELDS = {"train": {f.name for f in dataclasses.fields(TrainSpec)}, "model": {f.name for f in dataclasses.fields(ModelSpec)}}
+
+
+def _space_key_problems(tune: TuneSection) -> list[str]:
+    """Each searched key must name a shared setting of the trial (never a grid axis)."""
     problems = []
-    fields = {"train": {f.name for f in dataclasses.fields(TrainSpec)}, "model": {f.name for f in dataclasses.fields(ModelSpec)}}
+    for key in tune.space:
+        section, _, name = key.partition(".")
+        if section not in _FIELDS or name not in _FIELDS[section]:
+            allowed = ", ".join(f"{s}.{f}" for s in _FIELDS for f in sorted(_FIELDS[s] - _AXIS_FIELDS))
+            problems.append(f"tune.space.{key}: not a setting of the trial; allowed: {allowed}")
+        elif section == "model" and name in _AXIS_FIELDS:
+            problems.append(f"tune.space.{key}: is a grid axis; tuning it would favour an operator, so only shared settings are searched")
+    return problems
+
+
+def _space_value_problems(raw_sweep: dict[str, Any], tune: TuneSection) -> list[str]:
+    """Each bounding value of the space (low, high, every choice), put in every tuned dataset's
+    preset, must pass the sweep's own checks."""
+    problems = []
     for key, dist in tune.space.items():
         section, _, name = key.partition(".")
-        if section not in fields or name not in fields[section]:
-            allowed = ", ".join(f"{s}.{f}" for s in fields for f in sorted(fields[s] - _AXIS_FIELDS))
-            problems.append(f"tune.space.{key}: not a setting of the trial; allowed: {allowed}")
-            continue
-        if section == "model" and name in _AXIS_FIELDS:
-            problems.append(f"tune.space.{key}: is a grid axis; tuning it would favour an operator, so only shared settings are searched")
-            continue
+        if name not in _FIELDS.get(section, ()) or (section == "model" and name in _AXIS_FIELDS):
+            continue  # reported by _space_key_problems
         for value in dist.extremes():
             attempt = copy.deepcopy(raw_sweep)
             for dataset in tune.datasets:
-                preset = attempt.get("datasets", {}).get(dataset)
-                if isinstance(preset, dict):
-                    preset.setdefault(section, {})[name] = value
+                attempt["datasets"][dataset].setdefault(section, {})[name] = value
             for p in _sweep_problems(attempt)[1]:
-                if p not in base:
-                    problems.append(f"tune.space.{key} = {value!r}: {p}")
+                problems.append(f"tune.space.{key} = {value!r}: {p}")
     return problems
 
 
@@ -274,8 +282,11 @@ def load_hpo(path: str | Path) -> HpoPlan:
     for p in map(_tune_names, sweep_problems):
         if p not in problems and (tune or not p.startswith("tune.")):
             problems.append(p)
+    if tune:
+        problems += _space_key_problems(tune)
     if tune and spec is not None and not sweep_problems:
-        problems += _space_problems(raw_sweep, tune, sweep_problems)
+        # Only on an otherwise valid file: each bound is checked by re-validating the whole file.
+        problems += _space_value_problems(raw_sweep, tune)
         for dataset in tune.datasets:
             res = resources_for(spec, dataset)
             if res.workers != 1 or res.force_trainer:

@@ -47,8 +47,12 @@ def run_cell(config: dict[str, Any]) -> None:
     res = config["resources"]
     if res["workers"] == 1 and not res["force_trainer"]:
         torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
-        use_cuda = res["use_gpu"] and torch.cuda.is_available()
-        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
+        if res["use_gpu"] and not torch.cuda.is_available():
+            raise RuntimeError(
+                f"the sweep asks for GPUs (resources.use_gpu: true) but torch {torch.__version__} on this "
+                "node has no CUDA: install a CUDA build of torch on the GPU nodes, or set use_gpu: false"
+            )
+        device = torch.device("cuda", 0) if res["use_gpu"] else torch.device("cpu")
         run_trial(trial, TuneReporter(device=device, resume_from=config.get("resume_from")))
         return
 
@@ -70,10 +74,14 @@ def run_cell(config: dict[str, Any]) -> None:
         scaling_config=ScalingConfig(
             num_workers=res["workers"], use_gpu=res["use_gpu"], resources_per_worker=per_worker
         ),
+        # One Train run per cell and sweep invocation: a Tune retry of this trial restarts the
+        # trainer under the same name, and Ray Train resumes it from its last checkpoint. Across
+        # invocations a cell resumes only from the checkpoint its MLflow run records
+        # (`resume_from`). Retries happen at one level, Tune's, so `retries` means what it says.
         run_config=RunConfig(
-            name=f"{config['sweep']}-{config['cell_id']}",
+            name=f"{config['tune_run']}-{config['cell_id']}",
             storage_path=config["train_storage_path"],
-            failure_config=FailureConfig(max_failures=config["retries"]),
+            failure_config=FailureConfig(max_failures=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=[TuneReportCallback()],
         ),
@@ -103,15 +111,15 @@ def _absolute(storage_path: str) -> str:
     return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
 
 
-def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None) -> dict[str, Any]:
+def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> dict[str, Any]:
     storage = _absolute(spec.storage_path)
     return {
         "cell_id": cell.cell_id,
         "sweep": spec.name,
+        "tune_run": tune_run,
         "trial": dataclasses.asdict(cell.trial),
         "resources": resources_for(spec, cell.dataset).model_dump(),
         "resume_from": resume_from,
-        "retries": spec.retries,
         "train_storage_path": f"{storage.rstrip('/')}/{spec.name}-train",
     }
 
@@ -166,14 +174,17 @@ def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | 
         tracker.end_parent(parent_id, {"cells_finished": len(cells)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [])
 
+    from fusion_ray.tracking import checkpoint_exists
+
+    tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     payloads = []
     for cell in pending:
         prior = existing.get(cell.cell_id)
         resume_from = prior.checkpoint_path if prior is not None else None
-        if resume_from and "://" not in resume_from and not Path(resume_from).exists():
+        if resume_from and not checkpoint_exists(resume_from):
             log.warning("cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from)
             resume_from = prior.checkpoint_path = None
-        payloads.append(_payload(spec, cell, resume_from))
+        payloads.append(_payload(spec, cell, resume_from, tune_run))
 
     _init_ray(spec, address)
     callback = MLflowSweepCallback(
@@ -190,11 +201,14 @@ def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | 
         param_space={"cell_id": tune.grid_search([p["cell_id"] for p in payloads])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=spec.resources.max_concurrent_trials,
+            # Start each trial in a warm actor when resources match: no new Python process per
+            # trial. The loop sets every seed and RNG state itself, so nothing leaks between trials.
+            reuse_actors=True,
             trial_name_creator=lambda t: _trial_name(by_id[t.config["cell_id"]]),
             trial_dirname_creator=lambda t: t.config["cell_id"],
         ),
         run_config=tune.RunConfig(
-            name=f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}",
+            name=tune_run,
             storage_path=_absolute(spec.storage_path),
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=spec.retries),

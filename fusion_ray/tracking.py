@@ -7,6 +7,8 @@ continues its earlier run, so a cell never has two FINISHED runs.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -14,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -21,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from fusion_ray.grid import Cell
+from fusion_ray.train.loop import PREDICTIONS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,6 @@ FINAL_METRICS = (
     "train_seconds",
     "loop_seconds",
 )
-PREDICTIONS_FILE = "test_predictions.parquet"
 
 
 def git_sha() -> str:
@@ -74,6 +77,10 @@ class CellRun:
     checkpoint_path: str | None
 
 
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def _chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -106,9 +113,6 @@ class Tracker:
                 best[cid] = CellRun(run.info.run_id, run.info.status, run.data.tags.get("checkpoint_path"))
         return best
 
-    def finished_cells(self) -> set[str]:
-        return {cid for cid, run in self.cell_runs().items() if run.status == "FINISHED"}
-
     # --- the sweep's parent run
     def parent_run(self, sweep_file: str | None = None, params: dict[str, str] | None = None) -> str:
         """The sweep's parent run (reused across invocations); it carries the sweep file and reports."""
@@ -132,7 +136,7 @@ class Tracker:
         return run_id
 
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), 0, 0) for k, v in summary.items()])
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in summary.items()])
         self.client.set_terminated(run_id, "FINISHED")
 
     # --- one run per cell
@@ -140,6 +144,10 @@ class Tracker:
         """Continue the cell's earlier run when resuming from its checkpoint, else replace it."""
         if existing is not None and existing.status != "FINISHED" and resume:
             self.client.update_run(existing.run_id, status="RUNNING")
+            run = self.client.get_run(existing.run_id)
+            if "failure_reason" in run.data.tags:
+                self.client.delete_tag(existing.run_id, "failure_reason")
+            self.client.set_tag(existing.run_id, "git_sha", git_sha())
             return existing.run_id
         if existing is not None and existing.status != "FINISHED":
             self.client.delete_run(existing.run_id)  # restarting from scratch: replace, never duplicate
@@ -153,13 +161,17 @@ class Tracker:
             self.client.log_batch(run.info.run_id, params=chunk)
         return run.info.run_id
 
+    def last_logged_epoch(self, run_id: str) -> int:
+        """The highest epoch a run already has (-1 for none), so a resumed run logs each epoch once."""
+        return max((m.step for m in self.client.get_metric_history(run_id, "val_acc")), default=-1)
+
     def log_epoch(self, run_id: str, result: dict[str, Any]) -> None:
         step = int(result["epoch"])
-        metrics = [Metric(k, float(result[k]), 0, step) for k in EPOCH_METRICS if k in result]
+        metrics = [Metric(k, float(result[k]), _now_ms(), step) for k in EPOCH_METRICS if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
-        metrics = [Metric(k, float(result[k]), 0, 0) for k in FINAL_METRICS if k in result]
+        metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in FINAL_METRICS if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
@@ -185,10 +197,25 @@ class Tracker:
 
 
 def _uri(path: str, storage_path: str) -> str:
-    """A checkpoint path as a URI that ``ray.train.Checkpoint`` can open later."""
+    """A checkpoint path as a URI that ``ray.train.Checkpoint`` can open later (scheme and query,
+    e.g. ``?endpoint_override=`` for MinIO, taken from the storage path)."""
     if "://" in path or "://" not in storage_path:
         return path
-    return f"{storage_path.split('://', 1)[0]}://{path}"
+    parsed = urlparse(storage_path)
+    return f"{parsed.scheme}://{path}" + (f"?{parsed.query}" if parsed.query else "")
+
+
+def checkpoint_exists(uri: str) -> bool:
+    """Whether a checkpoint directory (local path or URI) is still there."""
+    import pyarrow.fs
+
+    try:
+        if "://" not in uri:
+            return Path(uri).is_dir()
+        fs, path = pyarrow.fs.FileSystem.from_uri(uri)
+        return fs.get_file_info(path).type == pyarrow.fs.FileType.Directory
+    except (OSError, ValueError):
+        return False
 
 
 def _error_text(trial: Any) -> str:
@@ -202,6 +229,26 @@ def _error_text(trial: Any) -> str:
     return "the trial raised an error; see the Ray Tune logs"
 
 
+def _guarded(method):
+    """Tune does not catch callback errors: one MLflow or storage hiccup would abort every running
+    trial. A failing callback marks that cell's run FAILED with the reason and the sweep goes on."""
+
+    @functools.wraps(method)
+    def wrapper(self: MLflowSweepCallback, iteration: int, trials: list, trial: Any, *args: Any, **info: Any) -> None:
+        try:
+            method(self, iteration, trials, trial, *args, **info)
+        except Exception as exc:  # noqa: BLE001 - reported, and the sweep continues
+            cid = trial.config.get("cell_id", "?")
+            log.error("MLflow tracking of cell %s failed in %s: %s", cid, method.__name__, exc)
+            self.failed.setdefault(cid, f"tracking error in {method.__name__}: {exc}")
+            run_id = self.run_ids.get(cid)
+            if run_id is not None:
+                with contextlib.suppress(Exception):
+                    self.tracker.fail(run_id, f"tracking error in {method.__name__}: {exc}")
+
+    return wrapper
+
+
 class MLflowSweepCallback(Callback):
     """Ray Tune callback that writes every trial of a sweep to MLflow (the only writer)."""
 
@@ -209,6 +256,7 @@ class MLflowSweepCallback(Callback):
         self.tracker, self.cells, self.existing = tracker, cells, existing
         self.parent_id, self.storage_path = parent_id, storage_path
         self.run_ids: dict[str, str] = {}
+        self.logged_until: dict[str, int] = {}
         self.checkpoints: dict[str, str] = {}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
@@ -225,9 +273,11 @@ class MLflowSweepCallback(Callback):
             flush=True,
         )
 
-    def _cell_id(self, trial: Any) -> str:
+    @staticmethod
+    def _cell_id(trial: Any) -> str:
         return trial.config["cell_id"]
 
+    @_guarded
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self._cell_id(trial)
         self.started_at.setdefault(cid, time.monotonic())
@@ -235,18 +285,24 @@ class MLflowSweepCallback(Callback):
             return
         prior = self.existing.get(cid)
         resume = prior is not None and bool(prior.checkpoint_path)  # the trial resumes from it too
-        self.run_ids[cid] = self.tracker.open_cell_run(self.cells[cid], self.parent_id, self.existing.get(cid), resume)
+        run_id = self.tracker.open_cell_run(self.cells[cid], self.parent_id, prior, resume)
+        self.run_ids[cid] = run_id
+        self.logged_until[cid] = self.tracker.last_logged_epoch(run_id) if resume else -1
 
+    @_guarded
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        run_id = self.run_ids[self._cell_id(trial)]
+        cid = self._cell_id(trial)
+        run_id = self.run_ids[cid]
         if result.get("final"):
             self.tracker.log_final(run_id, result)
-        elif "epoch" in result:
+        elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
             self.tracker.log_epoch(run_id, result)
+            self.logged_until[cid] = int(result["epoch"])
         # Only after the epoch's metrics are logged: a resume from this checkpoint logs later epochs.
         if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
             self._remember_checkpoint(trial, result["checkpoint_path"])
 
+    @_guarded
     def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
         self._remember_checkpoint(trial, checkpoint.path)
 
@@ -256,8 +312,11 @@ class MLflowSweepCallback(Callback):
         self.checkpoints[cid] = uri
         self.tracker.set_checkpoint(self.run_ids[cid], uri)
 
+    @_guarded
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self._cell_id(trial)
+        if cid in self.failed:  # a tracking error already marked it
+            return
         run_id = self.run_ids[cid]
         if not (trial.last_result or {}).get("final"):
             reason = "the trial ended without reporting final metrics"
@@ -272,6 +331,7 @@ class MLflowSweepCallback(Callback):
         self.finished.add(cid)
         self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
 
+    @_guarded
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self._cell_id(trial)
         if cid not in self.run_ids:

@@ -122,15 +122,35 @@ def test_missing_file_is_a_clear_error(tmp_path):
         load_sweep(tmp_path / "nope.yaml")
 
 
-def test_cli_rejects_bad_file_before_starting_ray(tmp_path, capsys):
+def test_cli_rejects_bad_file_before_starting_ray(tmp_path, capsys, monkeypatch):
     import ray
 
-    was_running = ray.is_initialized()
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started for an invalid sweep file")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
     path = _write(tmp_path, lambda r: r["grid"].update(fusions=["bogus"]))
     assert sweep_main([str(path)]) == 2
     err = capsys.readouterr().err
     assert "bogus" in err and "allowed" in err
-    assert ray.is_initialized() == was_running
+
+
+def test_values_that_would_fail_only_after_training_are_rejected(tmp_path):
+    def mutate(r):
+        r["defaults"]["train"]["grad_clip"] = -1.0  # would flip gradients
+        r["defaults"]["train"]["latency_batch_size"] = 0  # would fail after training
+        r["defaults"]["model"]["fusion"] = "concat"  # silently overridden by the grid
+        r["baseline"] = "gate_scaler"  # a typo would compare nothing
+
+    msg = _problems(_write(tmp_path, mutate))
+    assert "grad_clip" in msg and "latency_batch_size" in msg
+    assert "defaults.model.fusion" in msg and "gate_scaler" in msg
+
+
+def test_a_sweep_that_expands_to_nothing_is_an_error(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(exclude=[{"datasets": ["short"]}])))
+    assert "expands to no cells" in msg
 
 
 def test_extends_fragment_and_env_expansion(tmp_path, monkeypatch):

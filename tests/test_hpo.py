@@ -70,7 +70,9 @@ def test_a_bad_hpo_file_lists_every_problem_before_ray_starts(tmp_path, capsys):
     assert "output: the tuned fragment's path" in text
     assert "tune.datasets: 'missing' has no entry under datasets:" in text
     assert "tune.space.model.d_ff" in text and "loguniform needs low > 0" in text
-    # space problems need a valid rest of the file, so a second file checks them
+    assert "tune.space.model.fusion: is a grid axis" in text
+    assert "tune.space.train.nope: not a setting of the trial" in text
+    # the bounds of the space are checked on an otherwise valid file: a second one
     quick["tune"]["datasets"] = ["short"]
     quick["tune"]["space"].pop("model.d_ff")
     quick["output"] = "tuned.yaml"

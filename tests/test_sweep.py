@@ -87,6 +87,14 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_s
         assert "training loss is" in run.data.tags["failure_reason"]
         assert "lower train.lr" in run.data.tags["failure_reason"]
 
+    # the next run retries the failed cells (and only them), replacing their runs
+    again = run_sweep(load_sweep(path), str(path), verbose=0)
+    assert again.ran == 2 and again.already_finished == 2 and len(again.failed) == 2
+    runs_after = _runs(spec)[1]
+    assert len(runs_after) == 4 and len({r.data.tags["cell_id"] for r in runs_after}) == 4
+    old_failed = {r.info.run_id for r in by_status["FAILED"]}
+    assert not old_failed & {r.info.run_id for r in runs_after if r.info.status == "FAILED"}
+
 
 def test_one_worker_direct_and_trainer_paths_give_identical_metrics(tmp_path, ray_session, data_cache):
     results = {}
@@ -104,6 +112,27 @@ def test_one_worker_direct_and_trainer_paths_give_identical_metrics(tmp_path, ra
         history = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)]
         results[force] = (run.data.metrics["test_correct"], run.data.metrics["best_val_acc"], history)
     assert results[False] == results[True]
+
+
+def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache):
+    """workers: 2 runs a TorchTrainer inside the Tune trial; its metrics reach MLflow through
+    TuneReportCallback exactly like a one-worker trial's."""
+    path = tiny_sweep(
+        tmp_path, name="ddp", seeds=[0],
+        resources={"workers": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["gate_scalar"]
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    assert len(run_sweep(spec, str(path), verbose=0).finished) == 1
+    client, (run,) = _runs(spec, "FINISHED")
+    assert run.data.params["model.fusion"] == "gate_scalar"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc")) == [0, 1]
+    assert run.data.metrics["test_total"] == 64
+    assert run.data.tags["checkpoint_path"].startswith(str(tmp_path))
+    local = client.download_artifacts(run.info.run_id, "test_predictions.parquet", str(tmp_path / "dl"))
+    assert len(pd.read_parquet(local)) == 64
 
 
 def test_quickstart_smoke_path_runs_every_cell_once(tmp_path, ray_session, data_cache, monkeypatch, capsys):

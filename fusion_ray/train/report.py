@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,5 +144,3 @@ class TrainReporter(Reporter):
             checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
         ray.train.report(metrics, checkpoint=checkpoint)
 
-
-ReporterFactory = Callable[[], Reporter]

@@ -1,0 +1,230 @@
+"""cluster.yaml, offline: Ray's own launcher validation, every trial of the study fits a node type,
+fractional-GPU packing reaches Ray's resource request, and the README walkthrough's commands exist."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+import pytest
+import yaml
+
+from fusion_ray.config import Resources, load_sweep, resources_for
+from fusion_ray.grid import expand
+from fusion_ray.sweep import trial_resources
+from tests.conftest import ROOT
+
+CLUSTER = ROOT / "cluster.yaml"
+DRIVER = "fusion_ray_driver"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> dict:
+    return yaml.safe_load(CLUSTER.read_text())
+
+
+@pytest.fixture
+def study(monkeypatch):
+    """The full grid as the head's profile sets it up (cluster.yaml head_setup_commands)."""
+    monkeypatch.setenv("FUSION_RAY_STORAGE", "s3://example-bucket/fusion-ray/ray_results")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    return load_sweep(ROOT / "sweeps" / "full_grid.yaml")
+
+
+def test_rays_own_launcher_accepts_it(cluster):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(cluster)
+    validate_config(prepared)
+    assert prepared["provider"]["type"] == "aws"
+    workers = {k: v for k, v in prepared["available_node_types"].items() if k != prepared["head_node_type"]}
+    assert workers, "no worker node types"
+    for name, node in prepared["available_node_types"].items():
+        assert {"CPU", "GPU"} <= set(node["resources"]), f"{name}: resources must be explicit"
+    for name, node in workers.items():
+        assert node["min_workers"] == 0, f"{name}: idle GPUs must cost nothing"
+        assert node["resources"]["GPU"] >= 1 and node["max_workers"] <= prepared["max_workers"]
+    head = prepared["available_node_types"][prepared["head_node_type"]]["resources"]
+    assert head["CPU"] == 0 and head["GPU"] == 0 and head[DRIVER] >= 1
+    assert {n["resources"]["GPU"] for n in workers.values()} >= {1, 4}, "single- and multi-GPU types"
+
+
+def test_services_are_private_and_token_auth_is_on(cluster):
+    text = CLUSTER.read_text()
+    assert "0.0.0.0" not in text
+    start = " ".join(cluster["head_start_ray_commands"])
+    assert "mlflow server --host 127.0.0.1" in start and "--dashboard-host=127.0.0.1" in start
+    assert "--backend-store-uri sqlite:///$HOME/mlflow/mlflow.db" in start
+    assert '--artifacts-destination "$FUSION_RAY_S3/mlflow"' in start
+    setup = " ".join(cluster["setup_commands"])
+    assert "export RAY_AUTH_MODE=token" in setup
+    assert cluster["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    assert cluster["file_mounts"]["~/fusion-ray"] == "~/.fusion-ray/checkout"
+    assert "-e ~/fusion-ray" in setup and '"ray[default,tune,train]==2.60.0"' in setup
+    import ray
+
+    assert ray.__version__ == "2.60.0", "cluster.yaml pins the Ray of this checkout; update both"
+
+
+def test_every_command_is_valid_bash(cluster):
+    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands",
+                "head_start_ray_commands", "worker_start_ray_commands", "initialization_commands"):
+        for command in cluster[key]:
+            check = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+            assert check.returncode == 0, f"{key}: {command}\n{check.stderr}"
+
+
+def test_the_head_profile_feeds_the_sweep_files(cluster, study):
+    """FUSION_RAY_STORAGE and MLFLOW_TRACKING_URI, as exported on the head, reach the study's files."""
+    head_profile = " ".join(cluster["head_setup_commands"])
+    assert 'FUSION_RAY_STORAGE="$FUSION_RAY_S3/ray_results"' in head_profile
+    assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in head_profile
+    assert study.storage_path == "s3://example-bucket/fusion-ray/ray_results"
+    assert study.tracking_uri == "http://127.0.0.1:5000"
+
+
+def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+    # Ray fills in each node's `memory` from its instance type; trials ask at most a token 1 KiB.
+    return all(node.get(k, 0) >= v for k, v in bundle.items() if not (k == "memory" and "memory" not in node))
+
+
+def _requests(res: Resources) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """What a trial asks of Ray: its own Tune bundle, and its DDP workers' bundles (if any)."""
+    trial = trial_resources(res)
+    if res.workers == 1 and not res.force_trainer:
+        return trial, []
+    worker = {"CPU": res.cpus_per_worker, **({"GPU": res.gpus_per_worker} if res.use_gpu else {})}
+    return trial, [worker] * res.workers
+
+
+def _assert_fits(res: Resources, nodes: dict[str, dict], head: str, where: str) -> None:
+    trial, workers = _requests(res)
+    assert any(_fits(trial, n["resources"]) for n in nodes.values()), f"{where}: trial bundle {trial} fits no node type"
+    if res.driver_resource:
+        assert _fits(trial, nodes[head]["resources"]), f"{where}: the driver resource must be on the head"
+    if workers:
+        # a DDP gang fits on one node, so nccl stays on the node's own links
+        total = {k: sum(w.get(k, 0) for w in workers) for k in workers[0]}
+        assert any(_fits(total, n["resources"]) for k, n in nodes.items() if k != head), f"{where}: {res.workers} workers fit no node type"
+
+
+def test_every_trial_of_the_full_grid_fits_a_node_type(cluster, study):
+    nodes, head = cluster["available_node_types"], cluster["head_node_type"]
+    datasets = {c.dataset for c in expand(study)}
+    assert datasets == {"ag_news", "imdb", "arxiv"}
+    for dataset in sorted(datasets):
+        res = resources_for(study, dataset)
+        assert res.use_gpu, f"{dataset}: the study runs on GPUs"
+        _assert_fits(res, nodes, head, dataset)
+        trial, _ = _requests(res)
+        assert not _fits(trial, nodes[head]["resources"]), f"{dataset}: trials must not land on the head"
+
+
+def test_the_ddp_recipe_in_cluster_yaml_fits_the_multi_gpu_type(cluster):
+    """The long-document DDP resources that cluster.yaml's gpu_4x comment gives."""
+    nodes, head = cluster["available_node_types"], cluster["head_node_type"]
+    ddp = Resources(workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8, driver_resource=DRIVER)
+    _assert_fits(ddp, nodes, head, "ddp")
+    assert trial_resources(ddp) == {"memory": 1024, DRIVER: 1}
+    assert not _fits(_requests(ddp)[1][0], nodes[head]["resources"]), "DDP workers must not land on the head"
+
+
+def test_fractional_gpus_pack_trials_and_reach_rays_request(cluster, study):
+    from ray.tune import PlacementGroupFactory
+
+    res = resources_for(study, "ag_news")  # the study's short-document preset
+    assert (res.use_gpu, res.gpus_per_worker, res.workers) == (True, 0.25, 1)
+    request = trial_resources(res)
+    assert request == {"CPU": 2, "GPU": 0.25}
+    factory = PlacementGroupFactory([request])  # what fusion_ray.sweep hands to tune.with_resources
+    assert factory.required_resources == {"CPU": 2, "GPU": 0.25}
+    assert factory.bundles == [{"CPU": 2, "GPU": 0.25}]
+    node = cluster["available_node_types"]["gpu_1x"]["resources"]
+    assert min(node["GPU"] / request["GPU"], node["CPU"] / request["CPU"]) == 4, "four trials per gpu_1x node"
+    # the same settings in a tiny sweep file are accepted and give the same request
+    for fraction in (0.5, 0.25, 0.125):
+        packed = Resources(use_gpu=True, gpus_per_worker=fraction, cpus_per_worker=1)
+        assert trial_resources(packed) == {"CPU": 1, "GPU": fraction}
+
+
+def test_driver_resource_must_be_a_custom_resource():
+    assert Resources(workers=2, driver_resource=DRIVER).driver_resource == DRIVER
+    for bad in ("GPU", "CPU", "memory", "my resource", ""):
+        with pytest.raises(ValueError, match="custom resource"):
+            Resources(workers=2, driver_resource=bad)
+    # one-worker trials train in their Tune trial: the driver resource does not apply
+    assert trial_resources(Resources(driver_resource=DRIVER)) == {"CPU": 1.0}
+
+
+def _readme_cluster_section() -> str:
+    text = (ROOT / "README.md").read_text()
+    match = re.search(r"<!-- cluster:begin -->(.*)<!-- cluster:end -->", text, re.S)
+    assert match, "README.md has no cluster section"
+    return match.group(1)
+
+
+def _split(line: str) -> list[list[str]]:
+    """One shell line as commands (split at && and ; outside quotes), each an argv; a quoted
+    command given to `ray exec` is split again, so the `python -m ...` inside it is checked too."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|<>")
+    lexer.whitespace_split = True
+    commands, argv = [], []
+    for token in [*lexer, ";"]:
+        if set(token) <= set(";&|<>"):
+            if argv:
+                commands.append(argv)
+                commands += [c for arg in argv[1:] if " " in arg for c in _split(arg)]
+            argv = []
+        else:
+            argv.append(token)
+    return commands
+
+
+def _shell_commands(section: str) -> list[list[str]]:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #")[0].strip()
+            if line and not line.startswith("#"):
+                commands += _split(line)
+    return commands
+
+
+def test_every_command_of_the_readme_walkthrough_exists(capsys):
+    """`ray ...` and `python -m fusion_ray....` lines: the subcommand and every option exist."""
+    import click
+    from ray.scripts.scripts import cli
+
+    from fusion_ray.hpo import main as hpo_main
+    from fusion_ray.sweep import main as sweep_main
+
+    commands = _shell_commands(_readme_cluster_section())
+    ray_commands = [c for c in commands if c[0] == "ray"]
+    used = {c[1] for c in ray_commands}
+    assert {"up", "exec", "attach", "dashboard", "rsync-down", "down", "get-auth-token", "status"} <= used
+    for argv in ray_commands:
+        command, args = cli, argv[1:]
+        while isinstance(command, click.Group):
+            assert args[0] in command.commands, f"`{' '.join(argv)}`: no such ray command {args[0]!r}"
+            command, args = command.commands[args[0]], args[1:]
+        options = {o for p in command.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+        for arg in args:
+            if arg.startswith("-"):
+                assert arg.split("=")[0] in options, f"`{' '.join(argv)}`: ray {argv[1]} has no option {arg}"
+
+    mains = {"fusion_ray.sweep": sweep_main, "fusion_ray.hpo": hpo_main}
+    checked = set()
+    for argv in commands:
+        if argv[:2] != ["python", "-m"] or argv[2] not in mains:
+            continue
+        with pytest.raises(SystemExit):
+            mains[argv[2]](["--help"])
+        usage = capsys.readouterr().out
+        for arg in argv[3:]:
+            if arg.startswith("-"):
+                assert re.search(rf"(^|\s){re.escape(arg)}\b", usage), f"`{' '.join(argv)}`: no option {arg}"
+            elif arg.endswith(".yaml") and not arg.startswith("/"):
+                assert (ROOT / arg).is_file(), f"`{' '.join(argv)}`: {arg} does not exist"
+        checked.add(argv[2])
+    assert checked == set(mains)
