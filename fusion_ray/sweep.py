@@ -296,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run a shrunk copy (one seed, one epoch, 64 training documents) as experiment NAME-smoke")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    # Keeping only the last checkpoints makes Tune snapshot its state after each one, which it
+    # then warns about on every trial; the snapshots are cheap here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
 
     try:
         spec = load_sweep(args.sweep_file)

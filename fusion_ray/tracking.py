@@ -45,14 +45,16 @@ FINAL_METRICS = (
 
 
 def git_sha() -> str:
-    """The commit of the working directory's checkout (with ``+dirty`` if modified), or ``unknown``."""
+    """The commit of the checkout this package runs from (with ``+dirty`` if modified), else
+    $FUSION_RAY_GIT_SHA (for installs without git metadata), else ``unknown``."""
+    here = Path(__file__).resolve().parent
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10, cwd=here
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True, timeout=10,
+            capture_output=True, text=True, check=True, timeout=10, cwd=here,
         ).stdout.strip()
         return sha + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
