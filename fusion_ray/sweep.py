@@ -47,12 +47,16 @@ def run_cell(config: dict[str, Any]) -> None:
     res = config["resources"]
     if res["workers"] == 1 and not res["force_trainer"]:
         torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
-        if res["use_gpu"] and not torch.cuda.is_available():
-            raise RuntimeError(
-                f"the sweep asks for GPUs (resources.use_gpu: true) but torch {torch.__version__} on this "
-                "node has no CUDA: install a CUDA build of torch on the GPU nodes, or set use_gpu: false"
-            )
-        device = torch.device("cuda", 0) if res["use_gpu"] else torch.device("cpu")
+        use_cuda = res["use_gpu"]
+        if use_cuda and not torch.cuda.is_available():
+            if os.environ.get("FUSION_RAY_CPU_FALLBACK") != "1":
+                raise RuntimeError(
+                    f"the sweep asks for GPUs (resources.use_gpu: true) but torch {torch.__version__} on this "
+                    "node has no CUDA: install a CUDA build of torch on the GPU nodes, or set use_gpu: false "
+                    "(FUSION_RAY_CPU_FALLBACK=1 trains on CPU instead, to rehearse a GPU sweep on CPU nodes)"
+                )
+            use_cuda = False
+        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         run_trial(trial, TuneReporter(device=device, resume_from=config.get("resume_from")))
         return
 

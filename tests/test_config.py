@@ -187,3 +187,19 @@ def test_cell_ids_are_stable_and_depend_on_the_config(tmp_path):
     changed = _write(tmp_path, lambda r: r["defaults"]["train"].update(lr=0.002))
     other = {(c.fusion, c.seed): c.cell_id for c in expand(load_sweep(changed))}
     assert set(first.values()).isdisjoint(other.values())
+
+
+def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch):
+    import dataclasses
+
+    import torch
+
+    from fusion_ray.sweep import run_cell
+
+    if torch.cuda.is_available():
+        pytest.skip("this node has CUDA")
+    monkeypatch.delenv("FUSION_RAY_CPU_FALLBACK", raising=False)
+    cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
+    resources = {"workers": 1, "use_gpu": True, "cpus_per_worker": 1, "gpus_per_worker": 1, "force_trainer": False}
+    with pytest.raises(RuntimeError, match="no CUDA: install a CUDA build of torch"):
+        run_cell({"trial": dataclasses.asdict(cell.trial), "resources": resources})

@@ -103,6 +103,7 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
         **os.environ,
         "RAY_AUTH_MODE": "token",  # token authentication stays on, with a token of its own
         "RAY_AUTH_TOKEN_PATH": str(token),
+        "FUSION_RAY_CPU_FALLBACK": "1",  # the GPU is one Ray is told about; the trial trains on CPU
         "FUSION_RAY_CACHE": data_cache,
         "PYTHONPATH": str(ROOT),
     }
