@@ -277,9 +277,9 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
     return problems
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and fully validate a sweep file; raises ``SweepFileError`` listing every problem."""
-    raw = read_sweep_dict(path)
+def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
+    """Schema, then semantics, of a sweep-shaped mapping: the spec (None if the schema never
+    validates) and every problem found."""
     problems: list[str] = []
     spec, attempt = None, copy.deepcopy(raw)
     # Schema errors first; then drop the offending values and validate again, so the semantic
@@ -294,7 +294,13 @@ def load_sweep(path: str | Path) -> SweepSpec:
                 break
     if spec is not None:
         problems += semantic_problems(spec)
-    if problems:
+    return spec, problems
+
+
+def load_sweep(path: str | Path) -> SweepSpec:
+    """Read and fully validate a sweep file; raises ``SweepFileError`` listing every problem."""
+    spec, problems = validate_sweep_dict(read_sweep_dict(path))
+    if problems or spec is None:
         raise SweepFileError(path, problems)
     return spec
 

@@ -41,8 +41,8 @@ from fusion_ray.config import (
     read_sweep_dict,
     resolve_specs,
     resources_for,
-    semantic_problems,
     smoke_version,
+    validate_sweep_dict,
 )
 from fusion_ray.grid import Cell, cell_id, expand
 from fusion_ray.model.spec import ModelSpec
@@ -165,23 +165,6 @@ class HpoFileError(SweepFileError):
 # ----------------------------------------------------------------------------- loading
 
 
-def _sweep_problems(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
-    """Validate a sweep-shaped mapping exactly as ``load_sweep`` does: schema, then semantics."""
-    problems: list[str] = []
-    spec, attempt = None, copy.deepcopy(raw)
-    for _ in range(8):
-        try:
-            spec = SweepSpec.model_validate(attempt)
-            break
-        except ValidationError as exc:
-            problems += [p for p in _pydantic_problems(exc) if p not in problems]
-            if not _drop_invalid(attempt, exc):
-                break
-    if spec is not None:
-        problems += semantic_problems(spec)
-    return spec, problems
-
-
 _FIELDS = {"train": {f.name for f in dataclasses.fields(TrainSpec)}, "model": {f.name for f in dataclasses.fields(ModelSpec)}}
 
 
@@ -210,7 +193,7 @@ def _space_value_problems(raw_sweep: dict[str, Any], tune: TuneSection) -> list[
             attempt = copy.deepcopy(raw_sweep)
             for dataset in tune.datasets:
                 attempt["datasets"][dataset].setdefault(section, {})[name] = value
-            for p in _sweep_problems(attempt)[1]:
+            for p in validate_sweep_dict(attempt)[1]:
                 problems.append(f"tune.space.{key} = {value!r}: {p}")
     return problems
 
@@ -278,7 +261,7 @@ def load_hpo(path: str | Path) -> HpoPlan:
         "positions": [tuned.position.model_dump()],
         "attention_positions": [tuned.attention_position.model_dump()],
     }
-    spec, sweep_problems = _sweep_problems(raw_sweep)
+    spec, sweep_problems = validate_sweep_dict(raw_sweep)
     for p in map(_tune_names, sweep_problems):
         if p not in problems and (tune or not p.startswith("tune.")):
             problems.append(p)
