@@ -436,7 +436,7 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                     problems.append(f"datasets.{name}.train.{field_name}: must be > 0 (got {getattr(train_spec, field_name)})")
             if train_spec.weight_decay < 0 or train_spec.warmup_steps < 0:
                 problems.append(f"datasets.{name}.train: weight_decay and warmup_steps must be >= 0")
-            for field_name in ("latency_repeats", "latency_batch_size"):
+            for field_name in ("latency_repeats", "latency_batch_size", "pad_to_multiple"):
                 if getattr(train_spec, field_name) < 1:
                     problems.append(f"datasets.{name}.train.{field_name}: must be >= 1 (got {getattr(train_spec, field_name)})")
             if train_spec.grad_clip is not None and train_spec.grad_clip <= 0:

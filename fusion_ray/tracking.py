@@ -28,7 +28,7 @@ from fusion_ray.train.loop import PREDICTIONS_FILE
 
 log = logging.getLogger(__name__)
 
-EPOCH_METRICS = ("train_loss", "val_loss", "val_acc")
+EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
 FINAL_METRICS = (
     "test_acc",
     "best_val_acc",

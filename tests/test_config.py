@@ -140,11 +140,12 @@ def test_values_that_would_fail_only_after_training_are_rejected(tmp_path):
     def mutate(r):
         r["defaults"]["train"]["grad_clip"] = -1.0  # would flip gradients
         r["defaults"]["train"]["latency_batch_size"] = 0  # would fail after training
+        r["defaults"]["train"]["pad_to_multiple"] = 0  # would fail at the first batch
         r["defaults"]["model"]["fusion"] = "concat"  # silently overridden by the grid
         r["baseline"] = "gate_scaler"  # a typo would compare nothing
 
     msg = _problems(_write(tmp_path, mutate))
-    assert "grad_clip" in msg and "latency_batch_size" in msg
+    assert "grad_clip" in msg and "latency_batch_size" in msg and "pad_to_multiple" in msg
     assert "defaults.model.fusion" in msg and "gate_scaler" in msg
 
 

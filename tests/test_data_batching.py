@@ -155,6 +155,20 @@ def test_collate_fixed_padding_and_pre_truncation_lengths():
         collate(_split(), [2], pad_to=4)
 
 
+def test_collate_rounds_the_width_up_to_a_multiple():
+    split = _split()
+    assert collate(split, [1, 0], multiple=4)["input_ids"].shape == (2, 4)  # longest 3 -> 4
+    assert collate(split, [1], multiple=4)["input_ids"].shape == (1, 4)  # 1 -> 4
+    batch = collate(split, [2, 1], multiple=4)  # longest 5 (truncated) -> 8
+    assert batch["input_ids"].shape == (2, 8)
+    assert batch["attention_mask"].sum(1).tolist() == [5, 1]
+    assert (batch["input_ids"][~batch["attention_mask"]] == 0).all()
+    assert collate(split, [2, 1], multiple=5)["input_ids"].shape == (2, 5)  # already a multiple
+    assert collate(split, [2], pad_to=8, multiple=3)["input_ids"].shape == (1, 8)  # pad_to wins
+    with pytest.raises(ValueError, match="multiple"):
+        collate(split, [0], multiple=0)
+
+
 def test_collate_mask_does_not_trust_token_values():
     # A real token equal to pad_id (0) is still masked in: the mask comes from document lengths.
     split = TokenizedSplit(ids=[np.array([0, 4])], labels=np.array([1]), lengths=np.array([2]))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from fusion_ray.data import TokenizedSplit, collate
 from fusion_ray.model import ATTENTION_POSITIONS, ModelSpec, build_classifier
 from fusion_ray.model import attention as attention_module
 from fusion_ray.model.attention import (
@@ -16,6 +18,7 @@ from fusion_ray.model.attention import (
     build_attention_mask,
     t5_bucket,
 )
+from fusion_ray.train.loop import _device_batch
 
 D, HEADS, L = 16, 4, 7
 DH = D // HEADS
@@ -128,7 +131,8 @@ def test_t5_buckets_golden() -> None:
 
 
 def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """attn_mask=None when there is no padding and no bias: the flash kernel stays eligible."""
+    """attn_mask=None when there is no padding and no bias: the flash kernel stays eligible.
+    The training loop drops the mask of an unpadded batch on the host (no GPU sync)."""
     seen: list[object] = []
     real = attention_module.F.scaled_dot_product_attention
 
@@ -138,6 +142,8 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
     ids = torch.randint(1, 20, (2, 6))
+    docs = [ids[0].numpy(), ids[1].numpy(), ids[0, :3].numpy()]
+    split = TokenizedSplit(ids=docs, labels=np.zeros(3, dtype=np.int64), lengths=np.array([6, 6, 3]))
     for name in ("none", "rope"):
         model = build_classifier(
             ModelSpec(d_model=8, n_heads=2, n_layers=2, max_len=8, attention_position=name),
@@ -146,9 +152,14 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
             seed=0,
         )
         seen.clear()
-        model(ids, torch.ones(2, 6, dtype=torch.long))  # an all-ones mask means no padding
+        unpadded = collate(split, [0, 1])  # both documents 6 tokens long
+        batch_ids, batch_mask, _ = _device_batch(unpadded, torch.device("cpu"))
+        assert batch_mask is None
+        model(batch_ids, batch_mask)
         model(ids)
         assert seen == [None] * 4, name
+        padded = _device_batch(collate(split, [0, 2]), torch.device("cpu"))[1]
+        assert padded is not None and padded.tolist() == [[True] * 6, [True] * 3 + [False] * 3]
         seen.clear()
         mask = torch.ones(2, 6, dtype=torch.bool)
         mask[0, 3:] = False
@@ -196,6 +207,6 @@ def test_flash_kernel_is_reachable_on_gpu(name: str) -> None:
     model = build_classifier(spec, 100, 3, seed=0).cuda()
     ids = torch.randint(1, 100, (4, 256), device="cuda")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = model(ids, torch.ones_like(ids)).float().logsumexp(-1).sum()
+        loss = model(ids, None).float().logsumexp(-1).sum()  # unpadded: the loop passes no mask
     loss.backward()
     assert torch.isfinite(loss)

@@ -92,3 +92,31 @@ def test_early_stopping_patience(tmp_path, data_cache):
 def test_non_finite_loss_fails_with_a_fix(tmp_path, data_cache):
     with pytest.raises(FloatingPointError, match="lower train.lr"):
         run_local(tiny_trial(data_cache, lr=1e30, grad_clip=None, epochs=2), str(tmp_path))
+
+
+def test_epoch_seconds_are_reported_and_add_up_to_train_seconds(tmp_path, data_cache):
+    final = run_local(tiny_trial(data_cache), str(tmp_path))
+    history = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][:-1]
+    assert all(m["epoch_seconds"] > 0 for m in history)
+    assert sum(m["epoch_seconds"] for m in history) == pytest.approx(final["train_seconds"])
+
+
+def test_rounding_batch_lengths_up_does_not_change_evaluation(data_cache):
+    """pad_to_multiple only adds masked padding: the same loss and predictions."""
+    from fusion_ray.data import prepare_data
+    from fusion_ray.model import build_classifier
+    from fusion_ray.train.loop import evaluate
+
+    trial = tiny_trial(data_cache)
+    data = prepare_data(trial.data)
+    model = build_classifier(trial.model, data.vocab_size, data.num_classes, seed=0)
+    results = [
+        evaluate(
+            model, data.test, batch_size=16, device=torch.device("cpu"),
+            spec=TrainSpec(pad_to_multiple=multiple), pad_to=None, want_predictions=True,
+        )
+        for multiple in (1, 16)
+    ]
+    assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
+    assert results[0]["correct"] == results[1]["correct"]
+    assert (results[0]["predictions"] == results[1]["predictions"]).all()

@@ -122,10 +122,12 @@ def collate(
     *,
     pad_to: int | None = None,
     pad_id: int = 0,
+    multiple: int = 1,
 ) -> dict[str, torch.Tensor]:
     """Pad the documents ``indices`` of ``split`` into one batch.
 
-    Returns input_ids LongTensor [B, L] (L = the longest document in the batch, or ``pad_to``),
+    Returns input_ids LongTensor [B, L] (L = the longest document in the batch rounded up to a
+    multiple of ``multiple``, or ``pad_to``),
     attention_mask BoolTensor [B, L] (True = real token), labels LongTensor [B], and lengths
     LongTensor [B]: each document's token count before truncation (for length-aware analysis).
     """
@@ -135,7 +137,9 @@ def collate(
     docs = [split.ids[i] for i in indices]
     sizes = np.fromiter((len(d) for d in docs), dtype=np.int64, count=len(docs))
     longest = int(sizes.max())
-    width = longest if pad_to is None else int(pad_to)
+    if multiple < 1:
+        raise ValueError(f"multiple must be >= 1, got {multiple}")
+    width = -(-longest // multiple) * multiple if pad_to is None else int(pad_to)
     if width < longest:
         raise ValueError(
             f"pad_to={pad_to} is shorter than a document in the batch ({longest} tokens); "

@@ -63,18 +63,18 @@ class FusionClassifier(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """input_ids [B, L] long, attention_mask [B, L] bool or 0/1 (1 = real token) -> [B, C]."""
+        """input_ids [B, L] long, attention_mask [B, L] bool or 0/1 (1 = real token) or None (no
+        padding) -> logits [B, C]."""
         L = input_ids.size(1)
         if L > self.max_len:
             raise ValueError(
                 f"sequence length {L} exceeds model.max_len={self.max_len}; "
                 f"set model.max_len to at least the data's max_length"
             )
-        keep = None
-        if attention_mask is not None:
-            keep = attention_mask.to(torch.bool)
-            if bool(keep.all()):
-                keep = None  # no padding: the unmasked (flash-eligible) path
+        # No test of the mask's values here: that would stall the GPU on every call. Callers pass
+        # None when nothing is padded (the training loop decides on the host), which is the
+        # unmasked, flash-eligible path; an all-True mask gives the same output, more slowly.
+        keep = None if attention_mask is None else attention_mask.to(torch.bool)
 
         E = self.embedding(input_ids) * self.embed_scale  # [B, L, d]
         P = self.position(L, input_ids.device)  # [L, d]

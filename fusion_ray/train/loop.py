@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import hashlib
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -56,6 +57,24 @@ def _autocast(device: torch.device, spec: TrainSpec) -> contextlib.AbstractConte
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def _device_batch(
+    batch: dict[str, torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """A collated batch on ``device``: (input_ids [B, L], attention mask [B, L] or None, labels [B]).
+
+    The mask is None when no document in the batch is padded, decided here on the host, so the
+    GPU never stalls to find out and attention can take the flash kernel. On CUDA the copies come
+    from pinned memory and are asynchronous, so they overlap the previous step's kernels.
+    """
+    cuda = device.type == "cuda"
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        return (t.pin_memory() if cuda else t).to(device, non_blocking=cuda)
+
+    mask = batch["attention_mask"]
+    return move(batch["input_ids"]), None if bool(mask.all()) else move(mask), move(batch["labels"])
+
+
 def _all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float]:
     """Sum scalars over DDP ranks (a no-op with one process)."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -81,9 +100,10 @@ def _lr_lambda(spec: TrainSpec, total_steps: int):
 
 
 def _make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
-    if spec.optimizer == "adamw":
-        return torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
-    return torch.optim.Adam(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    # On CUDA the fused kernels: a few launches per step instead of several per parameter group.
+    fused = next(model.parameters()).is_cuda
+    cls = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.Adam
+    return cls(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, fused=fused or None)
 
 
 def _eval_batches(split: TokenizedSplit, indices: Sequence[int], batch_size: int) -> Iterator[list[int]]:
@@ -109,21 +129,24 @@ def evaluate(
     """Loss and accuracy on a split, each rank scoring its share; sums are reduced over ranks."""
     model.eval()
     my_indices = list(range(rank, len(split), world_size))
-    loss_sum, correct, preds = 0.0, 0, {}
+    loss_sum: torch.Tensor | float = 0.0
+    correct: torch.Tensor | int = 0
+    preds: dict[int, int] = {}
     for batch_indices in _eval_batches(split, my_indices, batch_size):
-        batch = collate(split, batch_indices, pad_to=pad_to)
-        input_ids = batch["input_ids"].to(device)  # [B, L]
-        mask = batch["attention_mask"].to(device)  # [B, L]
-        labels = batch["labels"].to(device)  # [B]
+        batch = collate(split, batch_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+        input_ids, mask, labels = _device_batch(batch, device)  # [B, L], [B, L] or None, [B]
         with _autocast(device, spec):
             logits = model(input_ids, mask)  # [B, C]
         logits = logits.float()
-        loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
+        # Sums stay on the device until the end: no host sync per batch.
+        loss_sum = loss_sum + F.cross_entropy(logits, labels, reduction="sum").double()
         predicted = logits.argmax(dim=-1)
-        correct += int((predicted == labels).sum().item())
+        correct = correct + (predicted == labels).sum()
         if want_predictions:
             preds.update(zip(batch_indices, predicted.cpu().tolist(), strict=True))
-    loss_sum, correct_f, count = _all_reduce_sum([loss_sum, correct, len(my_indices)], device)
+    loss_sum, correct_f, count = _all_reduce_sum(
+        [float(loss_sum), float(correct), len(my_indices)], device
+    )
     result = {"loss": loss_sum / max(count, 1), "correct": int(round(correct_f)), "total": int(count)}
     if want_predictions:
         if dist.is_available() and dist.is_initialized():
@@ -141,9 +164,8 @@ def measure_latency(
     """Inference latency in ms per document: warm-up, then the median of timed repeats."""
     model.eval()
     indices = list(range(min(spec.latency_batch_size, len(split))))
-    batch = collate(split, indices, pad_to=pad_to)
-    input_ids = batch["input_ids"].to(device)  # [B, L]
-    mask = batch["attention_mask"].to(device)  # [B, L]
+    batch = collate(split, indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+    input_ids, mask, _ = _device_batch(batch, device)  # [B, L], [B, L] or None
 
     def once() -> float:
         if device.type == "cuda":
@@ -203,6 +225,13 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
     entered = time.perf_counter()
     spec, device = trial.train, reporter.device
     rank, world_size = reporter.rank, reporter.world_size
+    if device.type == "cuda":
+        # Deterministic cuBLAS needs a fixed workspace; without it every matrix product warns.
+        # Read when this process first uses cuBLAS, so it changes nothing after that.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # Deterministic mode would also fill every new tensor with NaN (hundreds of extra kernels
+        # per step); the model never reads memory it did not write, so that guard buys nothing.
+        torch.utils.deterministic.fill_uninitialized_memory = False
     torch.use_deterministic_algorithms(True, warn_only=True)
 
     # --- data: tokenised once per node and cached; independent of seed and operator
@@ -245,33 +274,33 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
         started = time.perf_counter()
         model.train()
         sampler.set_epoch(epoch)
-        loss_sum, docs = 0.0, 0
+        # The loss sum stays on the device: reading it every step would stall the GPU each time.
+        loss_sum, docs = torch.zeros((), dtype=torch.float64, device=device), 0
         for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
             reporter.on_train_batch(epoch, local_indices)
-            batch = collate(data.train, local_indices, pad_to=pad_to)
-            input_ids = batch["input_ids"].to(device)  # [b, L], b = this rank's share
-            mask = batch["attention_mask"].to(device)  # [b, L]
-            labels = batch["labels"].to(device)  # [b]
+            batch = collate(data.train, local_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+            input_ids, mask, labels = _device_batch(batch, device)  # [b, L], [b, L] or None, [b]
             with _autocast(device, spec):
                 logits = model(input_ids, mask)  # [b, C]
             batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
             # DDP averages gradients over ranks, so this is the mean over the global batch.
             loss = batch_loss * world_size / len(global_batch)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"training loss is {loss.item()} at epoch {epoch}; lower train.lr, enable "
-                    f"train.grad_clip, or use train.precision: fp32"
-                )
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if spec.grad_clip is not None:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
             optimizer.step()
             scheduler.step()
-            loss_sum += batch_loss.item()
+            loss_sum += batch_loss.detach()
             docs += len(local_indices)
-        loss_sum, docs = _all_reduce_sum([loss_sum, docs], device)
-        progress.train_seconds += time.perf_counter() - started
+        loss_sum, docs = _all_reduce_sum([float(loss_sum), docs], device)
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(
+                f"training loss is {loss_sum} in epoch {epoch}; lower train.lr, enable "
+                f"train.grad_clip, or use train.precision: fp32"
+            )
+        epoch_seconds = time.perf_counter() - started
+        progress.train_seconds += epoch_seconds
         reporter.on_epoch_end(epoch, _unwrap(model))
 
         val = evaluate(
@@ -279,7 +308,13 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
             pad_to=pad_to, rank=rank, world_size=world_size,
         )
         val_acc = val["correct"] / max(val["total"], 1)
-        metrics = {"epoch": epoch, "train_loss": loss_sum / docs, "val_loss": val["loss"], "val_acc": val_acc}
+        metrics = {
+            "epoch": epoch,
+            "train_loss": loss_sum / docs,
+            "val_loss": val["loss"],
+            "val_acc": val_acc,
+            "epoch_seconds": epoch_seconds,
+        }
         progress.history.append(metrics)
         progress.epochs_done = epoch + 1
         if val_acc > progress.best_val_acc:

@@ -38,6 +38,10 @@ class TrainSpec:
     padding: Literal["dynamic", "max_length"] = "dynamic"
     """dynamic: length-grouped batches padded to their longest document; max_length: the study's
     fixed padding of every batch to data.max_length."""
+    pad_to_multiple: int = 1
+    """With dynamic padding, round each batch's length up to a multiple of this: a few distinct
+    shapes instead of one per length, so GPU kernels are planned a few times rather than at every
+    new length (the study presets use 64); 1 pads to the longest document exactly."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """auto: bf16 autocast on GPU, fp32 on CPU."""
     latency_repeats: int = 20
