@@ -33,12 +33,21 @@ VOCAB, CLASSES = 50_000, 11
 
 def arxiv_spec(length: int, position: str, attention_position: str) -> ModelSpec:
     return ModelSpec(
-        d_model=128, n_heads=8, n_layers=2, d_ff=256, dropout=0.1, max_len=length,
-        fusion="add", position=position, attention_position=attention_position,
+        d_model=128,
+        n_heads=8,
+        n_layers=2,
+        d_ff=256,
+        dropout=0.1,
+        max_len=length,
+        fusion="add",
+        position=position,
+        attention_position=attention_position,
     )
 
 
-def one_step(spec: ModelSpec, batch: int, length: int, padded: bool, device: torch.device) -> tuple[float, float]:
+def one_step(
+    spec: ModelSpec, batch: int, length: int, padded: bool, device: torch.device
+) -> tuple[float, float]:
     """(peak GiB, seconds) of one training step; raises torch.OutOfMemoryError when it does not fit."""
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
@@ -76,40 +85,74 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda")
     total = torch.cuda.get_device_properties(device).total_memory / 2**30
-    print(f"device: {torch.cuda.get_device_name(device)} ({total:.1f} GiB) | torch {torch.__version__} "
-          f"| L = {args.length} | bf16 autocast")
+    print(
+        f"device: {torch.cuda.get_device_name(device)} ({total:.1f} GiB) | torch {torch.__version__} "
+        f"| L = {args.length} | bf16 autocast"
+    )
     methods = [("sinusoidal", a) for a in ATTENTION_POSITIONS.names()]
     methods += [(p, "none") for p in POSITIONS.names() if p != "sinusoidal"]
-    print(f"{'position':<16} {'attention':<9} {'batch':<8} {'fits':>5} {'peak GiB':>9} "
-          f"{'s/step':>7} {'accum':>5}")
+    print(
+        f"{'position':<16} {'attention':<9} {'batch':<8} {'fits':>5} {'peak GiB':>9} "
+        f"{'s/step':>7} {'accum':>5}"
+    )
     rows = []
     for position, attention in methods:
         for padded in (False, True):
             batch, row = args.batch, None
             while batch >= 1:
                 try:
-                    peak, seconds = one_step(arxiv_spec(args.length, position, attention), batch,
-                                             args.length, padded, device)
-                    row = {"position": position, "attention_position": attention, "padded": padded,
-                           "batch": batch, "peak_gib": peak, "seconds_per_step": seconds,
-                           "accumulation": math.ceil(args.batch / batch)}
+                    peak, seconds = one_step(
+                        arxiv_spec(args.length, position, attention),
+                        batch,
+                        args.length,
+                        padded,
+                        device,
+                    )
+                    row = {
+                        "position": position,
+                        "attention_position": attention,
+                        "padded": padded,
+                        "batch": batch,
+                        "peak_gib": peak,
+                        "seconds_per_step": seconds,
+                        "accumulation": math.ceil(args.batch / batch),
+                    }
                     break
                 except torch.OutOfMemoryError:
                     batch //= 2
             if row is None:
-                row = {"position": position, "attention_position": attention, "padded": padded,
-                       "batch": 0, "peak_gib": None, "seconds_per_step": None, "accumulation": None}
-                print(f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
-                      f"{'none':>5}: not even one document fits")
+                row = {
+                    "position": position,
+                    "attention_position": attention,
+                    "padded": padded,
+                    "batch": 0,
+                    "peak_gib": None,
+                    "seconds_per_step": None,
+                    "accumulation": None,
+                }
+                print(
+                    f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
+                    f"{'none':>5}: not even one document fits"
+                )
             else:
-                print(f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
-                      f"{row['batch']:>5} {row['peak_gib']:>9.2f} {row['seconds_per_step']:>7.3f} "
-                      f"{row['accumulation']:>5}")
+                print(
+                    f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
+                    f"{row['batch']:>5} {row['peak_gib']:>9.2f} {row['seconds_per_step']:>7.3f} "
+                    f"{row['accumulation']:>5}"
+                )
             rows.append(row)
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(device),
-                                              "total_gib": total, "length": args.length,
-                                              "rows": rows}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "device": torch.cuda.get_device_name(device),
+                    "total_gib": total,
+                    "length": args.length,
+                    "rows": rows,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

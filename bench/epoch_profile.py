@@ -34,6 +34,7 @@ matrix-product kernels actually used (flash or not, bf16 or not).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -57,13 +58,13 @@ from study_data import study_specs  # noqa: E402
 from fusion_ray.data import LengthGroupedSampler, collate, prepare_data  # noqa: E402
 from fusion_ray.model import build_classifier  # noqa: E402
 from fusion_ray.train.loop import (  # noqa: E402
-    _autocast,
-    _device_batch,
-    _lr_lambda,
-    _make_optimizer,
-    _state_dict_copy,
     derive_seed,
+    device_batch,
     evaluate,
+    lr_lambda,
+    make_optimizer,
+    precision_context,
+    state_dict_copy,
 )
 
 VARIANTS = ("baseline", "cublas", "nosync", "bucket", "lean", "compile")
@@ -112,7 +113,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def profile_kernels(step, batches, device: torch.device, steps: int) -> tuple[dict[str, float], float]:
+def profile_kernels(
+    step, batches, device: torch.device, steps: int
+) -> tuple[dict[str, float], float]:
     """GPU time by kernel (ms) over ``steps`` steps, and the kernels' share of the wall time."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -136,8 +139,17 @@ def profile_kernels(step, batches, device: torch.device, steps: int) -> tuple[di
 class Stepper:
     """One trial's training steps for a preset and variant, phase by phase (the loop's order)."""
 
-    def __init__(self, preset: str, variant: str, device: torch.device, *, data_root: str,
-                 scale: float, cache_dir: str | None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        preset: str,
+        variant: str,
+        device: torch.device,
+        *,
+        data_root: str,
+        scale: float,
+        cache_dir: str | None,
+        seed: int = 0,
+    ) -> None:
         self.device, self.variant = device, variant
         self.old_loop = variant in ("baseline", "cublas")
         lean = variant in ("lean", "compile")
@@ -146,37 +158,49 @@ class Stepper:
             torch.cuda.set_device(device)
         torch.utils.deterministic.fill_uninitialized_memory = not lean
         torch.use_deterministic_algorithms(True, warn_only=True)  # as the loop does
-        self.data_spec, model_spec, self.spec = study_specs(
+        self.data_spec, model_spec, spec = study_specs(
             preset, Path(data_root), scale=scale, cache_dir=cache_dir
         )
+        # validation pads like the variant's training batches
+        self.spec = dataclasses.replace(spec, pad_to_multiple=self.multiple)
         started = time.perf_counter()
         self.data = prepare_data(self.data_spec)
         self.load_seconds = time.perf_counter() - started
         self.sampler = LengthGroupedSampler(
-            self.data.train.lengths.clip(max=self.data_spec.max_length), self.spec.batch_size, seed=seed
+            self.data.train.lengths.clip(max=self.data_spec.max_length),
+            self.spec.batch_size,
+            seed=seed,
         )
         self.sampler.set_epoch(0)
-        self.model = build_classifier(model_spec, self.data.vocab_size, self.data.num_classes, seed).to(device)
+        self.model = build_classifier(
+            model_spec, self.data.vocab_size, self.data.num_classes, seed
+        ).to(device)
         if lean:
-            self.optimizer = _make_optimizer(self.model, self.spec)  # fused on CUDA
+            self.optimizer = make_optimizer(self.model, self.spec)  # fused on CUDA
         else:  # before: the default (for-each) implementation
             cls = torch.optim.AdamW if self.spec.optimizer == "adamw" else torch.optim.Adam
-            self.optimizer = cls(self.model.parameters(), lr=self.spec.lr, weight_decay=self.spec.weight_decay)
+            self.optimizer = cls(
+                self.model.parameters(), lr=self.spec.lr, weight_decay=self.spec.weight_decay
+            )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, _lr_lambda(self.spec, self.spec.epochs * len(self.sampler))
+            self.optimizer, lr_lambda(self.spec, self.spec.epochs * len(self.sampler))
         )
         torch.manual_seed(derive_seed(seed, "train/rank0"))
-        self.step_model = torch.compile(self.model, dynamic=True) if variant == "compile" else self.model
+        self.step_model = (
+            torch.compile(self.model, dynamic=True) if variant == "compile" else self.model
+        )
         self.model.train()
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.timings = dict.fromkeys(PHASES, 0.0)
 
     def to_device(self, batch: dict[str, torch.Tensor]):
         if not self.old_loop:
-            return _device_batch(batch, self.device)
+            return device_batch(batch, self.device)
         # before: pageable synchronous copies, the mask always sent, the model testing it on
         # the device (``bool(keep.all())``, a host sync), as the classifier did
-        ids, mask, labels = (batch[k].to(self.device) for k in ("input_ids", "attention_mask", "labels"))
+        ids, mask, labels = (
+            batch[k].to(self.device) for k in ("input_ids", "attention_mask", "labels")
+        )
         return ids, None if bool(mask.all()) else mask, labels
 
     def step(self, indices: list[int], timed_phases: bool = False) -> None:
@@ -188,7 +212,7 @@ class Stepper:
         if timed_phases:
             sync(device)
         t2 = time.perf_counter()
-        with _autocast(device, spec):
+        with precision_context(device, spec):
             logits = self.step_model(ids, mask)
         batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
         loss = batch_loss / len(indices)
@@ -216,98 +240,111 @@ class Stepper:
                 self.timings[name] += dt
 
 
-def run_variant(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device(args.device)
-    variant, mode = args.variant, args.mode
-    trainer = Stepper(args.preset, variant, device, data_root=args.data_root, scale=args.scale,
-                      cache_dir=args.cache_dir)
-    data, data_spec, spec, sampler = trainer.data, trainer.data_spec, trainer.spec, trainer.sampler
-    step, timings, model, optimizer = trainer.step, trainer.timings, trainer.model, trainer.optimizer
-    load_seconds = trainer.load_seconds
-    batches = iter(sampler)
-    steps_per_epoch = len(sampler)
-    warmup = min(args.warmup, steps_per_epoch - 1)
-    timed = min(args.steps, steps_per_epoch - warmup)
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(warmup):
-        step(next(batches), False)
-    sync(device)
-    warmup_seconds = time.perf_counter() - t
-
+def time_steps(
+    trainer: Stepper, batches, steps: int, phases: bool
+) -> tuple[float, int, float | None]:
+    """(seconds, documents, NVML busy fraction) of ``steps`` training steps, synced at the end
+    only (plus between phases when ``phases``); the loss sum is read once, as the loop does."""
+    device = trainer.device
     with Utilisation(device) as util:
-        t = time.perf_counter()
-        timed_docs = 0
-        for _ in range(timed):
-            indices = next(batches)
-            timed_docs += len(indices)
-            step(indices, mode == "phases")
-        float(trainer.loss_sum)  # the loop reads the sum once per epoch
         sync(device)
-        timed_seconds = time.perf_counter() - t
+        t, docs = time.perf_counter(), 0
+        for _ in range(steps):
+            indices = next(batches)
+            docs += len(indices)
+            trainer.step(indices, phases)
+        float(trainer.loss_sum)
+        sync(device)
+        seconds = time.perf_counter() - t
+    return seconds, docs, util.mean
 
-    kernels: dict[str, float] = {}
-    busy_from_kernels = None
-    if mode == "plain" and device.type == "cuda" and args.profile_steps:
-        try:
-            left = steps_per_epoch - warmup - timed
-            kernels, busy_from_kernels = profile_kernels(
-                step, batches, device, min(args.profile_steps, left)
-            )
-        except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand without it
-            kernels = {f"profiler failed: {type(e).__name__}: {e}": 0.0}
 
+def time_eval_and_checkpoint(trainer: Stepper) -> tuple[float, float]:
+    """Seconds of one validation pass and of one checkpoint (state copies + ``torch.save``)."""
     t = time.perf_counter()
     evaluate(
-        trainer.step_model, data.validation, batch_size=spec.eval_batch_size, device=device, spec=spec,
+        trainer.step_model,
+        trainer.data.validation,
+        batch_size=trainer.spec.eval_batch_size,
+        device=trainer.device,
+        spec=trainer.spec,
         pad_to=None,
     )
-    sync(device)
+    sync(trainer.device)
     eval_seconds = time.perf_counter() - t
     t = time.perf_counter()
+    model, optimizer = trainer.model, trainer.optimizer
     state = {
-        "model": _state_dict_copy(model),
+        "model": state_dict_copy(model),
         "optimizer": optimizer.state_dict(),
-        "best_model": _state_dict_copy(model),
+        "best_model": state_dict_copy(model),
     }
     with tempfile.TemporaryDirectory() as tmp:
         torch.save(state, Path(tmp, "state.pt"))
-    checkpoint_seconds = time.perf_counter() - t
+    return eval_seconds, time.perf_counter() - t
 
-    per_step = timed_seconds / timed
-    tokens = sum(min(int(n), data_spec.max_length) for n in data.train.lengths)
+
+def run_variant(args: argparse.Namespace) -> dict[str, Any]:
+    device = torch.device(args.device)
+    trainer = Stepper(
+        args.preset,
+        args.variant,
+        device,
+        data_root=args.data_root,
+        scale=args.scale,
+        cache_dir=args.cache_dir,
+    )
+    batches, steps_per_epoch = iter(trainer.sampler), len(trainer.sampler)
+    warmup = min(args.warmup, steps_per_epoch - 1)
+    timed = min(args.steps, steps_per_epoch - warmup)
+    warmup_seconds = time_steps(trainer, batches, warmup, False)[0]
+    timed_seconds, timed_docs, busy = time_steps(trainer, batches, timed, args.mode == "phases")
+    kernels, busy_from_kernels = {}, None
+    if args.mode == "plain" and device.type == "cuda" and args.profile_steps:
+        try:
+            left = steps_per_epoch - warmup - timed
+            kernels, busy_from_kernels = profile_kernels(
+                trainer.step, batches, device, min(args.profile_steps, left)
+            )
+        except Exception as e:  # noqa: BLE001 - the profile is extra; the timings stand without it
+            kernels = {f"profiler failed: {type(e).__name__}: {e}": 0.0}
+    eval_seconds, checkpoint_seconds = time_eval_and_checkpoint(trainer)
+    per_step, optimizer = timed_seconds / timed, trainer.optimizer
     result = {
         "preset": args.preset,
-        "variant": variant,
-        "mode": mode,
+        "variant": args.variant,
+        "mode": args.mode,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,
         "scale": args.scale,
-        "train_docs": len(data.train),
-        "validation_docs": len(data.validation),
-        "train_tokens": tokens,
+        "train_docs": len(trainer.data.train),
+        "validation_docs": len(trainer.data.validation),
         "steps_per_epoch": steps_per_epoch,
-        "batch_size": spec.batch_size,
-        "load_seconds": load_seconds,
+        "batch_size": trainer.spec.batch_size,
+        "load_seconds": trainer.load_seconds,
         "warmup_steps": warmup,
         "warmup_seconds": warmup_seconds,
         "timed_steps": timed,
         "timed_docs": timed_docs,
         "seconds_per_step": per_step,
-        "gpu_busy_nvml": util.mean,
+        "gpu_busy_nvml": busy,
         "gpu_busy_kernels": busy_from_kernels,
         "eval_seconds": eval_seconds,
         "checkpoint_seconds": checkpoint_seconds,
         # a generated fraction ``scale`` of each split: the full epoch has 1/scale as many steps
         # and validation documents (the checkpoint does not grow with the data)
         "epoch_train_seconds": per_step * steps_per_epoch / args.scale,
-        "epoch_seconds": (per_step * steps_per_epoch + eval_seconds) / args.scale + checkpoint_seconds,
-        "phase_seconds_per_step": {k: v / timed for k, v in timings.items()} if mode == "phases" else None,
+        "epoch_seconds": (per_step * steps_per_epoch + eval_seconds) / args.scale
+        + checkpoint_seconds,
+        "phase_seconds_per_step": (
+            {k: v / timed for k, v in trainer.timings.items()} if args.mode == "phases" else None
+        ),
         "pad_to_multiple": trainer.multiple,
-        "optimizer": type(optimizer).__name__ + (" (fused)" if optimizer.defaults.get("fused") else ""),
+        "optimizer": type(optimizer).__name__
+        + (" (fused)" if optimizer.defaults.get("fused") else ""),
         "top_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:25]),
     }
-    if variant == "compile":
+    if args.variant == "compile":
         from torch._dynamo.utils import counters
 
         result["compiled_graphs"] = counters["stats"]["unique_graphs"]
@@ -322,7 +359,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
 def prepare_once(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     """Write the stand-in and tokenise it (once per node; later loads are cache hits)."""
     t = time.perf_counter()
-    data_spec, _, _ = study_specs(preset, Path(args.data_root), scale=args.scale, cache_dir=args.cache_dir)
+    data_spec, _, _ = study_specs(
+        preset, Path(args.data_root), scale=args.scale, cache_dir=args.cache_dir
+    )
     written = time.perf_counter() - t
     t = time.perf_counter()
     data = prepare_data(data_spec)
@@ -334,41 +373,116 @@ def prepare_once(preset: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--presets", nargs="+", default=["ag_news", "imdb", "arxiv"])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
-    parser.add_argument("--phases", nargs="*", default=["baseline", "nosync"], choices=VARIANTS,
-                        help="variants also timed phase by phase")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default per preset)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default per preset)")
-    parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument("--scale", type=float, default=1.0, help="fraction of each split to generate")
-    parser.add_argument("--arxiv-scale", type=float, default=0.1)
-    parser.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "fusion_ray_stand_ins"))
-    parser.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "fusion_ray_bench_cache"))
-    parser.add_argument("--deadline", type=float, default=None, help="skip variants after this many seconds")
-    parser.add_argument("--out", default=None, help="JSON results file")
-    # one variant in this process (the driver runs each so)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--preset", help=argparse.SUPPRESS)
-    parser.add_argument("--variant", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", default="plain", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+DEFAULT_STEPS = {"ag_news": 300, "imdb": 100, "arxiv": 25}
+DEFAULT_WARMUP = {"ag_news": 20, "imdb": 10, "arxiv": 3}
 
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--presets", nargs="+", default=["ag_news", "imdb", "arxiv"])
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    p.add_argument(
+        "--phases",
+        nargs="*",
+        default=["baseline", "nosync"],
+        choices=VARIANTS,
+        help="variants also timed phase by phase",
+    )
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default per preset)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default per preset)"
+    )
+    p.add_argument("--profile-steps", type=int, default=10)
+    p.add_argument("--scale", type=float, default=1.0, help="fraction of each split to generate")
+    p.add_argument("--arxiv-scale", type=float, default=0.1)
+    p.add_argument("--data-root", default=str(Path(tempfile.gettempdir()) / "fusion_ray_stand_ins"))
+    p.add_argument(
+        "--cache-dir", default=str(Path(tempfile.gettempdir()) / "fusion_ray_bench_cache")
+    )
+    p.add_argument(
+        "--deadline", type=float, default=None, help="skip variants after this many seconds"
+    )
+    p.add_argument("--out", default=None, help="JSON results file")
+    # one variant in this process (the driver runs each so)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--preset", help=argparse.SUPPRESS)
+    p.add_argument("--variant", help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="plain", help=argparse.SUPPRESS)
+    return p
+
+
+def run_in_subprocess(
+    preset: str, variant: str, mode: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    """One variant in a fresh process (its own CUDA context and environment)."""
+    env = dict(os.environ)
+    if variant == "baseline":
+        env.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    warmup = args.warmup or DEFAULT_WARMUP[preset] * (3 if variant == "compile" else 1)
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        "--device",
+        args.device,
+        "--preset",
+        preset,
+        "--variant",
+        variant,
+        "--mode",
+        mode,
+        "--scale",
+        str(args.arxiv_scale if preset == "arxiv" else args.scale),
+        "--steps",
+        str(args.steps or DEFAULT_STEPS[preset]),
+        "--warmup",
+        str(warmup),
+        "--profile-steps",
+        str(args.profile_steps),
+        "--data-root",
+        args.data_root,
+        "--cache-dir",
+        args.cache_dir,
+    ]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"{preset}/{variant}/{mode} FAILED:\n{proc.stderr[-3000:]}", flush=True)
+        return {"preset": preset, "variant": variant, "mode": mode, "error": proc.stderr[-3000:]}
+    run = json.loads(proc.stdout.strip().splitlines()[-1])
+    run["process_seconds"] = time.perf_counter() - t
+    busy = run["gpu_busy_nvml"]
+    print(
+        f"{preset:8} {variant:9} {mode:6} {1e3 * run['seconds_per_step']:8.2f} ms/step "
+        f"epoch {run['epoch_seconds']:8.1f} s (train {run['epoch_train_seconds']:.1f}, "
+        f"eval {run['eval_seconds']:.2f}, ckpt {run['checkpoint_seconds']:.2f}) "
+        f"busy {'n/a' if busy is None else f'{100 * busy:.0f}%'} warmup {run['warmup_seconds']:.1f} s",
+        flush=True,
+    )
+    if run["phase_seconds_per_step"]:
+        print(
+            "    phases ms/step: "
+            + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in run["phase_seconds_per_step"].items()),
+            flush=True,
+        )
+    return run
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.worker:
         print(json.dumps(run_variant(args)))
         return
-
     started = time.perf_counter()
-    default_steps = {"ag_news": 300, "imdb": 100, "arxiv": 25}
-    default_warmup = {"ag_news": 20, "imdb": 10, "arxiv": 3}
     results: dict[str, Any] = {"prepare": {}, "runs": [], "skipped": []}
     for preset in args.presets:
         scale = args.arxiv_scale if preset == "arxiv" else args.scale
-        sub = argparse.Namespace(**{**vars(args), "scale": scale})
-        results["prepare"][preset] = prepare_once(preset, sub)
+        results["prepare"][preset] = prepare_once(
+            preset, argparse.Namespace(**{**vars(args), "scale": scale})
+        )
         print(f"{preset}: prepared {results['prepare'][preset]['stats']['train']}", flush=True)
     # the before/after pair first for every preset, then the other variants, until the deadline
     first = [v for v in ("baseline", "nosync") if v in args.variants]
@@ -376,45 +490,12 @@ def main() -> None:
     plan += [(p, v, "phases") for p in args.presets for v in args.phases]
     plan += [(p, v, "plain") for p in args.presets for v in args.variants if v not in first]
     for preset, variant, mode in plan:
-        scale = args.arxiv_scale if preset == "arxiv" else args.scale
         if args.deadline and time.perf_counter() - started > args.deadline:
             results["skipped"].append(f"{preset}/{variant}/{mode}")
             continue
-        env = dict(os.environ)
-        if variant == "baseline":
-            env.pop("CUBLAS_WORKSPACE_CONFIG", None)
-        else:
-            env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
-        cmd = [
-            sys.executable, __file__, "--worker", "--device", args.device, "--preset", preset,
-            "--variant", variant, "--mode", mode, "--scale", str(scale),
-            "--steps", str(args.steps or default_steps[preset]), "--warmup", str(args.warmup or default_warmup[preset] * (3 if variant == "compile" else 1)),
-            "--profile-steps", str(args.profile_steps), "--data-root", args.data_root,
-            "--cache-dir", args.cache_dir,
-        ]
-        t = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"{preset}/{variant}/{mode} FAILED:\n{proc.stderr[-3000:]}", flush=True)
-            results["runs"].append({"preset": preset, "variant": variant, "mode": mode,
-                                    "error": proc.stderr[-3000:]})
-            continue
-        run = json.loads(proc.stdout.strip().splitlines()[-1])
-        run["process_seconds"] = time.perf_counter() - t
-        results["runs"].append(run)
+        results["runs"].append(run_in_subprocess(preset, variant, mode, args))
         if args.out:  # after every run: a run cut short keeps what it measured
             Path(args.out).write_text(json.dumps(results, indent=1))
-        busy = run["gpu_busy_nvml"]
-        print(
-            f"{preset:8} {variant:9} {mode:6} {1e3 * run['seconds_per_step']:8.2f} ms/step "
-            f"epoch {run['epoch_seconds']:8.1f} s (train {run['epoch_train_seconds']:.1f}, "
-            f"eval {run['eval_seconds']:.2f}, ckpt {run['checkpoint_seconds']:.2f}) "
-            f"busy {'n/a' if busy is None else f'{100 * busy:.0f}%'} warmup {run['warmup_seconds']:.1f} s",
-            flush=True,
-        )
-        if run["phase_seconds_per_step"]:
-            print("    phases ms/step: " + ", ".join(
-                f"{k} {1e3 * v:.2f}" for k, v in run["phase_seconds_per_step"].items()), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"total {time.perf_counter() - started:.0f} s; skipped: {results['skipped'] or 'none'}")

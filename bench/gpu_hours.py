@@ -66,9 +66,13 @@ def main() -> None:
     cells = Counter(cell.dataset for cell in expand(spec))
     epochs = measured_epochs()
     total_card_s = 0.0
-    print(f"{spec.name}: {sum(cells.values())} cells; H100 epoch times from {RESULTS.relative_to(ROOT)}")
-    print(f"{'dataset':<8} {'cells':>5} {'epoch s':>8} {'epochs':>6} {'trial s':>8} "
-          f"{'per card':>8} {'card h':>7}  source")
+    print(
+        f"{spec.name}: {sum(cells.values())} cells; H100 epoch times from {RESULTS.relative_to(ROOT)}"
+    )
+    print(
+        f"{'dataset':<8} {'cells':>5} {'epoch s':>8} {'epochs':>6} {'trial s':>8} "
+        f"{'per card':>8} {'card h':>7}  source"
+    )
     for dataset, n in cells.items():
         run = epochs[dataset]
         trial_spec = next(c for c in expand(spec) if c.dataset == dataset).trial.train
@@ -83,14 +87,18 @@ def main() -> None:
             per_card, speedup = 1, 1.0
         card_s = n * trial_s / speedup
         total_card_s += card_s
-        print(f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
-              f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}")
+        print(
+            f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
+            f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}"
+        )
     hours = total_card_s / 3600
     low, high = (hours * r for r in A10G_RATIO)
     print(f"one H100: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
-    print(f"cluster.yaml (A10G, scaled {A10G_RATIO[0]:.1f}x-{A10G_RATIO[1]:.1f}x): {low:.0f}-{high:.0f} "
-          f"A10G-hours, {low / CLUSTER_GPUS:.0f}-{high / CLUSTER_GPUS:.0f} h of wall time on its "
-          f"{CLUSTER_GPUS} GPUs")
+    print(
+        f"cluster.yaml (A10G, scaled {A10G_RATIO[0]:.1f}x-{A10G_RATIO[1]:.1f}x): {low:.0f}-{high:.0f} "
+        f"A10G-hours, {low / CLUSTER_GPUS:.0f}-{high / CLUSTER_GPUS:.0f} h of wall time on its "
+        f"{CLUSTER_GPUS} GPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -37,7 +37,13 @@ def sweep_file(root: Path, name: str, trials: int, workers: int) -> Path:
             "short": {
                 "data": {
                     "source": "synthetic",
-                    "source_kwargs": {"regime": "short", "n_train": 256, "n_validation": 64, "n_test": 64, "window": 48},
+                    "source_kwargs": {
+                        "regime": "short",
+                        "n_train": 256,
+                        "n_validation": 64,
+                        "n_test": 64,
+                        "window": 48,
+                    },
                     "tokenizer": "word",
                     "max_length": 64,
                     "cache_dir": str(root / "cache"),
@@ -73,7 +79,9 @@ def overheads(path: Path) -> tuple[list[float], float]:
     client = MlflowClient(spec.tracking_uri)
     exp = client.get_experiment_by_name(spec.name)
     runs = client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
-    per_trial = [(r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["loop_seconds"] for r in runs]
+    per_trial = [
+        (r.info.end_time - r.info.start_time) / 1000 - r.data.metrics["loop_seconds"] for r in runs
+    ]
     end_to_end = (wall - sum(r.data.metrics["loop_seconds"] for r in runs)) / len(runs)
     return per_trial, end_to_end
 
@@ -81,7 +89,9 @@ def overheads(path: Path) -> tuple[list[float], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--only", type=int, choices=[1, 2], default=None, help="measure only this many workers")
+    parser.add_argument(
+        "--only", type=int, choices=[1, 2], default=None, help="measure only this many workers"
+    )
     args = parser.parse_args()
     import ray
 
@@ -95,10 +105,19 @@ def main() -> None:
         if args.only in (None, 2):
             two, two_e2e = overheads(sweep_file(root, "overhead_2workers", args.trials, workers=2))
     ray.shutdown()
-    for label, values, e2e in (("1 worker (direct)", one, one_e2e), ("2 workers (TorchTrainer DDP)", two, two_e2e)):
-        print(f"{label:<30} per trial, s: " + " ".join(f"{v:.2f}" for v in sorted(values)) + f"; end to end {e2e:.2f} s/trial")
-    print(f"median overhead per trial: 1 worker {statistics.median(one):.2f} s (end to end {one_e2e:.2f} s), "
-          f"2-worker DDP {statistics.median(two):.2f} s (end to end {two_e2e:.2f} s); goal for 1 worker: <= 5 s")
+    for label, values, e2e in (
+        ("1 worker (direct)", one, one_e2e),
+        ("2 workers (TorchTrainer DDP)", two, two_e2e),
+    ):
+        print(
+            f"{label:<30} per trial, s: "
+            + " ".join(f"{v:.2f}" for v in sorted(values))
+            + f"; end to end {e2e:.2f} s/trial"
+        )
+    print(
+        f"median overhead per trial: 1 worker {statistics.median(one):.2f} s (end to end {one_e2e:.2f} s), "
+        f"2-worker DDP {statistics.median(two):.2f} s (end to end {two_e2e:.2f} s); goal for 1 worker: <= 5 s"
+    )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,9 @@ def split_like(kind: str, n: int, seed: int = 0) -> TokenizedSplit:
     return TokenizedSplit(ids=ids, labels=labels, lengths=lengths)
 
 
-def epoch_tokens_per_second(split: TokenizedSplit, spec: ModelSpec, batch_size: int, dynamic: bool) -> tuple[float, float]:
+def epoch_tokens_per_second(
+    split: TokenizedSplit, spec: ModelSpec, batch_size: int, dynamic: bool
+) -> tuple[float, float]:
     model = build_classifier(spec, VOCAB, 4, seed=0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     sampler = LengthGroupedSampler(
@@ -81,10 +83,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    spec = ModelSpec(d_model=args.d_model, n_heads=8, n_layers=args.layers, d_ff=2 * args.d_model,
-                     dropout=0.1, max_len=MAX_LENGTH, fusion="add")
-    print(f"model d_model={args.d_model} layers={args.layers}; {args.docs} docs/epoch, batch {args.batch_size}, "
-          f"max length {MAX_LENGTH}, torch threads {torch.get_num_threads()}")
+    spec = ModelSpec(
+        d_model=args.d_model,
+        n_heads=8,
+        n_layers=args.layers,
+        d_ff=2 * args.d_model,
+        dropout=0.1,
+        max_len=MAX_LENGTH,
+        fusion="add",
+    )
+    print(
+        f"model d_model={args.d_model} layers={args.layers}; {args.docs} docs/epoch, batch {args.batch_size}, "
+        f"max length {MAX_LENGTH}, torch threads {torch.get_num_threads()}"
+    )
     ratios = {}
     for kind in ("ag_news", "imdb"):
         split = split_like(kind, args.docs)
@@ -92,10 +103,14 @@ def main() -> None:
         fixed_tps, fixed_s = epoch_tokens_per_second(split, spec, args.batch_size, dynamic=False)
         dyn_tps, dyn_s = epoch_tokens_per_second(split, spec, args.batch_size, dynamic=True)
         ratios[kind] = dyn_tps / fixed_tps
-        print(f"{kind + '-like':<13} mean {split.lengths.mean():6.1f} tokens (clip rate {np.mean(split.lengths > MAX_LENGTH):.1%}, "
-              f"{clipped.sum()} real tokens): fixed {fixed_tps:9.0f} tok/s ({fixed_s:6.1f} s), "
-              f"dynamic {dyn_tps:9.0f} tok/s ({dyn_s:6.1f} s)")
-    print(f"dynamic/fixed epoch throughput: ag_news-like {ratios['ag_news']:.2f}x, imdb-like {ratios['imdb']:.2f}x (goal >= 4x on ag_news-like)")
+        print(
+            f"{kind + '-like':<13} mean {split.lengths.mean():6.1f} tokens (clip rate {np.mean(split.lengths > MAX_LENGTH):.1%}, "
+            f"{clipped.sum()} real tokens): fixed {fixed_tps:9.0f} tok/s ({fixed_s:6.1f} s), "
+            f"dynamic {dyn_tps:9.0f} tok/s ({dyn_s:6.1f} s)"
+        )
+    print(
+        f"dynamic/fixed epoch throughput: ag_news-like {ratios['ag_news']:.2f}x, imdb-like {ratios['imdb']:.2f}x (goal >= 4x on ag_news-like)"
+    )
 
 
 if __name__ == "__main__":

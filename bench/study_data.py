@@ -98,7 +98,10 @@ def study_specs(
     """The preset of ``name`` reading its stand-in (written if missing), sinusoidal P, ``add``."""
     preset = study_preset(name)
     data = dict(preset["data"])
-    data["source_kwargs"] = {**data["source_kwargs"], "data_dir": str(write_stand_in(name, root, scale=scale))}
+    data["source_kwargs"] = {
+        **data["source_kwargs"],
+        "data_dir": str(write_stand_in(name, root, scale=scale)),
+    }
     if cache_dir is not None:
         data["cache_dir"] = cache_dir
     model = {"fusion": "add", "position": "sinusoidal", **preset["model"]}

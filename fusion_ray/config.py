@@ -9,6 +9,7 @@ merged under the file itself.
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import re
 from pathlib import Path
@@ -19,16 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
-from fusion_ray.train.spec import TrainSpec
+from fusion_ray.train.spec import TrainSpec, check_train_spec
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class Named(_Strict):
+class Named(Strict):
     """A registry entry chosen by name, with keyword options (``gate_cnn`` or ``{name: gate_cnn, kernel_size: 9}``)."""
 
     model_config = ConfigDict(extra="allow")
@@ -47,21 +48,23 @@ class Named(_Strict):
         return f"{self.name}({options})"
 
 
-def _bare_names(value: Any) -> Any:
+def bare_names(value: Any) -> Any:
     """Accept ``add`` as shorthand for ``{name: add}`` in a list of registry entries."""
     if not isinstance(value, list):
         return value
     return [{"name": v} if isinstance(v, str) else v for v in value]
 
 
-class Grid(_Strict):
+class Grid(Strict):
     """The crossed factors. Every combination is a cell, repeated for every seed."""
 
     datasets: list[str] = Field(min_length=1)
     """Names of entries under ``datasets:``."""
     positions: list[Named] = Field(default_factory=lambda: [Named(name="sinusoidal")], min_length=1)
     """Input-level position signals (fusion_ray.model.POSITIONS)."""
-    attention_positions: list[Named] = Field(default_factory=lambda: [Named(name="none")], min_length=1)
+    attention_positions: list[Named] = Field(
+        default_factory=lambda: [Named(name="none")], min_length=1
+    )
     """Attention-level positions (fusion_ray.model.ATTENTION_POSITIONS)."""
     fusions: list[Named] = Field(min_length=1)
     """Fusion operators (fusion_ray.model.FUSIONS); the first is the default baseline."""
@@ -69,10 +72,10 @@ class Grid(_Strict):
     @field_validator("positions", "attention_positions", "fusions", mode="before")
     @classmethod
     def _accept_bare_names(cls, value: Any) -> Any:
-        return _bare_names(value)
+        return bare_names(value)
 
 
-class SubGrid(_Strict):
+class SubGrid(Strict):
     """Extra cells beyond the grid (e.g. gate_cnn on arxiv only); axes left out take the grid's values."""
 
     datasets: list[str] | None = None
@@ -83,10 +86,10 @@ class SubGrid(_Strict):
     @field_validator("positions", "attention_positions", "fusions", mode="before")
     @classmethod
     def _accept_bare_names(cls, value: Any) -> Any:
-        return _bare_names(value)
+        return bare_names(value)
 
 
-class Rule(_Strict):
+class Rule(Strict):
     """Selects cells: a cell matches when, for every axis given, its value is in the list."""
 
     datasets: list[str] | None = None
@@ -96,14 +99,14 @@ class Rule(_Strict):
     """Operator names (or labels such as ``gate_cnn(kernel_size=9)``)."""
 
 
-class Defaults(_Strict):
+class Defaults(Strict):
     """Model and training settings shared by every dataset unless a preset overrides them."""
 
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
 
 
-class Resources(_Strict):
+class Resources(Strict):
     """What each trial asks of the cluster."""
 
     workers: int = Field(1, ge=1)
@@ -137,7 +140,7 @@ class Resources(_Strict):
         return name
 
 
-class DatasetPreset(_Strict):
+class DatasetPreset(Strict):
     """One dataset of the sweep with its own model and training preset (the study's per-dataset settings)."""
 
     data: DataSpec
@@ -149,7 +152,7 @@ class DatasetPreset(_Strict):
     """Trial resources for this dataset's cells (e.g. DDP on long documents); None uses the sweep's."""
 
 
-class SweepSpec(_Strict):
+class SweepSpec(Strict):
     """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -254,17 +257,22 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
         fragment_path = (path.parent / fragment).resolve()
         if not fragment_path.is_file():
             raise SweepFileError(
-                path, [f"extends: fragment {fragment!r} not found at {fragment_path}; fix the path or run the phase that writes it"]
+                path,
+                [
+                    f"extends: fragment {fragment!r} not found at {fragment_path}; fix the path or run the phase that writes it"
+                ],
             )
         merged = deep_merge(merged, _read_yaml(fragment_path))
     merged = deep_merge(merged, raw)
     try:
         return _expand_env(merged)
     except ValueError as exc:
-        raise SweepFileError(path, [f"{exc}; export it or give a default as ${{VAR:-default}}"]) from exc
+        raise SweepFileError(
+            path, [f"{exc}; export it or give a default as ${{VAR:-default}}"]
+        ) from exc
 
 
-def _pydantic_problems(exc: ValidationError) -> list[str]:
+def pydantic_problems(exc: ValidationError) -> list[str]:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
@@ -277,21 +285,26 @@ def _pydantic_problems(exc: ValidationError) -> list[str]:
     return problems
 
 
+def validate_collecting(model: type[BaseModel], raw: dict[str, Any]) -> tuple[Any, list[str]]:
+    """``raw`` validated as ``model``, collecting every schema problem: after each failed attempt
+    the offending values are dropped (their defaults apply) and the rest is validated again, so
+    one bad value does not hide the others. Returns (the model or None, the problems)."""
+    problems: list[str] = []
+    attempt = copy.deepcopy(raw)
+    for _ in range(8):
+        try:
+            return model.model_validate(attempt), problems
+        except ValidationError as exc:
+            problems += [p for p in pydantic_problems(exc) if p not in problems]
+            if not _drop_invalid(attempt, exc):
+                break
+    return None, problems
+
+
 def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
     """Schema, then semantics, of a sweep-shaped mapping: the spec (None if the schema never
     validates) and every problem found."""
-    problems: list[str] = []
-    spec, attempt = None, copy.deepcopy(raw)
-    # Schema errors first; then drop the offending values and validate again, so the semantic
-    # checks still run on the rest and the user sees every problem in one go.
-    for _ in range(8):
-        try:
-            spec = SweepSpec.model_validate(attempt)
-            break
-        except ValidationError as exc:
-            problems += [p for p in _pydantic_problems(exc) if p not in problems]
-            if not _drop_invalid(attempt, exc):
-                break
+    spec, problems = validate_collecting(SweepSpec, raw)
     if spec is not None:
         problems += semantic_problems(spec)
     return spec, problems
@@ -314,9 +327,16 @@ def smoke_version(spec: SweepSpec) -> SweepSpec:
         data.max_train_samples = min(data.max_train_samples or 64, 64)
         train = {**preset.train, "epochs": 1, "patience": None}
         datasets[name] = preset.model_copy(update={"data": data, "train": train})
-    defaults = spec.defaults.model_copy(update={"train": {**spec.defaults.train, "epochs": 1, "patience": None}})
+    defaults = spec.defaults.model_copy(
+        update={"train": {**spec.defaults.train, "epochs": 1, "patience": None}}
+    )
     return spec.model_copy(
-        update={"name": f"{spec.name}-smoke", "seeds": spec.seeds[:1], "datasets": datasets, "defaults": defaults}
+        update={
+            "name": f"{spec.name}-smoke",
+            "seeds": spec.seeds[:1],
+            "datasets": datasets,
+            "defaults": defaults,
+        }
     )
 
 
@@ -359,18 +379,85 @@ def resolve_specs(spec: SweepSpec, dataset: str) -> tuple[DataSpec, dict[str, An
     return preset.data, model, train
 
 
-GRID_OWNED_MODEL_FIELDS = {
-    "fusion", "fusion_kwargs", "position", "position_kwargs", "attention_position", "attention_position_kwargs",
-}
+#: ModelSpec fields that the grid axes set; presets, defaults and tuning must leave them alone.
+GRID_AXIS_MODEL_FIELDS = frozenset(
+    {
+        "fusion",
+        "fusion_kwargs",
+        "position",
+        "position_kwargs",
+        "attention_position",
+        "attention_position_kwargs",
+    }
+)
+
+Combination = tuple[str, Named, Named, Named]
+"""(dataset, position, attention position, fusion): one point of the crossed grid."""
+
+
+def combinations(spec: SweepSpec) -> list[Combination]:
+    """The distinct grid points of the sweep (grid and includes, minus excludes), in file order."""
+    grids: list[Grid | SubGrid] = [spec.grid, *spec.include]
+    combos: dict[tuple[str, str, str, str], Combination] = {}
+    for grid in grids:
+        for dataset, position, attention, fusion in itertools.product(
+            grid.datasets or spec.grid.datasets,
+            grid.positions or spec.grid.positions,
+            grid.attention_positions or spec.grid.attention_positions,
+            grid.fusions or spec.grid.fusions,
+        ):
+            values = {
+                "datasets": (dataset,),
+                "positions": (position.name, position.label),
+                "attention_positions": (attention.name, attention.label),
+                "fusions": (fusion.name, fusion.label),
+            }
+            if any(_matches(rule, values) for rule in spec.exclude):
+                continue
+            combos.setdefault(
+                (dataset, position.label, attention.label, fusion.label),
+                (dataset, position, attention, fusion),
+            )
+    return list(combos.values())
+
+
+def _matches(rule: Rule, values: dict[str, tuple[str, ...]]) -> bool:
+    for axis in AXES:
+        allowed = getattr(rule, axis)
+        if allowed is not None and not set(values[axis]) & set(allowed):
+            return False
+    return True
 
 
 def semantic_problems(spec: SweepSpec) -> list[str]:
     """Problems the schema cannot see: unknown registry names, options, presets, resources."""
-    from fusion_ray.data import check_data_spec
-    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, check_model_spec
+    problems, known = _axis_problems(spec)
+    problems += _exclude_problems(spec, known)
+    problems += _grid_owned_problems(spec)
+    for name, preset in spec.datasets.items():
+        problems += _preset_problems(spec, name, preset)
+    if spec.baseline is not None and spec.baseline not in known["fusions"]:
+        problems.append(
+            f"baseline: {spec.baseline!r} is not one of the sweep's fusions; allowed: {', '.join(sorted(known['fusions']))}"
+        )
+    if not problems and not combinations(spec):
+        problems.append(
+            "grid/include/exclude: the sweep expands to no cells; loosen the exclude rules"
+        )
+    return problems + _resource_problems(spec)
+
+
+def _axis_problems(spec: SweepSpec) -> tuple[list[str], dict[str, set[str]]]:
+    """Datasets without a preset, unknown registry entries or options, entries listed twice; and
+    every value each axis knows (names and labels), for the exclude rules and the baseline."""
+    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
 
     problems: list[str] = []
-    registries = {"fusions": FUSIONS, "positions": POSITIONS, "attention_positions": ATTENTION_POSITIONS}
+    registries = {
+        "fusions": FUSIONS,
+        "positions": POSITIONS,
+        "attention_positions": ATTENTION_POSITIONS,
+    }
     grids: list[tuple[str, Grid | SubGrid]] = [("grid", spec.grid)]
     grids += [(f"include[{i}]", sub) for i, sub in enumerate(spec.include)]
     known: dict[str, set[str]] = {axis: set() for axis in AXES}
@@ -388,8 +475,14 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                 problems.append(f"{where}.{axis}: {dup!r} is listed twice")
             for i, entry in enumerate(entries):
                 known[axis] |= {entry.name, entry.label}
-                for p in registry.check(entry.name, entry.kwargs):
-                    problems.append(f"{where}.{axis}[{i}]: {p}")
+                problems += [
+                    f"{where}.{axis}[{i}]: {p}" for p in registry.check(entry.name, entry.kwargs)
+                ]
+    return problems, known
+
+
+def _exclude_problems(spec: SweepSpec, known: dict[str, set[str]]) -> list[str]:
+    problems = []
     for i, rule in enumerate(spec.exclude):
         for axis in AXES:
             for value in getattr(rule, axis) or []:
@@ -397,84 +490,87 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
                     problems.append(
                         f"exclude[{i}].{axis}: {value!r} is in no grid; allowed: {', '.join(sorted(known[axis]))}"
                     )
+    return problems
 
-    model_adapter, train_adapter = TypeAdapter(ModelSpec), TypeAdapter(TrainSpec)
-    for where, settings in [("defaults.model", spec.defaults.model)] + [
-        (f"datasets.{n}.model", p.model) for n, p in spec.datasets.items()
-    ]:
-        for key in sorted(set(settings) & GRID_OWNED_MODEL_FIELDS):
-            problems.append(f"{where}.{key}: set by the grid axes, not here; list it under grid: instead")
-    for name, preset in spec.datasets.items():
-        if preset.resources is not None and "max_concurrent_trials" in preset.resources.model_fields_set:
-            problems.append(
-                f"datasets.{name}.resources.max_concurrent_trials: applies to the whole sweep; set it under resources:"
-            )
-        for p in check_data_spec(preset.data):
-            problems.append(f"datasets.{name}.data: {p}")
-        data, model, train = resolve_specs(spec, name)
-        try:
-            model_spec = model_adapter.validate_python(model)
-        except ValidationError as exc:
-            problems += [f"datasets.{name}.model (with defaults.model): {p}" for p in _pydantic_problems(exc)]
-            model_spec = None
-        try:
-            train_spec = train_adapter.validate_python(train)
-        except ValidationError as exc:
-            problems += [f"datasets.{name}.train (with defaults.train): {p}" for p in _pydantic_problems(exc)]
-            train_spec = None
-        if model_spec is not None:
-            for p in check_model_spec(model_spec):
-                problems.append(f"datasets.{name}.model: {p}")
-            if model_spec.max_len < data.max_length:
-                problems.append(
-                    f"datasets.{name}.model.max_len: {model_spec.max_len} is shorter than data.max_length "
-                    f"{data.max_length}; set model.max_len >= {data.max_length}"
-                )
-        if train_spec is not None:
-            for field_name in ("lr", "batch_size", "epochs", "eval_batch_size"):
-                if getattr(train_spec, field_name) <= 0:
-                    problems.append(f"datasets.{name}.train.{field_name}: must be > 0 (got {getattr(train_spec, field_name)})")
-            if train_spec.weight_decay < 0 or train_spec.warmup_steps < 0:
-                problems.append(f"datasets.{name}.train: weight_decay and warmup_steps must be >= 0")
-            for field_name in ("latency_repeats", "latency_batch_size", "pad_to_multiple"):
-                if getattr(train_spec, field_name) < 1:
-                    problems.append(f"datasets.{name}.train.{field_name}: must be >= 1 (got {getattr(train_spec, field_name)})")
-            if train_spec.grad_clip is not None and train_spec.grad_clip <= 0:
-                problems.append(
-                    f"datasets.{name}.train.grad_clip: must be > 0 (got {train_spec.grad_clip}); use null to disable clipping"
-                )
-            if train_spec.patience is not None and train_spec.patience < 1:
-                problems.append(f"datasets.{name}.train.patience: must be >= 1 or null")
-            workers = (preset.resources or spec.resources).workers
-            if train_spec.batch_size < workers:
-                problems.append(
-                    f"datasets.{name}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "
-                    f"{workers}; each worker needs at least one document per step"
-                )
-    if spec.baseline is not None and spec.baseline not in known["fusions"]:
+
+def _grid_owned_problems(spec: SweepSpec) -> list[str]:
+    places = [("defaults.model", spec.defaults.model)]
+    places += [(f"datasets.{n}.model", p.model) for n, p in spec.datasets.items()]
+    return [
+        f"{where}.{key}: set by the grid axes, not here; list it under grid: instead"
+        for where, settings in places
+        for key in sorted(set(settings) & GRID_AXIS_MODEL_FIELDS)
+    ]
+
+
+def _preset_problems(spec: SweepSpec, name: str, preset: DatasetPreset) -> list[str]:
+    """One dataset's data, model and training settings (defaults merged in), and how they fit."""
+    from fusion_ray.data import check_data_spec
+    from fusion_ray.model import check_model_spec
+
+    where = f"datasets.{name}"
+    problems = [f"{where}.data: {p}" for p in check_data_spec(preset.data)]
+    if (
+        preset.resources is not None
+        and "max_concurrent_trials" in preset.resources.model_fields_set
+    ):
         problems.append(
-            f"baseline: {spec.baseline!r} is not one of the sweep's fusions; allowed: {', '.join(sorted(known['fusions']))}"
+            f"{where}.resources.max_concurrent_trials: applies to the whole sweep; set it under resources:"
         )
-    if not problems:
-        from fusion_ray.grid import expand
+    data, model, train = resolve_specs(spec, name)
+    model_spec, found = validate_as(ModelSpec, model, f"{where}.model (with defaults.model)")
+    problems += found
+    if model_spec is not None:
+        problems += [f"{where}.model: {p}" for p in check_model_spec(model_spec)]
+        if model_spec.max_len < data.max_length:
+            problems.append(
+                f"{where}.model.max_len: {model_spec.max_len} is shorter than data.max_length "
+                f"{data.max_length}; set model.max_len >= {data.max_length}"
+            )
+    train_spec, found = validate_as(TrainSpec, train, f"{where}.train (with defaults.train)")
+    problems += found
+    if train_spec is not None:
+        problems += [f"{where}.train.{p}" for p in check_train_spec(train_spec)]
+        workers = (preset.resources or spec.resources).workers
+        if train_spec.batch_size < workers:
+            problems.append(
+                f"{where}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "
+                f"{workers}; each worker needs at least one document per step"
+            )
+    return problems
 
-        if not expand(spec):
-            problems.append("grid/include/exclude: the sweep expands to no cells; loosen the exclude rules")
+
+def _resource_problems(spec: SweepSpec) -> list[str]:
+    problems = []
     resource_sets = [("resources", spec.resources)]
-    resource_sets += [(f"datasets.{n}.resources", p.resources) for n, p in spec.datasets.items() if p.resources]
+    resource_sets += [
+        (f"datasets.{n}.resources", p.resources) for n, p in spec.datasets.items() if p.resources
+    ]
     for where, res in resource_sets:
         if res.use_gpu and res.gpus_per_worker == 0:
-            problems.append(f"{where}.gpus_per_worker: must be > 0 when use_gpu is true (e.g. 1, or 0.25 to pack trials)")
+            problems.append(
+                f"{where}.gpus_per_worker: must be > 0 when use_gpu is true (e.g. 1, or 0.25 to pack trials)"
+            )
         if not res.use_gpu and res.gpus_per_worker > 0:
             problems.append(f"{where}.use_gpu: set it to true when gpus_per_worker > 0")
         if res.gpus_per_worker > 1 and res.gpus_per_worker != int(res.gpus_per_worker):
             problems.append(f"{where}.gpus_per_worker: above 1 it must be a whole number of GPUs")
         if res.workers > 1 and 0 < res.gpus_per_worker < 1:
-            problems.append(f"{where}.gpus_per_worker: DDP workers (workers > 1) need whole GPUs; use 1")
+            problems.append(
+                f"{where}.gpus_per_worker: DDP workers (workers > 1) need whole GPUs; use 1"
+            )
     return problems
+
+
+def validate_as(cls: Any, raw: Any, where: str) -> tuple[Any, list[str]]:
+    """``raw`` validated as ``cls`` (a pydantic-validatable type): (the value, []) or (None,
+    every problem prefixed with ``where``)."""
+    try:
+        return TypeAdapter(cls).validate_python(raw), []
+    except ValidationError as exc:
+        return None, [f"{where}: {p}" for p in pydantic_problems(exc)]
 
 
 def resources_for(spec: SweepSpec, dataset: str) -> Resources:
     """A dataset's trial resources: its own when given, else the sweep's."""
     return spec.datasets[dataset].resources or spec.resources
-

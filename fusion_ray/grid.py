@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import TypeAdapter
 
-from fusion_ray.config import AXES, Grid, Named, Rule, SubGrid, SweepSpec, resolve_specs
+from fusion_ray.config import Named, SweepSpec, combinations, resolve_specs
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
@@ -70,18 +69,14 @@ class Cell:
         """The trial's full config flattened with dots, as MLflow params."""
         flat = flatten(dataclasses.asdict(self.trial))
         flat.pop("data.cache_dir", None)
-        return {k: json.dumps(v) if isinstance(v, (dict, list)) else str(v) for k, v in flat.items()}
+        return {
+            k: json.dumps(v) if isinstance(v, (dict, list)) else str(v) for k, v in flat.items()
+        }
 
 
-def _matches(rule: Rule, values: dict[str, tuple[str, ...]]) -> bool:
-    for axis in AXES:
-        allowed = getattr(rule, axis)
-        if allowed is not None and not set(values[axis]) & set(allowed):
-            return False
-    return True
-
-
-def _trial(spec: SweepSpec, dataset: str, position: Named, attention: Named, fusion: Named, seed: int) -> TrialConfig:
+def _trial(
+    spec: SweepSpec, dataset: str, position: Named, attention: Named, fusion: Named, seed: int
+) -> TrialConfig:
     data, model, train = resolve_specs(spec, dataset)
     model = {
         **model,
@@ -103,28 +98,9 @@ def _trial(spec: SweepSpec, dataset: str, position: Named, attention: Named, fus
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Every cell of the sweep, seed-major: complete paired blocks are scheduled first."""
-    grids: list[Grid | SubGrid] = [spec.grid, *spec.include]
-    combos: dict[tuple[str, str, str, str], tuple[str, Named, Named, Named]] = {}
-    for grid in grids:
-        for dataset, position, attention, fusion in itertools.product(
-            grid.datasets or spec.grid.datasets,
-            grid.positions or spec.grid.positions,
-            grid.attention_positions or spec.grid.attention_positions,
-            grid.fusions or spec.grid.fusions,
-        ):
-            values = {
-                "datasets": (dataset,),
-                "positions": (position.name, position.label),
-                "attention_positions": (attention.name, attention.label),
-                "fusions": (fusion.name, fusion.label),
-            }
-            if any(_matches(rule, values) for rule in spec.exclude):
-                continue
-            key = (dataset, position.label, attention.label, fusion.label)
-            combos.setdefault(key, (dataset, position, attention, fusion))
     cells = []
     for seed in spec.seeds:
-        for dataset, position, attention, fusion in combos.values():
+        for dataset, position, attention, fusion in combinations(spec):
             trial = _trial(spec, dataset, position, attention, fusion, seed)
             cells.append(
                 Cell(

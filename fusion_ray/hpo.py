@@ -20,34 +20,36 @@ import argparse
 import copy
 import dataclasses
 import logging
-import math
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import Field, TypeAdapter, field_validator, model_validator
 
 from fusion_ray.config import (
+    GRID_AXIS_MODEL_FIELDS,
     Named,
+    Strict,
     SweepFileError,
     SweepSpec,
-    _bare_names,
-    _drop_invalid,
-    _pydantic_problems,
-    _Strict,
+    bare_names,
     read_sweep_dict,
     resolve_specs,
     resources_for,
     smoke_version,
+    validate_collecting,
     validate_sweep_dict,
 )
 from fusion_ray.grid import Cell, cell_id, expand
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.spec import TrainSpec, TrialConfig
+
+if TYPE_CHECKING:
+    from fusion_ray.tracking import Best, Tracker
 
 log = logging.getLogger("fusion_ray.hpo")
 
@@ -56,13 +58,11 @@ METRIC = "best_val_acc"
 accuracy is taken at the best validation epoch, so this is the quantity the grid selects on)."""
 
 # Grid axes are what the study compares; tuning them would favour an operator.
-_AXIS_FIELDS = {
-    "fusion", "fusion_kwargs", "position", "position_kwargs", "attention_position", "attention_position_kwargs",
-}
+_AXIS_FIELDS = GRID_AXIS_MODEL_FIELDS
 _SWEEP_ONLY = ("seeds", "grid", "include", "exclude", "baseline")
 
 
-class Distribution(_Strict):
+class Distribution(Strict):
     """One searched setting: ``loguniform``/``uniform`` over [low, high], ``int`` in low..high
     (both included), or ``choice`` among ``values``."""
 
@@ -83,7 +83,9 @@ class Distribution(_Strict):
             raise ValueError(f"low ({self.low}) must be smaller than high ({self.high})")
         if self.type == "loguniform" and self.low <= 0:
             raise ValueError(f"loguniform needs low > 0 (got {self.low})")
-        if self.type == "int" and not (float(self.low).is_integer() and float(self.high).is_integer()):
+        if self.type == "int" and not (
+            float(self.low).is_integer() and float(self.high).is_integer()
+        ):
             raise ValueError("int takes whole-number low and high")
         return self
 
@@ -104,11 +106,13 @@ class Distribution(_Strict):
         if self.type == "uniform":
             return tune.uniform(self.low, self.high)
         if self.type == "int":
-            return tune.randint(int(self.low), int(self.high) + 1)  # randint excludes its upper bound
+            return tune.randint(
+                int(self.low), int(self.high) + 1
+            )  # randint excludes its upper bound
         return tune.choice(list(self.values or []))
 
 
-class Asha(_Strict):
+class Asha(Strict):
     """ASHA early stopping, in epochs; the longest a trial runs is the dataset's ``train.epochs``."""
 
     grace_period: int = Field(1, ge=1)
@@ -117,7 +121,7 @@ class Asha(_Strict):
     """At each rung only the best 1/reduction_factor of trials continue."""
 
 
-class TuneSection(_Strict):
+class TuneSection(Strict):
     """What is tuned, on what, and with which budget."""
 
     datasets: list[str] = Field(min_length=1)
@@ -139,7 +143,7 @@ class TuneSection(_Strict):
     @field_validator("fusion", "position", "attention_position", mode="before")
     @classmethod
     def _bare_name(cls, value: Any) -> Any:
-        return _bare_names([value])[0]
+        return bare_names([value])[0]
 
 
 @dataclass
@@ -165,7 +169,10 @@ class HpoFileError(SweepFileError):
 # ----------------------------------------------------------------------------- loading
 
 
-_FIELDS = {"train": {f.name for f in dataclasses.fields(TrainSpec)}, "model": {f.name for f in dataclasses.fields(ModelSpec)}}
+_FIELDS = {
+    "train": {f.name for f in dataclasses.fields(TrainSpec)},
+    "model": {f.name for f in dataclasses.fields(ModelSpec)},
+}
 
 
 def _space_key_problems(tune: TuneSection) -> list[str]:
@@ -174,10 +181,14 @@ def _space_key_problems(tune: TuneSection) -> list[str]:
     for key in tune.space:
         section, _, name = key.partition(".")
         if section not in _FIELDS or name not in _FIELDS[section]:
-            allowed = ", ".join(f"{s}.{f}" for s in _FIELDS for f in sorted(_FIELDS[s] - _AXIS_FIELDS))
+            allowed = ", ".join(
+                f"{s}.{f}" for s in _FIELDS for f in sorted(_FIELDS[s] - _AXIS_FIELDS)
+            )
             problems.append(f"tune.space.{key}: not a setting of the trial; allowed: {allowed}")
         elif section == "model" and name in _AXIS_FIELDS:
-            problems.append(f"tune.space.{key}: is a grid axis; tuning it would favour an operator, so only shared settings are searched")
+            problems.append(
+                f"tune.space.{key}: is a grid axis; tuning it would favour an operator, so only shared settings are searched"
+            )
     return problems
 
 
@@ -208,7 +219,7 @@ def _tune_names(problem: str) -> str:
         ("seeds", "tune.seed"),
     ):
         if problem.startswith(derived):
-            return written + problem[len(derived):]
+            return written + problem[len(derived) :]
     return problem
 
 
@@ -228,22 +239,16 @@ def load_hpo(path: str | Path) -> HpoPlan:
             )
     output = raw.pop("output", None)
     if not isinstance(output, str) or not output.endswith((".yaml", ".yml")):
-        problems.append(f"output: the tuned fragment's path, ending in .yaml, relative to this file (got {output!r})")
+        problems.append(
+            f"output: the tuned fragment's path, ending in .yaml, relative to this file (got {output!r})"
+        )
     raw_tune = raw.pop("tune", None)
     tune = None
     if not isinstance(raw_tune, dict):
         problems.append("tune: required mapping with datasets, seed, num_samples and space")
     else:
-        # As for sweep files: report a bad value, drop it, and check the rest too.
-        attempt = copy.deepcopy(raw_tune)
-        for _ in range(8):
-            try:
-                tune = TuneSection.model_validate(attempt)
-                break
-            except ValidationError as exc:
-                problems += [f"tune.{p}" for p in _pydantic_problems(exc) if f"tune.{p}" not in problems]
-                if not _drop_invalid(attempt, exc):
-                    break
+        tune, found = validate_collecting(TuneSection, raw_tune)
+        problems += [f"tune.{p}" for p in found]
 
     # The trials as a sweep: one cell per tuned dataset (baseline operator, tuning seed), validated
     # by the sweep's own checks; problems about that derived grid are named after tune.* keys.
@@ -251,8 +256,11 @@ def load_hpo(path: str | Path) -> HpoPlan:
     presets = raw_sweep.get("datasets")
     fallback = [d for d in presets if isinstance(d, str)] if isinstance(presets, dict) else []
     tuned = tune or TuneSection.model_construct(
-        datasets=fallback or ["?"], fusion=Named(name="add"), position=Named(name="sinusoidal"),
-        attention_position=Named(name="none"), seed=0,
+        datasets=fallback or ["?"],
+        fusion=Named(name="add"),
+        position=Named(name="sinusoidal"),
+        attention_position=Named(name="none"),
+        seed=0,
     )
     raw_sweep["seeds"] = [tuned.seed]
     raw_sweep["grid"] = {
@@ -273,11 +281,19 @@ def load_hpo(path: str | Path) -> HpoPlan:
         for dataset in tune.datasets:
             res = resources_for(spec, dataset)
             if res.workers != 1 or res.force_trainer:
-                where = f"datasets.{dataset}.resources" if spec.datasets[dataset].resources else "resources"
-                problems.append(f"{where}.workers: tuning trials run on one worker (got {res.workers}); set workers: 1 and force_trainer: false in the HPO file")
+                where = (
+                    f"datasets.{dataset}.resources"
+                    if spec.datasets[dataset].resources
+                    else "resources"
+                )
+                problems.append(
+                    f"{where}.workers: tuning trials run on one worker (got {res.workers}); set workers: 1 and force_trainer: false in the HPO file"
+                )
             epochs = TypeAdapter(TrainSpec).validate_python(resolve_specs(spec, dataset)[2]).epochs
             if tune.asha.grace_period > epochs:
-                problems.append(f"tune.asha.grace_period: {tune.asha.grace_period} is more than datasets.{dataset} train.epochs {epochs}; lower it")
+                problems.append(
+                    f"tune.asha.grace_period: {tune.asha.grace_period} is more than datasets.{dataset} train.epochs {epochs}; lower it"
+                )
     if problems:
         raise HpoFileError(path, problems)
     assert spec is not None and tune is not None and isinstance(output, str)
@@ -287,7 +303,12 @@ def load_hpo(path: str | Path) -> HpoPlan:
 def smoke_plan(plan: HpoPlan) -> HpoPlan:
     """The same tuning shrunk to a minutes-long check of its whole path: two trials of one epoch on
     64 training documents, experiment NAME-smoke, fragment NAME-smoke.yaml beside the real one."""
-    tune = plan.tune.model_copy(update={"num_samples": min(2, plan.tune.num_samples), "asha": Asha(grace_period=1, reduction_factor=plan.tune.asha.reduction_factor)})
+    tune = plan.tune.model_copy(
+        update={
+            "num_samples": min(2, plan.tune.num_samples),
+            "asha": Asha(grace_period=1, reduction_factor=plan.tune.asha.reduction_factor),
+        }
+    )
     output = plan.output.with_name(plan.output.stem + "-smoke.yaml")
     return HpoPlan(plan.path, smoke_version(plan.spec), tune, output)
 
@@ -323,80 +344,15 @@ def with_overrides(base: dict[str, Any], sampled: dict[str, Any]) -> TrialConfig
 
 def tuning_trial(config: dict[str, Any], base: dict[str, Any], resources: dict[str, Any]) -> None:
     """Ray Tune function trainable: one Optuna sample, trained directly in the Tune trial."""
-    import torch
+    from fusion_ray.orchestrate import run_direct
 
-    from fusion_ray.train.loop import run_trial
-
-    torch.set_num_threads(max(1, int(resources["cpus_per_worker"])))
-    use_cuda = resources["use_gpu"] and torch.cuda.is_available()
-    device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-    run_trial(with_overrides(base, config), ValidationReporter(device=device))
+    run_direct(with_overrides(base, config), resources, ValidationReporter)
 
 
-# ----------------------------------------------------------------------------- tracking
-
-
-@dataclass
-class Best:
-    config: dict[str, Any]
-    value: float
-    run_id: str
-    trials: int
-
-
-def _tracking_callback(tracker: Any, base_cell: Cell, parent_id: str, epochs: int) -> Any:
-    """A Tune callback that logs every tuning trial through fusion_ray.tracking (the MLflow writer)."""
-    from ray.tune import Callback
-
-    from fusion_ray.tracking import _error_text
-
-    class TuningRuns(Callback):
-        def __init__(self) -> None:
-            self.run_ids: dict[str, str] = {}
-            self.last: dict[str, dict[str, Any]] = {}
-            self.configs: dict[str, dict[str, Any]] = {}
-            self.failed: set[str] = set()
-            self.ended = 0
-
-        def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            if trial.trial_id in self.run_ids:  # a retry
-                return
-            config = dict(trial.config)
-            trial_config = with_overrides(dataclasses.asdict(base_cell.trial), config)
-            cell = dataclasses.replace(base_cell, trial=trial_config, cell_id=cell_id(trial_config))
-            self.configs[trial.trial_id] = config
-            self.run_ids[trial.trial_id] = tracker.open_cell_run(cell, parent_id, None, resume=False)
-
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-            self.last[trial.trial_id] = result
-            tracker.log_epoch(self.run_ids[trial.trial_id], result)
-
-        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
-            tracker.log_final(run_id, result)
-            tracker.finish(run_id)
-            self.ended += 1
-            stopped = "" if result.get("epochs_run", 0) >= epochs else ", stopped early"
-            settings = ", ".join(f"{k}={_short(v)}" for k, v in self.configs[trial.trial_id].items())
-            print(f"  [{base_cell.dataset} {self.ended}] {settings}: best val_acc "
-                  f"{100 * result.get(METRIC, 0):.2f}% after {result.get('epochs_run', 0)} epoch(s){stopped}", flush=True)
-
-        def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-            if trial.trial_id not in self.run_ids:
-                self.on_trial_start(iteration, trials, trial)
-            self.failed.add(trial.trial_id)
-            self.ended += 1
-            tracker.fail(self.run_ids[trial.trial_id], _error_text(trial))
-
-        def best(self) -> Best | None:
-            done = [t for t in self.last if t not in self.failed and METRIC in self.last[t]]
-            if not done:
-                return None
-            # Highest validation accuracy; ties go to the lower validation loss, then the earlier trial.
-            top = max(done, key=lambda t: (self.last[t][METRIC], -self.last[t].get("val_loss", math.inf)))
-            return Best(self.configs[top], float(self.last[top][METRIC]), self.run_ids[top], len(self.run_ids))
-
-    return TuningRuns()
+def sample_cell(base: Cell, sample: dict[str, Any]) -> Cell:
+    """The cell of one tuning trial: the base cell with the sampled settings (its own cell id)."""
+    trial = with_overrides(dataclasses.asdict(base.trial), sample)
+    return dataclasses.replace(base, trial=trial, cell_id=cell_id(trial))
 
 
 def _short(value: Any) -> str:
@@ -406,21 +362,30 @@ def _short(value: Any) -> str:
 # ----------------------------------------------------------------------------- running
 
 
-def tune_dataset(plan: HpoPlan, cell: Cell, tracker: Any, parent_id: str, verbose: int = 0) -> Best | None:
+def tune_dataset(
+    plan: HpoPlan, cell: Cell, tracker: Tracker, parent_id: str, verbose: int = 0
+) -> Best | None:
     """One Optuna study (through Ray Tune, with ASHA) over the shared settings of one dataset."""
+    import functools
+
     from ray import tune
     from ray.tune import PlacementGroupFactory
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from fusion_ray.sweep import trial_resources
+    from fusion_ray.orchestrate import storage_uri, trial_resources
+    from fusion_ray.tracking import MLflowTuningCallback
 
     spec, settings = plan.spec, plan.tune
     res = resources_for(spec, cell.dataset)
     epochs = cell.trial.train.epochs
-    callback = _tracking_callback(tracker, cell, parent_id, epochs)
-    trainable = tune.with_parameters(tuning_trial, base=dataclasses.asdict(cell.trial), resources=res.model_dump())
-    storage = spec.storage_path if "://" in spec.storage_path else str(Path(spec.storage_path).resolve())
+    callback = MLflowTuningCallback(
+        tracker, functools.partial(sample_cell, cell), parent_id, epochs, METRIC
+    )
+    trainable = tune.with_parameters(
+        tuning_trial, base=dataclasses.asdict(cell.trial), resources=res.model_dump()
+    )
+    storage = storage_uri(spec.storage_path)
     tuner = tune.Tuner(
         tune.with_resources(trainable, PlacementGroupFactory([trial_resources(res)])),
         param_space={key: dist.domain() for key, dist in settings.space.items()},
@@ -465,9 +430,13 @@ def fragment_text(plan: HpoPlan, best: dict[str, Best], sha: str) -> str:
         f"{t.attention_position.label}, seed {t.seed}; Optuna + ASHA, scored on validation accuracy only.",
     ]
     for dataset, b in best.items():
-        lines.append(f"# {dataset}: best val_acc {b.value:.4f} of {b.trials} trials "
-                     f"(MLflow experiment {plan.spec.name}, run {b.run_id})")
-    lines.append("# List this file in a sweep's `extends:` after the presets: every operator then trains with it.")
+        lines.append(
+            f"# {dataset}: best val_acc {b.value:.4f} of {b.trials} trials "
+            f"(MLflow experiment {plan.spec.name}, run {b.run_id})"
+        )
+    lines.append(
+        "# List this file in a sweep's `extends:` after the presets: every operator then trains with it."
+    )
     return "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False)
 
 
@@ -475,26 +444,35 @@ def run_hpo(plan: HpoPlan, *, address: str | None = None, verbose: int = 0) -> d
     """Tune every dataset of the plan, write the fragment, and log it to the HPO parent run."""
     import tempfile
 
-    from fusion_ray.sweep import _init_ray
+    from fusion_ray.orchestrate import init_ray
     from fusion_ray.tracking import Tracker, git_sha, log_report_artifacts
 
     spec = plan.spec
     tracker = Tracker(spec.tracking_uri, spec.name)
     parent_id = tracker.parent_run(
         str(plan.path),
-        params={"datasets": ",".join(plan.tune.datasets), "num_samples": str(plan.tune.num_samples),
-                "fusion": plan.tune.fusion.label, "seed": str(plan.tune.seed)},
+        params={
+            "datasets": ",".join(plan.tune.datasets),
+            "num_samples": str(plan.tune.num_samples),
+            "fusion": plan.tune.fusion.label,
+            "seed": str(plan.tune.seed),
+        },
     )
-    _init_ray(spec, address)
+    init_ray(address or spec.address)
     best: dict[str, Best] = {}
     for cell in expand(spec):
-        print(f"tuning {cell.dataset}: {plan.tune.num_samples} trials of {cell.fusion}, seed {cell.seed}, "
-              f"up to {cell.trial.train.epochs} epochs", flush=True)
+        print(
+            f"tuning {cell.dataset}: {plan.tune.num_samples} trials of {cell.fusion}, seed {cell.seed}, "
+            f"up to {cell.trial.train.epochs} epochs",
+            flush=True,
+        )
         found = tune_dataset(plan, cell, tracker, parent_id, verbose)
         if found is None:
             tracker.fail(parent_id, f"no tuning trial of dataset {cell.dataset} finished")
-            raise RuntimeError(f"no tuning trial of dataset {cell.dataset} finished; see the FAILED runs "
-                               f"of MLflow experiment {spec.name} for why")
+            raise RuntimeError(
+                f"no tuning trial of dataset {cell.dataset} finished; see the FAILED runs "
+                f"of MLflow experiment {spec.name} for why"
+            )
         best[cell.dataset] = found
     text = fragment_text(plan, best, git_sha())
     plan.output.parent.mkdir(parents=True, exist_ok=True)
@@ -511,31 +489,55 @@ def run_hpo(plan: HpoPlan, *, address: str | None = None, verbose: int = 0) -> d
 
 def print_plan(plan: HpoPlan) -> None:
     t = plan.tune
-    print(f"hpo {plan.spec.name}: {len(t.datasets)} dataset(s) x {t.num_samples} Optuna trials of "
-          f"{t.fusion.label} (seed {t.seed}); ASHA grace {t.asha.grace_period}, reduction {t.asha.reduction_factor}; "
-          f"metric {METRIC} (validation only); MLflow at {plan.spec.tracking_uri}")
+    print(
+        f"hpo {plan.spec.name}: {len(t.datasets)} dataset(s) x {t.num_samples} Optuna trials of "
+        f"{t.fusion.label} (seed {t.seed}); ASHA grace {t.asha.grace_period}, reduction {t.asha.reduction_factor}; "
+        f"metric {METRIC} (validation only); MLflow at {plan.spec.tracking_uri}"
+    )
     for cell in expand(plan.spec):
         res = resources_for(plan.spec, cell.dataset)
-        print(f"  {cell.dataset}: up to {cell.trial.train.epochs} epochs; {res.cpus_per_worker:g} CPU"
-              + (f", {res.gpus_per_worker:g} GPU" if res.use_gpu else "") + " per trial")
+        print(
+            f"  {cell.dataset}: up to {cell.trial.train.epochs} epochs; {res.cpus_per_worker:g} CPU"
+            + (f", {res.gpus_per_worker:g} GPU" if res.use_gpu else "")
+            + " per trial"
+        )
         for key, dist in t.space.items():
             section, _, name = key.partition(".")
             now = getattr(getattr(cell.trial, section), name)
-            bounds = dist.values if dist.type == "choice" else f"[{_short(dist.low)}, {_short(dist.high)}]"
+            bounds = (
+                dist.values
+                if dist.type == "choice"
+                else f"[{_short(dist.low)}, {_short(dist.high)}]"
+            )
             print(f"    {key:<22} {dist.type:<10} {bounds}   (preset: {now})")
     print(f"  writes {plan.output}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fusion_ray.hpo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m fusion_ray.hpo", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("hpo_file", help="an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml")
-    parser.add_argument("--dry-run", action="store_true", help="print what would be tuned; start nothing")
-    parser.add_argument("--output", default=None, help="write the fragment here instead of the file's output:")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be tuned; start nothing"
+    )
+    parser.add_argument(
+        "--output", default=None, help="write the fragment here instead of the file's output:"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing fragment")
-    parser.add_argument("--smoke", action="store_true",
-                        help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml")
-    parser.add_argument("--address", default=None, help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)")
-    parser.add_argument("--verbose", type=int, default=0, choices=[0, 1, 2], help="Ray Tune's own progress output")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
+    )
+    parser.add_argument(
+        "--verbose", type=int, default=0, choices=[0, 1, 2], help="Ray Tune's own progress output"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
@@ -552,8 +554,11 @@ def main(argv: list[str] | None = None) -> int:
         print_plan(plan)
         return 0
     if plan.output.exists() and not args.overwrite:
-        print(f"{plan.output} exists; pass --overwrite to replace it (new values give new cell ids, "
-              f"so a sweep that extends it then runs its cells again)", file=sys.stderr)
+        print(
+            f"{plan.output} exists; pass --overwrite to replace it (new values give new cell ids, "
+            f"so a sweep that extends it then runs its cells again)",
+            file=sys.stderr,
+        )
         return 2
 
     print_plan(plan)
@@ -564,9 +569,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print()
     for dataset, b in best.items():
-        print(f"{dataset}: best val_acc {100 * b.value:.2f}% with " + ", ".join(f"{k}={v}" for k, v in b.config.items()))
-    print(f"\nwrote {plan.output}\nadd it to a sweep file's extends: after the presets, e.g. "
-          f"extends: [_study_datasets.yaml, tuned/{plan.output.name}]")
+        print(
+            f"{dataset}: best val_acc {100 * b.value:.2f}% with "
+            + ", ".join(f"{k}={v}" for k, v in b.config.items())
+        )
+    print(
+        f"\nwrote {plan.output}\nadd it to a sweep file's extends: after the presets, e.g. "
+        f"extends: [_study_datasets.yaml, tuned/{plan.output.name}]"
+    )
     return 0
 
 

@@ -38,9 +38,7 @@ class Registry(Generic[T]):
 
     def get(self, name: str) -> T:
         if name not in self._entries:
-            raise ValueError(
-                f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}"
-            )
+            raise ValueError(f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}")
         return self._entries[name]
 
     def build(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
@@ -67,7 +65,9 @@ class Registry(Generic[T]):
                     f"{self.family} {name!r} has no option {key!r}; allowed options: {hint}"
                 )
         missing = [
-            k for k, p in allowed.items() if p.default is inspect.Parameter.empty and k not in kwargs
+            k
+            for k, p in allowed.items()
+            if p.default is inspect.Parameter.empty and k not in kwargs
         ]
         for key in missing:
             problems.append(f"{self.family} {name!r} needs option {key!r}")

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from fusion_ray.config import (
-    Resources,
     SweepFileError,
     SweepSpec,
     load_sweep,
@@ -27,96 +26,13 @@ from fusion_ray.config import (
     smoke_version,
 )
 from fusion_ray.grid import Cell, axis_counts, expand
+from fusion_ray.orchestrate import init_ray, run_cell, storage_uri, trial_resources
 
 log = logging.getLogger("fusion_ray.sweep")
 
 
-# ----------------------------------------------------------------------------- the trial
-
-
-def run_cell(config: dict[str, Any]) -> None:
-    """Ray Tune function trainable: one cell, directly (one worker) or as a DDP TorchTrainer."""
-    import torch
-    from pydantic import TypeAdapter
-
-    from fusion_ray.train.loop import run_trial, train_worker
-    from fusion_ray.train.report import TuneReporter
-    from fusion_ray.train.spec import TrialConfig
-
-    trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
-    res = config["resources"]
-    if res["workers"] == 1 and not res["force_trainer"]:
-        torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
-        use_cuda = res["use_gpu"]
-        if use_cuda and not torch.cuda.is_available():
-            if os.environ.get("FUSION_RAY_CPU_FALLBACK") != "1":
-                raise RuntimeError(
-                    f"the sweep asks for GPUs (resources.use_gpu: true) but torch {torch.__version__} on this "
-                    "node has no CUDA: install a CUDA build of torch on the GPU nodes, or set use_gpu: false "
-                    "(FUSION_RAY_CPU_FALLBACK=1 trains on CPU instead, to rehearse a GPU sweep on CPU nodes)"
-                )
-            use_cuda = False
-        device = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
-        run_trial(trial, TuneReporter(device=device, resume_from=config.get("resume_from")))
-        return
-
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    per_worker = {"CPU": res["cpus_per_worker"]}
-    if res["use_gpu"]:
-        per_worker["GPU"] = res["gpus_per_worker"]
-    trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={
-            "trial": trial,
-            "resume_from": config.get("resume_from"),
-            "threads": max(1, int(res["cpus_per_worker"])),
-        },
-        torch_config=TorchConfig(backend="nccl" if res["use_gpu"] else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=res["workers"], use_gpu=res["use_gpu"], resources_per_worker=per_worker
-        ),
-        # One Train run per cell and sweep invocation: a Tune retry of this trial restarts the
-        # trainer under the same name, and Ray Train resumes it from its last checkpoint. Across
-        # invocations a cell resumes only from the checkpoint its MLflow run records
-        # (`resume_from`). Retries happen at one level, Tune's, so `retries` means what it says.
-        run_config=RunConfig(
-            name=f"{config['tune_run']}-{config['cell_id']}",
-            storage_path=config["train_storage_path"],
-            failure_config=FailureConfig(max_failures=0),
-            checkpoint_config=CheckpointConfig(num_to_keep=2),
-            callbacks=[TuneReportCallback()],
-        ),
-    )
-    trainer.fit()
-
-
-def trial_resources(res: Resources) -> dict[str, float]:
-    """What the Tune trial itself holds: the worker (direct path), or a token bundle plus one unit of
-    ``driver_resource`` when set (TorchTrainer path; the workers hold the CPUs and GPUs)."""
-    if res.workers == 1 and not res.force_trainer:
-        out = {"CPU": res.cpus_per_worker}
-        if res.use_gpu:
-            out["GPU"] = res.gpus_per_worker
-        return out
-    # The TorchTrainer's workers request their own resources. Tune needs a non-empty bundle for the
-    # trial itself; a token 1 KiB of memory keeps it from holding a CPU the workers need. With
-    # `driver_resource`, one unit of that custom resource pins the trial (and the Train controller,
-    # which Ray places on the trial's node) to the nodes offering it, e.g. the cluster's head.
-    out: dict[str, float] = {"memory": 1024}
-    if res.driver_resource:
-        out[res.driver_resource] = 1
-    return out
-
-
-def _absolute(storage_path: str) -> str:
-    return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
-
-
 def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> dict[str, Any]:
-    storage = _absolute(spec.storage_path)
+    storage = storage_uri(spec.storage_path)
     return {
         "cell_id": cell.cell_id,
         "sweep": spec.name,
@@ -126,20 +42,6 @@ def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str
         "resume_from": resume_from,
         "train_storage_path": f"{storage.rstrip('/')}/{spec.name}-train",
     }
-
-
-def _init_ray(spec: SweepSpec, address: str | None) -> None:
-    import ray
-
-    if ray.is_initialized():
-        return
-    address = address or spec.address or os.environ.get("RAY_ADDRESS")
-    if address:
-        log.info("connecting to the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=False)
-    else:
-        log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
-        ray.init(log_to_driver=False)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -162,45 +64,87 @@ def plan(spec: SweepSpec, tracker: Any) -> tuple[list[Cell], set[str], dict[str,
     return cells, done, existing
 
 
-def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 0) -> SweepOutcome:
+def run_sweep(
+    spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 0
+) -> SweepOutcome:
     """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened."""
-    from ray import tune
-    from ray.tune import PlacementGroupFactory
-
     from fusion_ray.tracking import MLflowSweepCallback, Tracker
 
     tracker = Tracker(spec.tracking_uri, spec.name)
     cells, done, existing = plan(spec, tracker)
     pending = [c for c in cells if c.cell_id not in done]
-    parent_id = tracker.parent_run(sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(cells))})
+    parent_id = tracker.parent_run(
+        sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(cells))}
+    )
     if not pending:
-        print(f"sweep {spec.name}: all {len(cells)} cells already have a FINISHED run; nothing to do")
+        print(
+            f"sweep {spec.name}: all {len(cells)} cells already have a FINISHED run; nothing to do"
+        )
         tracker.end_parent(parent_id, {"cells_finished": len(cells)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [])
 
+    tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    payloads = [_payload(spec, cell, _resume_point(cell, existing), tune_run) for cell in pending]
+    init_ray(address or spec.address)
+    callback = MLflowSweepCallback(
+        tracker,
+        {c.cell_id: c for c in pending},
+        existing,
+        parent_id,
+        storage_uri(spec.storage_path),
+    )
+    tuner = _tuner(spec, pending, payloads, callback, tune_run, verbose)
+    try:
+        tuner.fit()
+    finally:
+        interrupted = callback.close_unfinished()
+    tracker.end_parent(
+        parent_id,
+        {
+            "cells": len(cells),
+            "cells_finished": len(done) + len(callback.finished),
+            "cells_failed": len(callback.failed),
+        },
+    )
+    return SweepOutcome(
+        len(cells), len(done), len(pending), sorted(callback.finished), callback.failed, interrupted
+    )
+
+
+def _resume_point(cell: Cell, existing: dict[str, Any]) -> str | None:
+    """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists."""
     from fusion_ray.tracking import checkpoint_exists
 
-    tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    payloads = []
-    for cell in pending:
-        prior = existing.get(cell.cell_id)
-        resume_from = prior.checkpoint_path if prior is not None else None
-        if resume_from and not checkpoint_exists(resume_from):
-            log.warning("cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from)
-            resume_from = prior.checkpoint_path = None
-        payloads.append(_payload(spec, cell, resume_from, tune_run))
+    prior = existing.get(cell.cell_id)
+    resume_from = prior.checkpoint_path if prior is not None else None
+    if resume_from and not checkpoint_exists(resume_from):
+        log.warning(
+            "cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from
+        )
+        resume_from = prior.checkpoint_path = None
+    return resume_from
 
-    _init_ray(spec, address)
-    callback = MLflowSweepCallback(
-        tracker, {c.cell_id: c for c in pending}, existing, parent_id, _absolute(spec.storage_path)
-    )
+
+def _tuner(
+    spec: SweepSpec,
+    pending: list[Cell],
+    payloads: list[dict[str, Any]],
+    callback: Any,
+    tune_run: str,
+    verbose: int,
+) -> Any:
+    """The Ray Tune run of the pending cells: one trial per cell, each with its dataset's resources."""
+    from ray import tune
+    from ray.tune import PlacementGroupFactory
+
     by_id = {c.cell_id: c for c in pending}
-    # Payloads go to the object store once (with_parameters); each trial picks its own by id.
     resources_by_id = {
-        c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))]) for c in pending
+        c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))])
+        for c in pending
     }
+    # Payloads go to the object store once (with_parameters); each trial picks its own by id.
     trainable = tune.with_parameters(_run_by_id, payloads={p["cell_id"]: p for p in payloads})
-    tuner = tune.Tuner(
+    return tune.Tuner(
         tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
         param_space={"cell_id": tune.grid_search([p["cell_id"] for p in payloads])},
         tune_config=tune.TuneConfig(
@@ -213,22 +157,13 @@ def run_sweep(spec: SweepSpec, sweep_file: str | None = None, *, address: str | 
         ),
         run_config=tune.RunConfig(
             name=tune_run,
-            storage_path=_absolute(spec.storage_path),
+            storage_path=storage_uri(spec.storage_path),
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=verbose,
         ),
     )
-    try:
-        tuner.fit()
-    finally:
-        interrupted = callback.close_unfinished()
-    tracker.end_parent(
-        parent_id,
-        {"cells": len(cells), "cells_finished": len(done) + len(callback.finished), "cells_failed": len(callback.failed)},
-    )
-    return SweepOutcome(len(cells), len(done), len(pending), sorted(callback.finished), callback.failed, interrupted)
 
 
 def _run_by_id(config: dict[str, Any], payloads: dict[str, dict[str, Any]]) -> None:
@@ -243,13 +178,34 @@ def _trial_name(cell: Cell) -> str:
 
 
 def print_dry_run(spec: SweepSpec, cells: list[Cell], done: set[str]) -> None:
-    print(f"sweep {spec.name}: {len(cells)} cells ({len(done & {c.cell_id for c in cells})} already FINISHED in MLflow at {spec.tracking_uri})")
+    print(
+        f"sweep {spec.name}: {len(cells)} cells ({len(done & {c.cell_id for c in cells})} already FINISHED in MLflow at {spec.tracking_uri})"
+    )
     for axis, counts in axis_counts(cells).items():
         print(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
-    print(f"  {'seed-major order':<19} (seed, dataset, position, attention_position, fusion, status, cell_id):")
+    print(
+        f"  {'seed-major order':<19} (seed, dataset, position, attention_position, fusion, status, cell_id):"
+    )
     for cell in cells:
         status = "FINISHED" if cell.cell_id in done else "pending"
-        print(f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {status:<8} {cell.cell_id}")
+        print(
+            f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {status:<8} {cell.cell_id}"
+        )
+
+
+def print_outcome(spec: SweepSpec, outcome: SweepOutcome) -> None:
+    print()
+    print(
+        f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
+        f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted"
+    )
+    for cid, reason in outcome.failed.items():
+        print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
+    if outcome.failed or outcome.interrupted:
+        print(
+            "  re-run the same command to retry failed cells and resume interrupted ones from their checkpoints"
+        )
+    print()
 
 
 def summary_table(spec: SweepSpec) -> str:
@@ -258,19 +214,29 @@ def summary_table(spec: SweepSpec) -> str:
 
     tracker = Tracker(spec.tracking_uri, spec.name)
     runs = tracker.client.search_runs(
-        [tracker.experiment_id], filter_string="tags.role = 'trial' and attributes.status = 'FINISHED'",
+        [tracker.experiment_id],
+        filter_string="tags.role = 'trial' and attributes.status = 'FINISHED'",
         max_results=50000,
     )
     groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
     for run in runs:
         t = run.data.tags
-        key = (t.get("dataset", "?"), t.get("position", "?"), t.get("attention_position", "?"), t.get("fusion", "?"))
+        key = (
+            t.get("dataset", "?"),
+            t.get("position", "?"),
+            t.get("attention_position", "?"),
+            t.get("fusion", "?"),
+        )
         if "test_acc" in run.data.metrics:
             groups[key].append(run.data.metrics["test_acc"])
-    lines = [f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} {'seeds':>5} {'test_acc':>9}"]
+    lines = [
+        f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} {'seeds':>5} {'test_acc':>9}"
+    ]
     for key in sorted(groups):
         accs = groups[key]
-        lines.append(f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%")
+        lines.append(
+            f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%"
+        )
     return "\n".join(lines)
 
 
@@ -280,25 +246,64 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
 
     baseline = spec.baseline or spec.grid.fusions[0].label
     code = report.main(
-        ["--experiment", spec.name, "--tracking-uri", spec.tracking_uri, "--baseline", baseline, "--out", out_dir]
+        [
+            "--experiment",
+            spec.name,
+            "--tracking-uri",
+            spec.tracking_uri,
+            "--baseline",
+            baseline,
+            "--out",
+            out_dir,
+        ]
     )
     if code not in (0, None):
-        print(f"analysis report did not complete (exit {code}); run it by hand: "
-              f"python -m analysis.report --experiment {spec.name} --tracking-uri {spec.tracking_uri}")
+        print(
+            f"analysis report did not complete (exit {code}); run it by hand: "
+            f"python -m analysis.report --experiment {spec.name} --tracking-uri {spec.tracking_uri}"
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fusion_ray.sweep", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the cells and what is already finished; start nothing",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
+    )
+    parser.add_argument(
+        "--report-dir",
+        default=None,
+        help="where the analysis report goes (default reports/<sweep name>)",
+    )
+    parser.add_argument(
+        "--no-report", action="store_true", help="skip the analysis report at the end"
+    )
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="Ray Tune's own progress output (0: one line per finished trial)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="run a shrunk copy (one seed, one epoch, 64 training documents) as experiment NAME-smoke",
+    )
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fusion_ray.sweep", description=__doc__.splitlines()[0])
-    parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
-    parser.add_argument("--dry-run", action="store_true", help="print the cells and what is already finished; start nothing")
-    parser.add_argument("--address", default=None, help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)")
-    parser.add_argument("--report-dir", default=None, help="where the analysis report goes (default reports/<sweep name>)")
-    parser.add_argument("--no-report", action="store_true", help="skip the analysis report at the end")
-    parser.add_argument("--verbose", type=int, default=0, choices=[0, 1, 2],
-                        help="Ray Tune's own progress output (0: one line per finished trial)")
-    parser.add_argument("--smoke", action="store_true",
-                        help="run a shrunk copy (one seed, one epoch, 64 training documents) as experiment NAME-smoke")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     # Keeping only the last checkpoints makes Tune snapshot its state after each one, which it
     # then warns about on every trial; the snapshots are cheap here.
@@ -321,20 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         print_dry_run(spec, cells, done)
         return 0
 
-    print(f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}")
+    print(
+        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
+    )
     outcome = run_sweep(spec, args.sweep_file, address=args.address, verbose=args.verbose)
-    print()
-    print(f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
-          f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted")
-    for cid, reason in outcome.failed.items():
-        print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
-    if outcome.failed or outcome.interrupted:
-        print("  re-run the same command to retry failed cells and resume interrupted ones from their checkpoints")
-    print()
+    print_outcome(spec, outcome)
     print(summary_table(spec))
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))
-    print(f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000")
+    print(
+        f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000"
+    )
     return 1 if outcome.failed or outcome.interrupted else 0
 
 

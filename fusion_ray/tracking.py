@@ -10,12 +10,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import mlflow
@@ -23,40 +25,37 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from fusion_ray.grid import Cell
-from fusion_ray.train.loop import PREDICTIONS_FILE
+from fusion_ray.schema import (
+    CHECKPOINT_TAG,
+    EPOCH_METRICS,
+    FAILURE_TAG,
+    FINAL_METRICS,
+    PARENT_TAG,
+    PREDICTIONS_FILE,
+    ROLE_SWEEP,
+    ROLE_TAG,
+    ROLE_TRIAL,
+)
+
+if TYPE_CHECKING:
+    from fusion_ray.grid import Cell
 
 log = logging.getLogger(__name__)
-
-EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
-FINAL_METRICS = (
-    "test_acc",
-    "best_val_acc",
-    "best_epoch",
-    "test_correct",
-    "test_total",
-    "test_loss",
-    "epochs_run",
-    "latency_ms_per_sample",
-    "num_params",
-    "train_seconds",
-    "loop_seconds",
-)
 
 
 def git_sha() -> str:
     """The commit of the checkout this package runs from (with ``+dirty`` if modified), else
     $FUSION_RAY_GIT_SHA (for installs without git metadata), else ``unknown``."""
-    here = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str:
+        here = Path(__file__).resolve().parent
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, timeout=10, cwd=here
+        ).stdout.strip()
+
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, timeout=10, cwd=here
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, check=True, timeout=10, cwd=here,
-        ).stdout.strip()
-        return sha + ("+dirty" if dirty else "")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return os.environ.get("FUSION_RAY_GIT_SHA", "unknown")
 
@@ -95,7 +94,9 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=tracking_uri)
         experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
-            self.experiment_id = self.client.create_experiment(sweep, artifact_location=artifact_root(tracking_uri, sweep))
+            self.experiment_id = self.client.create_experiment(
+                sweep, artifact_location=artifact_root(tracking_uri, sweep)
+            )
         else:
             if experiment.lifecycle_stage == "deleted":
                 self.client.restore_experiment(experiment.experiment_id)
@@ -105,21 +106,29 @@ class Tracker:
     def cell_runs(self) -> dict[str, CellRun]:
         """The best existing run of every cell: FINISHED first, else the most recent one."""
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string="tags.role = 'trial'", max_results=50000
+            [self.experiment_id],
+            filter_string=f"tags.{ROLE_TAG} = '{ROLE_TRIAL}'",
+            max_results=50000,
         )
         rank = {"FINISHED": 0, "RUNNING": 1, "KILLED": 2, "FAILED": 3, "SCHEDULED": 4}
         best: dict[str, CellRun] = {}
         for run in sorted(runs, key=lambda r: (rank.get(r.info.status, 9), -r.info.start_time)):
             cid = run.data.tags.get("cell_id")
             if cid and cid not in best:
-                best[cid] = CellRun(run.info.run_id, run.info.status, run.data.tags.get("checkpoint_path"))
+                best[cid] = CellRun(
+                    run.info.run_id, run.info.status, run.data.tags.get(CHECKPOINT_TAG)
+                )
         return best
 
     # --- the sweep's parent run
-    def parent_run(self, sweep_file: str | None = None, params: dict[str, str] | None = None) -> str:
+    def parent_run(
+        self, sweep_file: str | None = None, params: dict[str, str] | None = None
+    ) -> str:
         """The sweep's parent run (reused across invocations); it carries the sweep file and reports."""
         runs = self.client.search_runs(
-            [self.experiment_id], filter_string="tags.role = 'sweep'", max_results=1,
+            [self.experiment_id],
+            filter_string=f"tags.{ROLE_TAG} = '{ROLE_SWEEP}'",
+            max_results=1,
             order_by=["attributes.start_time DESC"],
         )
         if runs:
@@ -127,8 +136,9 @@ class Tracker:
             self.client.update_run(run_id, status="RUNNING")
         else:
             run = self.client.create_run(
-                self.experiment_id, run_name=f"{self.sweep} (sweep)",
-                tags={"role": "sweep", "sweep": self.sweep, "git_sha": git_sha()},
+                self.experiment_id,
+                run_name=f"{self.sweep} (sweep)",
+                tags={ROLE_TAG: ROLE_SWEEP, "sweep": self.sweep, "git_sha": git_sha()},
             )
             run_id = run.info.run_id
         if sweep_file:
@@ -138,24 +148,30 @@ class Tracker:
         return run_id
 
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
-        self.client.log_batch(run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in summary.items()])
+        self.client.log_batch(
+            run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in summary.items()]
+        )
         self.client.set_terminated(run_id, "FINISHED")
 
     # --- one run per cell
-    def open_cell_run(self, cell: Cell, parent_id: str | None, existing: CellRun | None, resume: bool) -> str:
+    def open_cell_run(
+        self, cell: Cell, parent_id: str | None, existing: CellRun | None, resume: bool
+    ) -> str:
         """Continue the cell's earlier run when resuming from its checkpoint, else replace it."""
         if existing is not None and existing.status != "FINISHED" and resume:
             self.client.update_run(existing.run_id, status="RUNNING")
             run = self.client.get_run(existing.run_id)
-            if "failure_reason" in run.data.tags:
-                self.client.delete_tag(existing.run_id, "failure_reason")
+            if FAILURE_TAG in run.data.tags:
+                self.client.delete_tag(existing.run_id, FAILURE_TAG)
             self.client.set_tag(existing.run_id, "git_sha", git_sha())
             return existing.run_id
         if existing is not None and existing.status != "FINISHED":
-            self.client.delete_run(existing.run_id)  # restarting from scratch: replace, never duplicate
+            self.client.delete_run(
+                existing.run_id
+            )  # restarting from scratch: replace, never duplicate
         tags = cell.tags(self.sweep, git_sha())
         if parent_id:
-            tags["mlflow.parentRunId"] = parent_id
+            tags[PARENT_TAG] = parent_id
         name = f"{cell.dataset}/{cell.position}/{cell.attention_position}/{cell.fusion}/seed{cell.seed}"
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in cell.params().items()]
@@ -169,7 +185,9 @@ class Tracker:
 
     def log_epoch(self, run_id: str, result: dict[str, Any]) -> None:
         step = int(result["epoch"])
-        metrics = [Metric(k, float(result[k]), _now_ms(), step) for k in EPOCH_METRICS if k in result]
+        metrics = [
+            Metric(k, float(result[k]), _now_ms(), step) for k in EPOCH_METRICS if k in result
+        ]
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
@@ -177,7 +195,7 @@ class Tracker:
         self.client.log_batch(run_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
-        self.client.set_tag(run_id, "checkpoint_path", path)
+        self.client.set_tag(run_id, CHECKPOINT_TAG, path)
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
         """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts."""
@@ -194,7 +212,7 @@ class Tracker:
         self.client.set_terminated(run_id, "FINISHED")
 
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
-        self.client.set_tag(run_id, "failure_reason", reason[-4900:])
+        self.client.set_tag(run_id, FAILURE_TAG, reason[-4900:])
         self.client.set_terminated(run_id, status)
 
 
@@ -220,7 +238,8 @@ def checkpoint_exists(uri: str) -> bool:
         return False
 
 
-def _error_text(trial: Any) -> str:
+def trial_error_text(trial: Any) -> str:
+    """The end of a failed Tune trial's traceback, for the run's failure_reason tag."""
     try:
         error_file = trial.error_file
         if error_file and Path(error_file).exists():
@@ -231,37 +250,79 @@ def _error_text(trial: Any) -> str:
     return "the trial raised an error; see the Ray Tune logs"
 
 
-def _guarded(method):
-    """Tune does not catch callback errors: one MLflow or storage hiccup would abort every running
-    trial. A failing callback marks that cell's run FAILED with the reason and the sweep goes on."""
+_HOOKS = (
+    "on_trial_start",
+    "on_trial_result",
+    "on_checkpoint",
+    "on_trial_complete",
+    "on_trial_error",
+)
 
+
+def _guarded(method: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(method)
-    def wrapper(self: MLflowSweepCallback, iteration: int, trials: list, trial: Any, *args: Any, **info: Any) -> None:
+    def wrapper(
+        self: TrackingCallback, iteration: int, trials: list, trial: Any, *args: Any, **info: Any
+    ) -> None:
         try:
             method(self, iteration, trials, trial, *args, **info)
-        except Exception as exc:  # noqa: BLE001 - reported, and the sweep continues
-            cid = trial.config.get("cell_id", "?")
-            log.error("MLflow tracking of cell %s failed in %s: %s", cid, method.__name__, exc)
-            self.failed.setdefault(cid, f"tracking error in {method.__name__}: {exc}")
-            run_id = self.run_ids.get(cid)
-            if run_id is not None:
-                with contextlib.suppress(Exception):
-                    self.tracker.fail(run_id, f"tracking error in {method.__name__}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - recorded on the trial's run, and Tune goes on
+            self.tracking_failed(trial, method.__name__, exc)
 
     return wrapper
 
 
-class MLflowSweepCallback(Callback):
-    """Ray Tune callback that writes every trial of a sweep to MLflow (the only writer)."""
+class TrackingCallback(Callback):
+    """A Ray Tune callback writing trials to MLflow, with one error policy for all of them.
 
-    def __init__(self, tracker: Tracker, cells: dict[str, Cell], existing: dict[str, CellRun], parent_id: str, storage_path: str) -> None:
-        self.tracker, self.cells, self.existing = tracker, cells, existing
-        self.parent_id, self.storage_path = parent_id, storage_path
+    Tune does not catch callback errors: one MLflow or storage hiccup would abort every running
+    trial. Here every hook is guarded: a failing hook marks that trial's run FAILED with the
+    reason, records the trial as failed, and the sweep goes on. Subclasses key their trials
+    (``key``) and fill ``run_ids``.
+    """
+
+    def __init__(self, tracker: Tracker) -> None:
+        self.tracker = tracker
         self.run_ids: dict[str, str] = {}
+        self.failed: dict[str, str] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for hook in _HOOKS:
+            if hook in cls.__dict__:
+                setattr(cls, hook, _guarded(cls.__dict__[hook]))
+
+    def key(self, trial: Any) -> str:
+        raise NotImplementedError
+
+    def tracking_failed(self, trial: Any, hook: str, exc: Exception) -> None:
+        key = self.key(trial)
+        reason = f"tracking error in {hook}: {exc}"
+        log.error("MLflow tracking of %s failed in %s: %s", key, hook, exc)
+        self.failed.setdefault(key, reason)
+        run_id = self.run_ids.get(key)
+        if run_id is not None:
+            with contextlib.suppress(Exception):
+                self.tracker.fail(run_id, reason)
+
+
+class MLflowSweepCallback(TrackingCallback):
+    """Writes every trial of a sweep to MLflow (the only writer): one run per cell, keyed by cell id."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        cells: dict[str, Cell],
+        existing: dict[str, CellRun],
+        parent_id: str,
+        storage_path: str,
+    ) -> None:
+        super().__init__(tracker)
+        self.cells, self.existing = cells, existing
+        self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
         self.checkpoints: dict[str, str] = {}
         self.finished: set[str] = set()
-        self.failed: dict[str, str] = {}
         self.started_at: dict[str, float] = {}
 
     def _progress(self, cid: str, outcome: str) -> None:
@@ -275,13 +336,11 @@ class MLflowSweepCallback(Callback):
             flush=True,
         )
 
-    @staticmethod
-    def _cell_id(trial: Any) -> str:
-        return trial.config["cell_id"]
+    def key(self, trial: Any) -> str:
+        return trial.config.get("cell_id", "?")
 
-    @_guarded
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self._cell_id(trial)
+        cid = self.key(trial)
         self.started_at.setdefault(cid, time.monotonic())
         if cid in self.run_ids:  # a retry of a trial already tracked
             return
@@ -291,9 +350,10 @@ class MLflowSweepCallback(Callback):
         self.run_ids[cid] = run_id
         self.logged_until[cid] = self.tracker.last_logged_epoch(run_id) if resume else -1
 
-    @_guarded
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
-        cid = self._cell_id(trial)
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        cid = self.key(trial)
         run_id = self.run_ids[cid]
         if result.get("final"):
             self.tracker.log_final(run_id, result)
@@ -304,19 +364,19 @@ class MLflowSweepCallback(Callback):
         if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
             self._remember_checkpoint(trial, result["checkpoint_path"])
 
-    @_guarded
-    def on_checkpoint(self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any) -> None:
+    def on_checkpoint(
+        self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any
+    ) -> None:
         self._remember_checkpoint(trial, checkpoint.path)
 
     def _remember_checkpoint(self, trial: Any, path: str) -> None:
-        cid = self._cell_id(trial)
+        cid = self.key(trial)
         uri = _uri(path, self.storage_path)
         self.checkpoints[cid] = uri
         self.tracker.set_checkpoint(self.run_ids[cid], uri)
 
-    @_guarded
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self._cell_id(trial)
+        cid = self.key(trial)
         if cid in self.failed:  # a tracking error already marked it
             return
         run_id = self.run_ids[cid]
@@ -333,15 +393,16 @@ class MLflowSweepCallback(Callback):
         self.finished.add(cid)
         self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
 
-    @_guarded
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self._cell_id(trial)
+        cid = self.key(trial)
         if cid not in self.run_ids:
             self.on_trial_start(iteration, trials, trial)
-        reason = _error_text(trial)
+        reason = trial_error_text(trial)
         self.tracker.fail(self.run_ids[cid], reason)
         self.failed[cid] = reason
-        self._progress(cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs"))
+        self._progress(
+            cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs")
+        )
 
     def close_unfinished(self) -> list[str]:
         """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable later."""
@@ -354,8 +415,97 @@ class MLflowSweepCallback(Callback):
         return open_cells
 
 
+@dataclass
+class Best:
+    """The best tuning trial of a study: its sampled settings, score, MLflow run, trials run."""
+
+    config: dict[str, Any]
+    value: float
+    run_id: str
+    trials: int
+
+
+class MLflowTuningCallback(TrackingCallback):
+    """Writes every tuning trial to MLflow (one run each, keyed by Tune's trial id) and keeps the
+    best by ``metric``; a sample's run carries the config ``cell_for(sample)`` builds."""
+
+    def __init__(
+        self,
+        tracker: Tracker,
+        cell_for: Callable[[dict[str, Any]], Cell],
+        parent_id: str,
+        epochs: int,
+        metric: str,
+    ) -> None:
+        super().__init__(tracker)
+        self.cell_for, self.parent_id, self.epochs, self.metric = (
+            cell_for,
+            parent_id,
+            epochs,
+            metric,
+        )
+        self.last: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, dict[str, Any]] = {}
+        self.ended = 0
+
+    def key(self, trial: Any) -> str:
+        return trial.trial_id
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if trial.trial_id in self.run_ids:  # a retry
+            return
+        self.configs[trial.trial_id] = dict(trial.config)
+        cell = self.cell_for(self.configs[trial.trial_id])
+        self.run_ids[trial.trial_id] = self.tracker.open_cell_run(
+            cell, self.parent_id, None, resume=False
+        )
+
+    def on_trial_result(
+        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+    ) -> None:
+        self.last[trial.trial_id] = result
+        self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
+        self.tracker.log_final(run_id, result)
+        self.tracker.finish(run_id)
+        self.ended += 1
+        config = self.configs[trial.trial_id]
+        stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"
+        settings = ", ".join(
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.items()
+        )
+        print(
+            f"  [{self.cell_for(config).dataset} {self.ended}] {settings}: best val_acc "
+            f"{100 * result.get(self.metric, 0):.2f}% after {result.get('epochs_run', 0)} epoch(s){stopped}",
+            flush=True,
+        )
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if trial.trial_id not in self.run_ids:
+            self.on_trial_start(iteration, trials, trial)
+        reason = trial_error_text(trial)
+        self.failed[trial.trial_id] = reason
+        self.ended += 1
+        self.tracker.fail(self.run_ids[trial.trial_id], reason)
+
+    def best(self) -> Best | None:
+        done = [t for t in self.last if t not in self.failed and self.metric in self.last[t]]
+        if not done:
+            return None
+        # Highest score; ties go to the lower validation loss, then the earlier trial.
+        top = max(
+            done, key=lambda t: (self.last[t][self.metric], -self.last[t].get("val_loss", math.inf))
+        )
+        return Best(
+            self.configs[top],
+            float(self.last[top][self.metric]),
+            self.run_ids[top],
+            len(self.run_ids),
+        )
+
+
 def log_report_artifacts(tracker: Tracker, parent_id: str, directory: str) -> None:
     """Attach a report directory to the sweep's parent run."""
     tracker.client.log_artifacts(parent_id, directory, artifact_path="report")
-
-

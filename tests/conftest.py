@@ -46,7 +46,13 @@ def tiny_sweep(tmp_path: Path, name: str = "tiny", **overrides) -> Path:
             "short": {
                 "data": {
                     "source": "synthetic",
-                    "source_kwargs": {"regime": "short", "n_train": 160, "n_validation": 64, "n_test": 64, "window": 48},
+                    "source_kwargs": {
+                        "regime": "short",
+                        "n_train": 160,
+                        "n_validation": 64,
+                        "n_test": 64,
+                        "window": 48,
+                    },
                     "tokenizer": "word",
                     "max_length": 64,
                 }
@@ -54,7 +60,13 @@ def tiny_sweep(tmp_path: Path, name: str = "tiny", **overrides) -> Path:
         },
         "defaults": {
             "model": {"d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "max_len": 64},
-            "train": {"epochs": 2, "batch_size": 32, "lr": 1e-3, "latency_repeats": 2, "latency_batch_size": 4},
+            "train": {
+                "epochs": 2,
+                "batch_size": 32,
+                "lr": 1e-3,
+                "latency_repeats": 2,
+                "latency_batch_size": 4,
+            },
         },
         "resources": {"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 2},
         "storage_path": str(tmp_path / "ray_results"),

@@ -12,7 +12,7 @@ import yaml
 
 from fusion_ray.config import Resources, load_sweep, resources_for
 from fusion_ray.grid import expand
-from fusion_ray.sweep import trial_resources
+from fusion_ray.orchestrate import trial_resources
 from tests.conftest import ROOT
 
 CLUSTER = ROOT / "cluster.yaml"
@@ -38,7 +38,9 @@ def test_rays_own_launcher_accepts_it(cluster):
     prepared = prepare_config(cluster)
     validate_config(prepared)
     assert prepared["provider"]["type"] == "aws"
-    workers = {k: v for k, v in prepared["available_node_types"].items() if k != prepared["head_node_type"]}
+    workers = {
+        k: v for k, v in prepared["available_node_types"].items() if k != prepared["head_node_type"]
+    }
     assert workers, "no worker node types"
     for name, node in prepared["available_node_types"].items():
         assert {"CPU", "GPU"} <= set(node["resources"]), f"{name}: resources must be explicit"
@@ -47,7 +49,9 @@ def test_rays_own_launcher_accepts_it(cluster):
         assert node["resources"]["GPU"] >= 1 and node["max_workers"] <= prepared["max_workers"]
     head = prepared["available_node_types"][prepared["head_node_type"]]["resources"]
     assert head["CPU"] == 0 and head["GPU"] == 0 and head[DRIVER] >= 1
-    assert {n["resources"]["GPU"] for n in workers.values()} >= {1, 4}, "single- and multi-GPU types"
+    assert {n["resources"]["GPU"] for n in workers.values()} >= {1, 4}, (
+        "single- and multi-GPU types"
+    )
 
 
 def test_services_are_private_and_token_auth_is_on(cluster):
@@ -68,8 +72,14 @@ def test_services_are_private_and_token_auth_is_on(cluster):
 
 
 def test_every_command_is_valid_bash(cluster):
-    for key in ("setup_commands", "head_setup_commands", "worker_setup_commands",
-                "head_start_ray_commands", "worker_start_ray_commands", "initialization_commands"):
+    for key in (
+        "setup_commands",
+        "head_setup_commands",
+        "worker_setup_commands",
+        "head_start_ray_commands",
+        "worker_start_ray_commands",
+        "initialization_commands",
+    ):
         for command in cluster[key]:
             check = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
             assert check.returncode == 0, f"{key}: {command}\n{check.stderr}"
@@ -86,7 +96,11 @@ def test_the_head_profile_feeds_the_sweep_files(cluster, study):
 
 def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
     # Ray fills in each node's `memory` from its instance type; trials ask at most a token 1 KiB.
-    return all(node.get(k, 0) >= v for k, v in bundle.items() if not (k == "memory" and "memory" not in node))
+    return all(
+        node.get(k, 0) >= v
+        for k, v in bundle.items()
+        if not (k == "memory" and "memory" not in node)
+    )
 
 
 def _requests(res: Resources) -> tuple[dict[str, float], list[dict[str, float]]]:
@@ -100,13 +114,19 @@ def _requests(res: Resources) -> tuple[dict[str, float], list[dict[str, float]]]
 
 def _assert_fits(res: Resources, nodes: dict[str, dict], head: str, where: str) -> None:
     trial, workers = _requests(res)
-    assert any(_fits(trial, n["resources"]) for n in nodes.values()), f"{where}: trial bundle {trial} fits no node type"
+    assert any(_fits(trial, n["resources"]) for n in nodes.values()), (
+        f"{where}: trial bundle {trial} fits no node type"
+    )
     if res.driver_resource:
-        assert _fits(trial, nodes[head]["resources"]), f"{where}: the driver resource must be on the head"
+        assert _fits(trial, nodes[head]["resources"]), (
+            f"{where}: the driver resource must be on the head"
+        )
     if workers:
         # a DDP gang fits on one node, so nccl stays on the node's own links
         total = {k: sum(w.get(k, 0) for w in workers) for k in workers[0]}
-        assert any(_fits(total, n["resources"]) for k, n in nodes.items() if k != head), f"{where}: {res.workers} workers fit no node type"
+        assert any(_fits(total, n["resources"]) for k, n in nodes.items() if k != head), (
+            f"{where}: {res.workers} workers fit no node type"
+        )
 
 
 def test_every_trial_of_the_full_grid_fits_a_node_type(cluster, study):
@@ -118,16 +138,22 @@ def test_every_trial_of_the_full_grid_fits_a_node_type(cluster, study):
         assert res.use_gpu, f"{dataset}: the study runs on GPUs"
         _assert_fits(res, nodes, head, dataset)
         trial, _ = _requests(res)
-        assert not _fits(trial, nodes[head]["resources"]), f"{dataset}: trials must not land on the head"
+        assert not _fits(trial, nodes[head]["resources"]), (
+            f"{dataset}: trials must not land on the head"
+        )
 
 
 def test_the_ddp_recipe_in_cluster_yaml_fits_the_multi_gpu_type(cluster):
     """The long-document DDP resources that cluster.yaml's gpu_4x comment gives."""
     nodes, head = cluster["available_node_types"], cluster["head_node_type"]
-    ddp = Resources(workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8, driver_resource=DRIVER)
+    ddp = Resources(
+        workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8, driver_resource=DRIVER
+    )
     _assert_fits(ddp, nodes, head, "ddp")
     assert trial_resources(ddp) == {"memory": 1024, DRIVER: 1}
-    assert not _fits(_requests(ddp)[1][0], nodes[head]["resources"]), "DDP workers must not land on the head"
+    assert not _fits(_requests(ddp)[1][0], nodes[head]["resources"]), (
+        "DDP workers must not land on the head"
+    )
 
 
 def test_fractional_gpus_pack_trials_and_reach_rays_request(cluster, study):
@@ -206,16 +232,33 @@ def test_every_command_of_the_readme_walkthrough_exists(capsys):
     commands = _shell_commands(_readme_cluster_section())
     ray_commands = [c for c in commands if c[0] == "ray"]
     used = {c[1] for c in ray_commands}
-    assert {"up", "exec", "attach", "dashboard", "rsync-down", "down", "get-auth-token", "status"} <= used
+    assert {
+        "up",
+        "exec",
+        "attach",
+        "dashboard",
+        "rsync-down",
+        "down",
+        "get-auth-token",
+        "status",
+    } <= used
     for argv in ray_commands:
         command, args = cli, argv[1:]
         while isinstance(command, click.Group):
-            assert args[0] in command.commands, f"`{' '.join(argv)}`: no such ray command {args[0]!r}"
+            assert args[0] in command.commands, (
+                f"`{' '.join(argv)}`: no such ray command {args[0]!r}"
+            )
             command, args = command.commands[args[0]], args[1:]
-        options = {o for p in command.params for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]}
+        options = {
+            o
+            for p in command.params
+            for o in [*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]
+        }
         for arg in args:
             if arg.startswith("-"):
-                assert arg.split("=")[0] in options, f"`{' '.join(argv)}`: ray {argv[1]} has no option {arg}"
+                assert arg.split("=")[0] in options, (
+                    f"`{' '.join(argv)}`: ray {argv[1]} has no option {arg}"
+                )
 
     mains = {"fusion_ray.sweep": sweep_main, "fusion_ray.hpo": hpo_main}
     checked = set()
@@ -227,7 +270,9 @@ def test_every_command_of_the_readme_walkthrough_exists(capsys):
         usage = capsys.readouterr().out
         for arg in argv[3:]:
             if arg.startswith("-"):
-                assert re.search(rf"(^|\s){re.escape(arg)}\b", usage), f"`{' '.join(argv)}`: no option {arg}"
+                assert re.search(rf"(^|\s){re.escape(arg)}\b", usage), (
+                    f"`{' '.join(argv)}`: no option {arg}"
+                )
             elif arg.endswith(".yaml") and not arg.startswith("/"):
                 assert (ROOT / arg).is_file(), f"`{' '.join(argv)}`: {arg} does not exist"
         checked.add(argv[2])

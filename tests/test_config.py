@@ -72,7 +72,9 @@ def test_unknown_fusion_names_the_allowed_ones(tmp_path):
 
 
 def test_unknown_fusion_option_is_an_error(tmp_path):
-    msg = _problems(_write(tmp_path, lambda r: r["grid"].update(fusions=[{"name": "gate_cnn", "kernel_sz": 3}])))
+    msg = _problems(
+        _write(tmp_path, lambda r: r["grid"].update(fusions=[{"name": "gate_cnn", "kernel_sz": 3}]))
+    )
     assert "kernel_sz" in msg and "kernel_size" in msg
 
 
@@ -155,7 +157,9 @@ def test_a_sweep_that_expands_to_nothing_is_an_error(tmp_path):
 
 
 def test_extends_fragment_and_env_expansion(tmp_path, monkeypatch):
-    (tmp_path / "tuned.yaml").write_text(yaml.safe_dump({"defaults": {"train": {"lr": 0.0042, "batch_size": 16}}}))
+    (tmp_path / "tuned.yaml").write_text(
+        yaml.safe_dump({"defaults": {"train": {"lr": 0.0042, "batch_size": 16}}})
+    )
     monkeypatch.setenv("MY_STORE", str(tmp_path / "store"))
 
     def mutate(r):
@@ -177,7 +181,11 @@ def test_include_and_exclude_rules(tmp_path):
     cells = expand(load_sweep(_write(tmp_path, mutate)))
     fusions = sorted({c.fusion for c in cells})
     assert fusions == ["add", "gate_cnn(kernel_size=5)"]
-    assert all(c.trial.model.fusion_kwargs == {"kernel_size": 5} for c in cells if c.fusion.startswith("gate_cnn"))
+    assert all(
+        c.trial.model.fusion_kwargs == {"kernel_size": 5}
+        for c in cells
+        if c.fusion.startswith("gate_cnn")
+    )
 
 
 def test_cell_ids_are_stable_and_depend_on_the_config(tmp_path):
@@ -195,12 +203,18 @@ def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch)
 
     import torch
 
-    from fusion_ray.sweep import run_cell
+    from fusion_ray.orchestrate import run_cell
 
     if torch.cuda.is_available():
         pytest.skip("this node has CUDA")
     monkeypatch.delenv("FUSION_RAY_CPU_FALLBACK", raising=False)
     cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
-    resources = {"workers": 1, "use_gpu": True, "cpus_per_worker": 1, "gpus_per_worker": 1, "force_trainer": False}
+    resources = {
+        "workers": 1,
+        "use_gpu": True,
+        "cpus_per_worker": 1,
+        "gpus_per_worker": 1,
+        "force_trainer": False,
+    }
     with pytest.raises(RuntimeError, match="no CUDA: install a CUDA build of torch"):
         run_cell({"trial": dataclasses.asdict(cell.trial), "resources": resources})

@@ -68,7 +68,13 @@ def ddp_trial(cache: str) -> TrialConfig:
         dataset="short",
         data=DataSpec(
             source="synthetic",
-            source_kwargs={"regime": "short", "n_train": 190, "n_validation": 48, "n_test": 48, "window": 48},
+            source_kwargs={
+                "regime": "short",
+                "n_train": 190,
+                "n_validation": 48,
+                "n_test": 48,
+                "window": 48,
+            },
             tokenizer="word",
             max_length=64,
             cache_dir=cache,
@@ -124,8 +130,12 @@ def test_two_worker_ddp_disjoint_shards_identical_weights_and_exact_recovery(
     fit(crashed, tmp_path / "storage", trial, crash_in_epoch=1)
     assert (crashed / "crashed").exists()
     epochs = [w["epoch"] for w in _lines(crashed / "weights_rank1.jsonl")]
-    assert epochs == [0, 1, 1, 2], f"the restart must continue after epoch 0, not from scratch: {epochs}"
-    assert _lines(crashed / "weights_rank0.jsonl")[-1] == w0[-1], "final weights differ from the clean run"
+    assert epochs == [0, 1, 1, 2], (
+        f"the restart must continue after epoch 0, not from scratch: {epochs}"
+    )
+    assert _lines(crashed / "weights_rank0.jsonl")[-1] == w0[-1], (
+        "final weights differ from the clean run"
+    )
     clean_final, crashed_final = (
         json.loads((d / "final.json").read_text()) for d in (clean, crashed)
     )

@@ -11,12 +11,18 @@ import yaml
 
 from fusion_ray.config import load_sweep
 from fusion_ray.grid import expand, flatten
-from fusion_ray.hpo import Best, HpoFileError, fragment_text, load_hpo
+from fusion_ray.hpo import HpoFileError, fragment_text, load_hpo
 from fusion_ray.hpo import main as hpo_main
+from fusion_ray.tracking import Best
 from tests.conftest import ROOT
 
 HPO_FILES = sorted((ROOT / "sweeps" / "hpo").glob("*.yaml"))
-TUNED = {"train.lr": 0.00123, "train.batch_size": 16, "train.warmup_steps": 7, "model.dropout": 0.05}
+TUNED = {
+    "train.lr": 0.00123,
+    "train.batch_size": 16,
+    "train.warmup_steps": 7,
+    "model.dropout": 0.05,
+}
 
 
 def test_there_are_hpo_files():
@@ -24,13 +30,17 @@ def test_there_are_hpo_files():
 
 
 @pytest.mark.parametrize("path", HPO_FILES, ids=lambda p: p.name)
-def test_every_shipped_hpo_file_validates_and_has_a_dry_run(path: Path, monkeypatch, tmp_path, capsys):
+def test_every_shipped_hpo_file_validates_and_has_a_dry_run(
+    path: Path, monkeypatch, tmp_path, capsys
+):
     monkeypatch.setenv("FUSION_RAY_STORAGE", "s3://example-bucket/fusion-ray")
     plan = load_hpo(path)
     assert plan.output.parent == ROOT / "sweeps" / "tuned"
     cells = expand(plan.spec)
     assert [c.dataset for c in cells] == plan.tune.datasets
-    assert {c.fusion for c in cells} == {plan.tune.fusion.label} and {c.seed for c in cells} == {plan.tune.seed}
+    assert {c.fusion for c in cells} == {plan.tune.fusion.label} and {c.seed for c in cells} == {
+        plan.tune.seed
+    }
     monkeypatch.chdir(tmp_path)
     assert hpo_main([str(path), "--dry-run"]) == 0
     assert "validation only" in capsys.readouterr().out
@@ -42,7 +52,12 @@ def test_the_study_is_tuned_on_its_own_presets_and_seed():
     assert plan.tune.fusion.label == grid.grid.fusions[0].label  # the report's baseline
     assert plan.tune.seed not in grid.seeds
     assert plan.spec.datasets == grid.datasets
-    assert set(plan.tune.space) == {"train.lr", "model.dropout", "train.batch_size", "train.warmup_steps"}
+    assert set(plan.tune.space) == {
+        "train.lr",
+        "model.dropout",
+        "train.batch_size",
+        "train.warmup_steps",
+    }
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -56,12 +71,14 @@ def test_a_bad_hpo_file_lists_every_problem_before_ray_starts(tmp_path, capsys):
     quick["seeds"] = [0, 1]
     del quick["output"]
     quick["tune"]["datasets"] = ["short", "missing"]
-    quick["tune"]["space"].update({
-        "model.fusion": {"type": "choice", "values": ["add", "concat"]},
-        "train.nope": {"type": "uniform", "low": 0, "high": 1},
-        "train.eval_batch_size": {"type": "choice", "values": [0, 8]},
-        "model.d_ff": {"type": "loguniform", "low": 0, "high": 8},
-    })
+    quick["tune"]["space"].update(
+        {
+            "model.fusion": {"type": "choice", "values": ["add", "concat"]},
+            "train.nope": {"type": "uniform", "low": 0, "high": 1},
+            "train.eval_batch_size": {"type": "choice", "values": [0, 8]},
+            "model.d_ff": {"type": "loguniform", "low": 0, "high": 8},
+        }
+    )
     path = _write(tmp_path, yaml.safe_dump(quick))
     with pytest.raises(HpoFileError) as info:
         load_hpo(path)
@@ -83,7 +100,10 @@ def test_a_bad_hpo_file_lists_every_problem_before_ray_starts(tmp_path, capsys):
     text = str(info.value)
     assert "tune.space.model.fusion: is a grid axis" in text
     assert "tune.space.train.nope: not a setting of the trial" in text
-    assert "tune.space.train.eval_batch_size = 0: datasets.short.train.eval_batch_size: must be > 0" in text
+    assert (
+        "tune.space.train.eval_batch_size = 0: datasets.short.train.eval_batch_size: must be > 0"
+        in text
+    )
     assert len(info.value.problems) == 3
     assert hpo_main([str(path), "--dry-run"]) == 2
     assert "3 problem(s)" in capsys.readouterr().err
@@ -143,7 +163,12 @@ def test_the_fragment_overrides_the_study_presets_when_listed_after_them(tmp_pat
     monkeypatch.setenv("FUSION_RAY_STORAGE", "s3://example-bucket/fusion-ray")
     fragment = _fragment(tmp_path, "fusion_matters.yaml", "ag_news")
     assert yaml.safe_load(fragment.read_text()) == {
-        "datasets": {"ag_news": {"train": {"lr": 0.00123, "batch_size": 16, "warmup_steps": 7}, "model": {"dropout": 0.05}}}
+        "datasets": {
+            "ag_news": {
+                "train": {"lr": 0.00123, "batch_size": 16, "warmup_steps": 7},
+                "model": {"dropout": 0.05},
+            }
+        }
     }
     raw = yaml.safe_load((ROOT / "sweeps" / "full_grid.yaml").read_text())
     raw["extends"] = [str(ROOT / "sweeps" / "_study_datasets.yaml"), "tuned/fragment.yaml"]
@@ -156,7 +181,9 @@ def test_the_fragment_overrides_the_study_presets_when_listed_after_them(tmp_pat
 
 
 @pytest.mark.slow
-def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(tmp_path, ray_session, data_cache, monkeypatch, capsys):
+def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(
+    tmp_path, ray_session, data_cache, monkeypatch, capsys
+):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)  # the quick file's MLflow store and Tune results are relative paths
@@ -173,7 +200,9 @@ def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(tmp_path, ray_session, data
         tags, metrics = run.data.tags, run.data.metrics
         assert (tags["dataset"], tags["fusion"], tags["seed"]) == ("short", "add", "1000")
         assert "best_val_acc" in metrics and "val_acc" in metrics
-        assert not {m for m in metrics if m.startswith("test_")}, "tuning must never see the test split"
+        assert not {m for m in metrics if m.startswith("test_")}, (
+            "tuning must never see the test split"
+        )
         history = client.get_metric_history(run.info.run_id, "val_acc")
         assert metrics["best_val_acc"] == max(m.value for m in history)
     best = max(runs, key=lambda r: r.data.metrics["best_val_acc"])
@@ -183,7 +212,9 @@ def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(tmp_path, ray_session, data
         for name, value in values.items():
             assert best.data.params[f"{section}.{name}"] == str(value)
     parent = client.search_runs([experiment.experiment_id], filter_string="tags.role = 'sweep'")[0]
-    assert [a.path for a in client.list_artifacts(parent.info.run_id, "report")] == ["report/quick.yaml"]
+    assert [a.path for a in client.list_artifacts(parent.info.run_id, "report")] == [
+        "report/quick.yaml"
+    ]
 
     # the fragment feeds a sweep over the same dataset, for every operator
     raw = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())

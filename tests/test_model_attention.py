@@ -18,7 +18,7 @@ from fusion_ray.model.attention import (
     build_attention_mask,
     t5_bucket,
 )
-from fusion_ray.train.loop import _device_batch
+from fusion_ray.train.loop import device_batch
 
 D, HEADS, L = 16, 4, 7
 DH = D // HEADS
@@ -143,7 +143,9 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", spy)
     ids = torch.randint(1, 20, (2, 6))
     docs = [ids[0].numpy(), ids[1].numpy(), ids[0, :3].numpy()]
-    split = TokenizedSplit(ids=docs, labels=np.zeros(3, dtype=np.int64), lengths=np.array([6, 6, 3]))
+    split = TokenizedSplit(
+        ids=docs, labels=np.zeros(3, dtype=np.int64), lengths=np.array([6, 6, 3])
+    )
     for name in ("none", "rope"):
         model = build_classifier(
             ModelSpec(d_model=8, n_heads=2, n_layers=2, max_len=8, attention_position=name),
@@ -153,12 +155,12 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
         )
         seen.clear()
         unpadded = collate(split, [0, 1])  # both documents 6 tokens long
-        batch_ids, batch_mask, _ = _device_batch(unpadded, torch.device("cpu"))
+        batch_ids, batch_mask, _ = device_batch(unpadded, torch.device("cpu"))
         assert batch_mask is None
         model(batch_ids, batch_mask)
         model(ids)
         assert seen == [None] * 4, name
-        padded = _device_batch(collate(split, [0, 2]), torch.device("cpu"))[1]
+        padded = device_batch(collate(split, [0, 2]), torch.device("cpu"))[1]
         assert padded is not None and padded.tolist() == [[True] * 6, [True] * 3 + [False] * 3]
         seen.clear()
         mask = torch.ones(2, 6, dtype=torch.bool)

@@ -35,8 +35,19 @@ def _sweep_file(workdir: Path) -> Path:
     short = raw["datasets"].pop("short")
     raw["grid"] = {"datasets": ["ddp", "packed"], "fusions": ["add"]}
     raw["datasets"] = {
-        "ddp": {**short, "resources": {"workers": 2, "cpus_per_worker": 1, "driver_resource": DRIVER_RESOURCE}},
-        "packed": {**short, "resources": {"workers": 1, "cpus_per_worker": 1, "use_gpu": True, "gpus_per_worker": 0.25}},
+        "ddp": {
+            **short,
+            "resources": {"workers": 2, "cpus_per_worker": 1, "driver_resource": DRIVER_RESOURCE},
+        },
+        "packed": {
+            **short,
+            "resources": {
+                "workers": 1,
+                "cpus_per_worker": 1,
+                "use_gpu": True,
+                "gpus_per_worker": 0.25,
+            },
+        },
     }
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
@@ -54,7 +65,11 @@ def run_scenario(workdir: str) -> None:
     work = Path(workdir)
     cluster = Cluster(
         initialize_head=True,
-        head_node_args={"num_cpus": 0, "resources": {DRIVER_RESOURCE: 4}, "include_dashboard": False},
+        head_node_args={
+            "num_cpus": 0,
+            "resources": {DRIVER_RESOURCE: 4},
+            "include_dashboard": False,
+        },
     )
     try:
         gpu_node = cluster.add_node(num_cpus=1, num_gpus=1)
@@ -109,8 +124,17 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
     }
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, "-c", "import sys; from tests.test_multinode import run_scenario; run_scenario(sys.argv[1])", str(tmp_path)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=540,
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.test_multinode import run_scenario; run_scenario(sys.argv[1])",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     seen = json.loads((tmp_path / "observed.json").read_text())
@@ -124,7 +148,9 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
     spec = load_sweep(tmp_path / "multinode.yaml")  # written by the scenario
     cells = {c.dataset: c for c in expand(spec)}
     node_of_pid = {a["pid"]: a["node"] for a in seen["actors"]}
-    trial_node = {cid: node_of_pid[pid] for cid, pid in _trial_pids(tmp_path / "ray_results").items()}
+    trial_node = {
+        cid: node_of_pid[pid] for cid, pid in _trial_pids(tmp_path / "ray_results").items()
+    }
 
     # the DDP trial spans both worker nodes; its Tune trial and Train controller stay on the head
     workers = [a["node"] for a in seen["actors"] if a["cls"] == "RayTrainWorker"]
@@ -150,8 +176,13 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
         assert run.info.status == "FINISHED"
         assert run.data.tags["cell_id"] == cells[dataset].cell_id
         assert run.data.params["model.d_model"] == "16"
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc")) == [0, 1]
-        local = client.download_artifacts(run.info.run_id, "test_predictions.parquet", str(tmp_path / dataset))
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc")) == [
+            0,
+            1,
+        ]
+        local = client.download_artifacts(
+            run.info.run_id, "test_predictions.parquet", str(tmp_path / dataset)
+        )
         preds = pd.read_parquet(local)
         assert len(preds) == run.data.metrics["test_total"] == 64
         assert (preds.label == preds.pred).sum() == run.data.metrics["test_correct"]
@@ -168,8 +199,13 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
     finally:
         torch.set_num_threads(threads)
     packed = runs["packed"]
-    history = sorted(client.get_metric_history(packed.info.run_id, "val_loss"), key=lambda m: m.step)
-    laptop_history = [json.loads(x)["val_loss"] for x in (tmp_path / "laptop" / "metrics.jsonl").read_text().splitlines()[:-1]]
+    history = sorted(
+        client.get_metric_history(packed.info.run_id, "val_loss"), key=lambda m: m.step
+    )
+    laptop_history = [
+        json.loads(x)["val_loss"]
+        for x in (tmp_path / "laptop" / "metrics.jsonl").read_text().splitlines()[:-1]
+    ]
     assert [m.value for m in history] == laptop_history
     for key in ("test_correct", "best_val_acc", "best_epoch", "num_params"):
         assert packed.data.metrics[key] == laptop[key], key

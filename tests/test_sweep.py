@@ -32,20 +32,42 @@ def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tmp_path, ray_sessio
     assert len(runs) == 4
     for run in runs:
         tags, params, metrics = run.data.tags, run.data.params, run.data.metrics
-        for tag in ("cell_id", "dataset", "position", "attention_position", "fusion", "seed", "sweep", "git_sha"):
+        for tag in (
+            "cell_id",
+            "dataset",
+            "position",
+            "attention_position",
+            "fusion",
+            "seed",
+            "sweep",
+            "git_sha",
+        ):
             assert tags.get(tag), f"missing tag {tag}"
         assert tags["fusion"] in ("add", "gate_scalar") and tags["sweep"] == "tiny"
         assert params["model.d_model"] == "16" and params["train.lr"] == "0.001"
         assert params["model.fusion"] == tags["fusion"] and params["seed"] == tags["seed"]
-        for metric in ("test_acc", "best_val_acc", "best_epoch", "test_correct", "test_total",
-                       "latency_ms_per_sample", "num_params", "train_seconds"):
+        for metric in (
+            "test_acc",
+            "best_val_acc",
+            "best_epoch",
+            "test_correct",
+            "test_total",
+            "latency_ms_per_sample",
+            "num_params",
+            "train_seconds",
+        ):
             assert metric in metrics, f"missing metric {metric}"
         history = client.get_metric_history(run.info.run_id, "val_acc")
         assert sorted(m.step for m in history) == [0, 1]
         assert metrics["best_val_acc"] == max(m.value for m in history)
-        local = client.download_artifacts(run.info.run_id, "test_predictions.parquet", str(tmp_path / run.info.run_id))
+        local = client.download_artifacts(
+            run.info.run_id, "test_predictions.parquet", str(tmp_path / run.info.run_id)
+        )
         preds = pd.read_parquet(local)
-        assert len(preds) == metrics["test_total"] and (preds.label == preds.pred).sum() == metrics["test_correct"]
+        assert (
+            len(preds) == metrics["test_total"]
+            and (preds.label == preds.pred).sum() == metrics["test_correct"]
+        )
         assert tags["mlflow.parentRunId"]
     parents = client.search_runs([runs[0].info.experiment_id], filter_string="tags.role = 'sweep'")
     assert len(parents) == 1 and parents[0].info.run_id == runs[0].data.tags["mlflow.parentRunId"]
@@ -96,12 +118,21 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_s
     assert not old_failed & {r.info.run_id for r in runs_after if r.info.status == "FAILED"}
 
 
-def test_one_worker_direct_and_trainer_paths_give_identical_metrics(tmp_path, ray_session, data_cache):
+def test_one_worker_direct_and_trainer_paths_give_identical_metrics(
+    tmp_path, ray_session, data_cache
+):
     results = {}
     for force in (False, True):
         path = tiny_sweep(
-            tmp_path / str(force), name=f"paths_{force}", seeds=[0],
-            resources={"workers": 1, "cpus_per_worker": 1, "force_trainer": force, "max_concurrent_trials": 1},
+            tmp_path / str(force),
+            name=f"paths_{force}",
+            seeds=[0],
+            resources={
+                "workers": 1,
+                "cpus_per_worker": 1,
+                "force_trainer": force,
+                "max_concurrent_trials": 1,
+            },
         )
         raw = yaml.safe_load(path.read_text())
         raw["grid"]["fusions"] = ["gate_scalar"]
@@ -109,8 +140,17 @@ def test_one_worker_direct_and_trainer_paths_give_identical_metrics(tmp_path, ra
         spec = load_sweep(path)
         assert len(run_sweep(spec, str(path), verbose=0).finished) == 1
         client, (run,) = _runs(spec, "FINISHED")
-        history = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step)]
-        results[force] = (run.data.metrics["test_correct"], run.data.metrics["best_val_acc"], history)
+        history = [
+            m.value
+            for m in sorted(
+                client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step
+            )
+        ]
+        results[force] = (
+            run.data.metrics["test_correct"],
+            run.data.metrics["best_val_acc"],
+            history,
+        )
     assert results[False] == results[True]
 
 
@@ -118,7 +158,9 @@ def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache
     """workers: 2 runs a TorchTrainer inside the Tune trial; its metrics reach MLflow through
     TuneReportCallback exactly like a one-worker trial's."""
     path = tiny_sweep(
-        tmp_path, name="ddp", seeds=[0],
+        tmp_path,
+        name="ddp",
+        seeds=[0],
         resources={"workers": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
     )
     raw = yaml.safe_load(path.read_text())
@@ -131,11 +173,15 @@ def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc")) == [0, 1]
     assert run.data.metrics["test_total"] == 64
     assert run.data.tags["checkpoint_path"].startswith(str(tmp_path))
-    local = client.download_artifacts(run.info.run_id, "test_predictions.parquet", str(tmp_path / "dl"))
+    local = client.download_artifacts(
+        run.info.run_id, "test_predictions.parquet", str(tmp_path / "dl")
+    )
     assert len(pd.read_parquet(local)) == 64
 
 
-def test_quickstart_smoke_path_runs_every_cell_once(tmp_path, ray_session, data_cache, monkeypatch, capsys):
+def test_quickstart_smoke_path_runs_every_cell_once(
+    tmp_path, ray_session, data_cache, monkeypatch, capsys
+):
     from fusion_ray.config import smoke_version
     from fusion_ray.grid import expand
     from fusion_ray.sweep import main

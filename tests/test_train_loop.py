@@ -20,14 +20,29 @@ def tiny_trial(data_cache: str, **train) -> TrialConfig:
         dataset="short",
         data=DataSpec(
             source="synthetic",
-            source_kwargs={"regime": "short", "n_train": 160, "n_validation": 48, "n_test": 48, "window": 48},
+            source_kwargs={
+                "regime": "short",
+                "n_train": 160,
+                "n_validation": 48,
+                "n_test": 48,
+                "window": 48,
+            },
             tokenizer="word",
             max_length=64,
             cache_dir=data_cache,
         ),
-        model=ModelSpec(d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=64, fusion="gate_scalar"),
+        model=ModelSpec(
+            d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=64, fusion="gate_scalar"
+        ),
         train=TrainSpec(
-            **{"epochs": 3, "batch_size": 32, "lr": 2e-3, "latency_repeats": 2, "latency_batch_size": 4, **train}
+            **{
+                "epochs": 3,
+                "batch_size": 32,
+                "lr": 2e-3,
+                "latency_repeats": 2,
+                "latency_batch_size": 4,
+                **train,
+            }
         ),
         seed=3,
     )
@@ -39,7 +54,11 @@ def _weights(out_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def _without_timing(metrics: dict) -> dict:
-    return {k: v for k, v in metrics.items() if k not in ("latency_ms_per_sample", "train_seconds", "loop_seconds")}
+    return {
+        k: v
+        for k, v in metrics.items()
+        if k not in ("latency_ms_per_sample", "train_seconds", "loop_seconds")
+    }
 
 
 def test_same_config_and_seed_twice_gives_identical_metrics(tmp_path, data_cache):
@@ -64,7 +83,9 @@ def test_stopped_after_epoch_k_and_resumed_is_bitwise_identical(tmp_path, data_c
     for name in ref_w:
         assert torch.equal(ref_w[name], res_w[name]), f"{name} differs after resume"
     # the resumed run reported only the epochs it ran, continuing the epoch numbering
-    lines = [json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    lines = [
+        json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [m.get("epoch") for m in lines] == [0, 1, 2, None]
 
 
@@ -112,8 +133,13 @@ def test_rounding_batch_lengths_up_does_not_change_evaluation(data_cache):
     model = build_classifier(trial.model, data.vocab_size, data.num_classes, seed=0)
     results = [
         evaluate(
-            model, data.test, batch_size=16, device=torch.device("cpu"),
-            spec=TrainSpec(pad_to_multiple=multiple), pad_to=None, want_predictions=True,
+            model,
+            data.test,
+            batch_size=16,
+            device=torch.device("cpu"),
+            spec=TrainSpec(pad_to_multiple=multiple),
+            pad_to=None,
+            want_predictions=True,
         )
         for multiple in (1, 16)
     ]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import tokenizers
 
+from fusion_ray.checks import is_int
 from fusion_ray.data import cache
 from fusion_ray.data.sources import (
     SOURCES,
@@ -84,10 +85,6 @@ class PreparedData:
 # ---------------------------------------------------------------------------------------------
 
 
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def _build(registry: Registry, name: str, kwargs: dict[str, Any]) -> tuple[Any, list[str]]:
     """The entry built from kwargs and its problems; (None, problems) when it cannot be built."""
     problems = registry.check(name, kwargs)
@@ -119,7 +116,7 @@ def check_data_spec(spec: DataSpec) -> list[str]:
         problems += _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
 
     if spec.num_classes is not None:
-        if not _is_int(spec.num_classes) or spec.num_classes < 2:
+        if not is_int(spec.num_classes) or spec.num_classes < 2:
             problems.append(
                 f"data.num_classes: must be an integer >= 2 or null, got {spec.num_classes!r}"
             )
@@ -135,20 +132,20 @@ def check_data_spec(spec: DataSpec) -> list[str]:
         problems.append(
             f"data.validation_fraction: must be a number strictly between 0 and 1, got {frac!r}"
         )
-    if not _is_int(spec.split_seed) or spec.split_seed < 0:
+    if not is_int(spec.split_seed) or spec.split_seed < 0:
         problems.append(f"data.split_seed: must be a non-negative integer, got {spec.split_seed!r}")
     if spec.max_train_samples is not None and (
-        not _is_int(spec.max_train_samples) or spec.max_train_samples < 1
+        not is_int(spec.max_train_samples) or spec.max_train_samples < 1
     ):
         problems.append(
             f"data.max_train_samples: must be a positive integer or null, got {spec.max_train_samples!r}"
         )
-    if not _is_int(spec.max_length) or spec.max_length < 1:
+    if not is_int(spec.max_length) or spec.max_length < 1:
         problems.append(f"data.max_length: must be a positive integer, got {spec.max_length!r}")
     if (
         isinstance(source, SyntheticSource)
         and not found
-        and _is_int(spec.max_length)
+        and is_int(spec.max_length)
         and spec.max_length < source.label_span()
     ):
         problems.append(
@@ -208,8 +205,8 @@ def _label_index(split_name: str, raw: RawSplit, num_classes: int | None) -> np.
     for i, value in enumerate(raw.labels):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
-        if not _is_int(value) or not 0 <= value < upper:
-            if not _is_int(value):
+        if not is_int(value) or not 0 <= value < upper:
+            if not is_int(value):
                 what, fix = "which is not an integer class index", "fill in or remove that row"
             elif value < 0:
                 what, fix = "which is negative", "labels must be 0..C-1; fix or remove that row"

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fusion_ray.checks import is_int
 from fusion_ray.data import synthetic
 from fusion_ray.registry import Registry
 
@@ -170,10 +171,6 @@ def _is_nan(x: Any) -> bool:
     return isinstance(x, float) and x != x
 
 
-def _is_int_label(x: Any) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
 def encode_labels(splits: dict[str, RawSplit]) -> tuple[int | None, list[str] | None]:
     """Integer labels stay as they are; string labels map to ints in sorted order over all splits.
 
@@ -203,7 +200,7 @@ def encode_labels(splits: dict[str, RawSplit]) -> tuple[int | None, list[str] | 
     # Integer-valued floats (e.g. from a parquet float column) are accepted as ints.
     for s in splits.values():
         s.labels = [int(v) if isinstance(v, float) and v.is_integer() else v for v in s.labels]
-    ints = [int(v) for v in values if _is_int_label(v) or (isinstance(v, float) and v.is_integer())]
+    ints = [int(v) for v in values if is_int(v) or (isinstance(v, float) and v.is_integer())]
     return (max(ints) + 1 if ints else None), None
 
 
@@ -484,15 +481,15 @@ class SyntheticSource:
             ]
         problems = []
         for split, n in self.sizes.items():
-            if n is not None and (not _is_int_label(n) or n < 1):
+            if n is not None and (not is_int(n) or n < 1):
                 problems.append(f"{p}.n_{split}: must be a positive integer, got {n!r}")
         if self.num_classes is not None and (
-            not _is_int_label(self.num_classes) or not 2 <= self.num_classes <= 120
+            not is_int(self.num_classes) or not 2 <= self.num_classes <= 120
         ):
             problems.append(
                 f"{p}.num_classes: must be an integer in 2..120, got {self.num_classes!r}"
             )
-        if self.window is not None and (not _is_int_label(self.window) or self.window < 8):
+        if self.window is not None and (not is_int(self.window) or self.window < 8):
             problems.append(f"{p}.window: must be an integer >= 8 or null, got {self.window!r}")
         if not isinstance(self.length_scale, (int, float)) or not 0.05 <= self.length_scale <= 100:
             problems.append(
@@ -500,7 +497,7 @@ class SyntheticSource:
             )
         if not isinstance(self.topic_rate, (int, float)) or not 0.0 < self.topic_rate <= 1.0:
             problems.append(f"{p}.topic_rate: must be a number in (0, 1], got {self.topic_rate!r}")
-        if not _is_int_label(self.generator_seed) or self.generator_seed < 0:
+        if not is_int(self.generator_seed) or self.generator_seed < 0:
             problems.append(
                 f"{p}.generator_seed: must be a non-negative integer, got {self.generator_seed!r}"
             )

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from fusion_ray.checks import is_int
 from fusion_ray.registry import Registry
 
 PAD, UNK = "[PAD]", "[UNK]"
@@ -17,10 +18,6 @@ SPECIALS = [PAD, UNK]
 PAD_ID, UNK_ID = 0, 1
 
 TOKENIZERS: Registry = Registry("tokenizer")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _check_specials(tok: Tokenizer) -> Tokenizer:
@@ -46,9 +43,9 @@ class BPETokenizer:
     def problems(self) -> list[str]:
         p = "data.tokenizer_kwargs"
         problems = []
-        if not _is_int(self.vocab_size) or self.vocab_size < 64:
+        if not is_int(self.vocab_size) or self.vocab_size < 64:
             problems.append(f"{p}.vocab_size: must be an integer >= 64, got {self.vocab_size!r}")
-        if not _is_int(self.min_frequency) or self.min_frequency < 1:
+        if not is_int(self.min_frequency) or self.min_frequency < 1:
             problems.append(
                 f"{p}.min_frequency: must be an integer >= 1, got {self.min_frequency!r}"
             )
@@ -87,11 +84,11 @@ class WordTokenizer:
     def problems(self) -> list[str]:
         p = "data.tokenizer_kwargs"
         problems = []
-        if not _is_int(self.min_frequency) or self.min_frequency < 1:
+        if not is_int(self.min_frequency) or self.min_frequency < 1:
             problems.append(
                 f"{p}.min_frequency: must be an integer >= 1, got {self.min_frequency!r}"
             )
-        if not _is_int(self.max_words) or self.max_words < 1:
+        if not is_int(self.max_words) or self.max_words < 1:
             problems.append(f"{p}.max_words: must be an integer >= 1, got {self.max_words!r}")
         if not isinstance(self.lowercase, bool):
             problems.append(f"{p}.lowercase: must be true or false, got {self.lowercase!r}")

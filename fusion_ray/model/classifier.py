@@ -16,6 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from fusion_ray.checks import is_int
 from fusion_ray.model.attention import ATTENTION_POSITIONS, Encoder, EncoderBlock
 from fusion_ray.model.fusion import FUSIONS, Fusion
 from fusion_ray.model.positions import POSITIONS, PositionSignal
@@ -159,16 +160,12 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
     return 6.0 * non_embedding + 12.0 * spec.n_layers * seq_len * spec.d_model
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_model_spec(spec: ModelSpec) -> list[str]:
     """Every problem with ``spec`` as a user-facing message (field, bad value, allowed, fix)."""
     problems: list[str] = []
     for field in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
         value = getattr(spec, field)
-        if not _is_int(value) or value < 1:
+        if not is_int(value) or value < 1:
             problems.append(f"model.{field}={value!r}: must be a positive integer")
     dropout = spec.dropout
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
@@ -179,8 +176,8 @@ def check_model_spec(spec: ModelSpec) -> list[str]:
         if not isinstance(getattr(spec, field), bool):
             problems.append(f"model.{field}={getattr(spec, field)!r}: must be true or false")
 
-    d_ok = all(_is_int(v) and v >= 1 for v in (spec.d_model, spec.max_len))
-    heads_ok = d_ok and _is_int(spec.n_heads) and spec.n_heads >= 1
+    d_ok = all(is_int(v) and v >= 1 for v in (spec.d_model, spec.max_len))
+    heads_ok = d_ok and is_int(spec.n_heads) and spec.n_heads >= 1
     if heads_ok and spec.d_model % spec.n_heads:
         divisors = [h for h in range(1, min(spec.d_model, 64) + 1) if spec.d_model % h == 0]
         problems.append(

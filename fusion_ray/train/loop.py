@@ -35,10 +35,9 @@ from fusion_ray.data import (
     prepare_data,
 )
 from fusion_ray.model import build_classifier, count_parameters
+from fusion_ray.schema import PREDICTIONS_FILE
 from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
 from fusion_ray.train.spec import TrainSpec, TrialConfig
-
-PREDICTIONS_FILE = "test_predictions.parquet"
 
 
 def derive_seed(seed: int, name: str) -> int:
@@ -50,14 +49,14 @@ def derive_seed(seed: int, name: str) -> int:
 # ----------------------------------------------------------------------------- small helpers
 
 
-def _autocast(device: torch.device, spec: TrainSpec) -> contextlib.AbstractContextManager:
+def precision_context(device: torch.device, spec: TrainSpec) -> contextlib.AbstractContextManager:
     use_bf16 = spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda")
     if not use_bf16:
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
-def _device_batch(
+def device_batch(
     batch: dict[str, torch.Tensor], device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """A collated batch on ``device``: (input_ids [B, L], attention mask [B, L] or None, labels [B]).
@@ -84,7 +83,7 @@ def _all_reduce_sum(values: Sequence[float], device: torch.device) -> list[float
     return t.tolist()
 
 
-def _lr_lambda(spec: TrainSpec, total_steps: int):
+def lr_lambda(spec: TrainSpec, total_steps: int):
     def factor(step: int) -> float:
         if spec.warmup_steps and step < spec.warmup_steps:
             return (step + 1) / spec.warmup_steps
@@ -99,14 +98,16 @@ def _lr_lambda(spec: TrainSpec, total_steps: int):
     return factor
 
 
-def _make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
     # On CUDA the fused kernels: a few launches per step instead of several per parameter group.
     fused = next(model.parameters()).is_cuda
     cls = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.Adam
     return cls(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, fused=fused or None)
 
 
-def _eval_batches(split: TokenizedSplit, indices: Sequence[int], batch_size: int) -> Iterator[list[int]]:
+def _eval_batches(
+    split: TokenizedSplit, indices: Sequence[int], batch_size: int
+) -> Iterator[list[int]]:
     """Evaluation batches sorted by length (less padding); order does not change the results."""
     order = sorted(indices, key=lambda i: (len(split.ids[i]), i))
     for start in range(0, len(order), batch_size):
@@ -134,8 +135,8 @@ def evaluate(
     preds: dict[int, int] = {}
     for batch_indices in _eval_batches(split, my_indices, batch_size):
         batch = collate(split, batch_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
-        input_ids, mask, labels = _device_batch(batch, device)  # [B, L], [B, L] or None, [B]
-        with _autocast(device, spec):
+        input_ids, mask, labels = device_batch(batch, device)  # [B, L], [B, L] or None, [B]
+        with precision_context(device, spec):
             logits = model(input_ids, mask)  # [B, C]
         logits = logits.float()
         # Sums stay on the device until the end: no host sync per batch.
@@ -147,7 +148,11 @@ def evaluate(
     loss_sum, correct_f, count = _all_reduce_sum(
         [float(loss_sum), float(correct), len(my_indices)], device
     )
-    result = {"loss": loss_sum / max(count, 1), "correct": int(round(correct_f)), "total": int(count)}
+    result = {
+        "loss": loss_sum / max(count, 1),
+        "correct": int(round(correct_f)),
+        "total": int(count),
+    }
     if want_predictions:
         if dist.is_available() and dist.is_initialized():
             gathered: list[dict[int, int]] = [{} for _ in range(world_size)]
@@ -159,19 +164,23 @@ def evaluate(
 
 @torch.no_grad()
 def measure_latency(
-    model: nn.Module, split: TokenizedSplit, spec: TrainSpec, device: torch.device, pad_to: int | None
+    model: nn.Module,
+    split: TokenizedSplit,
+    spec: TrainSpec,
+    device: torch.device,
+    pad_to: int | None,
 ) -> float:
     """Inference latency in ms per document: warm-up, then the median of timed repeats."""
     model.eval()
     indices = list(range(min(spec.latency_batch_size, len(split))))
     batch = collate(split, indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
-    input_ids, mask, _ = _device_batch(batch, device)  # [B, L], [B, L] or None
+    input_ids, mask, _ = device_batch(batch, device)  # [B, L], [B, L] or None
 
     def once() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        with _autocast(device, spec):
+        with precision_context(device, spec):
             model(input_ids, mask)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -187,7 +196,7 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def _state_dict_copy(model: nn.Module) -> dict[str, torch.Tensor]:
+def state_dict_copy(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone().cpu() for k, v in _unwrap(model).state_dict().items()}
 
 
@@ -219,20 +228,28 @@ class Progress:
     train_seconds: float = 0.0
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
+    def record(self, metrics: dict[str, float], patience: int | None) -> bool:
+        """Add one epoch's metrics; True when its validation accuracy is the best so far."""
+        epoch, val_acc = int(metrics["epoch"]), metrics["val_acc"]
+        self.history.append(metrics)
+        self.epochs_done = epoch + 1
+        self.train_seconds += metrics["epoch_seconds"]
+        improved = val_acc > self.best_val_acc
+        if improved:
+            self.best_val_acc, self.best_epoch, self.bad_epochs = val_acc, epoch, 0
+        else:
+            self.bad_epochs += 1
+        if patience is not None and self.bad_epochs >= patience:
+            self.stopped_early = True
+        return improved
+
 
 def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
     """Train, validate and test one trial; returns the final metrics (also reported)."""
     entered = time.perf_counter()
     spec, device = trial.train, reporter.device
     rank, world_size = reporter.rank, reporter.world_size
-    if device.type == "cuda":
-        # Deterministic cuBLAS needs a fixed workspace; without it every matrix product warns.
-        # Read when this process first uses cuBLAS, so it changes nothing after that.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        # Deterministic mode would also fill every new tensor with NaN (hundreds of extra kernels
-        # per step); the model never reads memory it did not write, so that guard buys nothing.
-        torch.utils.deterministic.fill_uninitialized_memory = False
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    _deterministic(device)
 
     # --- data: tokenised once per node and cached; independent of seed and operator
     data: PreparedData = prepare_data(trial.data)
@@ -252,128 +269,217 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
     if world_size > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
-    optimizer = _make_optimizer(model, spec)
+    optimizer = make_optimizer(model, spec)
     total_steps = spec.epochs * len(sampler)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_lambda(spec, total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, total_steps))
     torch.manual_seed(derive_seed(trial.seed, f"train/rank{rank}"))  # dropout stream
 
     # --- resume: weights, optimiser, schedule, RNG and progress from the last checkpoint
     progress, best_state = Progress(), None
-    saved = last_state = reporter.restore()
-    if saved is not None:
-        _unwrap(model).load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        _set_rng_state(saved["rng"][min(rank, len(saved["rng"]) - 1)], device)
-        progress = Progress(**saved["progress"])
-        best_state = saved["best_model"]
+    last_state = reporter.restore()
+    if last_state is not None:
+        progress, best_state = _restore(last_state, model, optimizer, scheduler, rank, device)
 
-    # --- epochs
+    # --- epochs: train, validate, keep the best weights, checkpoint
     while progress.epochs_done < spec.epochs and not progress.stopped_early:
         epoch = progress.epochs_done
-        started = time.perf_counter()
-        model.train()
-        sampler.set_epoch(epoch)
-        # The loss sum stays on the device: reading it every step would stall the GPU each time.
-        loss_sum, docs = torch.zeros((), dtype=torch.float64, device=device), 0
-        for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
-            reporter.on_train_batch(epoch, local_indices)
-            batch = collate(data.train, local_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
-            input_ids, mask, labels = _device_batch(batch, device)  # [b, L], [b, L] or None, [b]
-            with _autocast(device, spec):
-                logits = model(input_ids, mask)  # [b, C]
-            batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-            # DDP averages gradients over ranks, so this is the mean over the global batch.
-            loss = batch_loss * world_size / len(global_batch)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if spec.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_sum += batch_loss.detach()
-            docs += len(local_indices)
-        loss_sum, docs = _all_reduce_sum([float(loss_sum), docs], device)
-        if not math.isfinite(loss_sum):
-            raise FloatingPointError(
-                f"training loss is {loss_sum} in epoch {epoch}; lower train.lr, enable "
-                f"train.grad_clip, or use train.precision: fp32"
-            )
-        epoch_seconds = time.perf_counter() - started
-        progress.train_seconds += epoch_seconds
-        reporter.on_epoch_end(epoch, _unwrap(model))
-
-        val = evaluate(
-            model, data.validation, batch_size=spec.eval_batch_size, device=device, spec=spec,
-            pad_to=pad_to, rank=rank, world_size=world_size,
+        train_loss, epoch_seconds = train_epoch(
+            model, optimizer, scheduler, data.train, sampler, epoch, reporter, spec, pad_to
         )
-        val_acc = val["correct"] / max(val["total"], 1)
+        reporter.on_epoch_end(epoch, _unwrap(model))
+        val = _evaluate_split(model, data.validation, spec, reporter, pad_to)
         metrics = {
             "epoch": epoch,
-            "train_loss": loss_sum / docs,
+            "train_loss": train_loss,
             "val_loss": val["loss"],
-            "val_acc": val_acc,
+            "val_acc": val["correct"] / max(val["total"], 1),
             "epoch_seconds": epoch_seconds,
         }
-        progress.history.append(metrics)
-        progress.epochs_done = epoch + 1
-        if val_acc > progress.best_val_acc:
-            progress.best_val_acc, progress.best_epoch, progress.bad_epochs = val_acc, epoch, 0
-            best_state = _state_dict_copy(model)
-        else:
-            progress.bad_epochs += 1
-        if spec.patience is not None and progress.bad_epochs >= spec.patience:
-            progress.stopped_early = True
-
-        rng = [_rng_state(device)]
-        if world_size > 1:  # every rank's dropout stream, so each resumes exactly
-            rng = [None] * world_size
-            dist.all_gather_object(rng, _rng_state(device))
-        last_state = {
-            "model": _state_dict_copy(model),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng,
-            "progress": dataclasses.asdict(progress),
-            "best_model": best_state,
-            "trial": dataclasses.asdict(trial),
-        }
-        with tempfile.TemporaryDirectory() as ckpt_dir:
-            if rank == 0:
-                torch.save(last_state, Path(ckpt_dir, CHECKPOINT_FILE))
-            reporter.report(metrics, checkpoint_dir=ckpt_dir)
+        if progress.record(metrics, spec.patience):
+            best_state = state_dict_copy(model)
+        last_state = checkpoint_state(
+            model, optimizer, scheduler, progress, best_state, trial, device
+        )
+        _save_and_report(reporter, metrics, last_state)
 
     # --- test at the best validation epoch, latency, predictions
     assert best_state is not None, "no epoch ran: train.epochs must be >= 1"
     _unwrap(model).load_state_dict(best_state)
-    test = evaluate(
-        model, data.test, batch_size=spec.eval_batch_size, device=device, spec=spec,
-        pad_to=pad_to, rank=rank, world_size=world_size, want_predictions=True,
+    final, predictions = score_best_model(model, data, trial, reporter, pad_to)
+    final.update(
+        best_val_acc=progress.best_val_acc,
+        best_epoch=progress.best_epoch,
+        epochs_run=progress.epochs_done,
+        num_params=num_params,
+        train_seconds=progress.train_seconds,
+        loop_seconds=time.perf_counter()
+        - entered,  # this process's time here (not summed over resumes)
     )
-    latency = measure_latency(_unwrap(model), data.test, spec, device, pad_to) if rank == 0 else 0.0
-    final = {
+    # the final checkpoint: the last state again (a resumed finished run only re-tests) + predictions
+    _save_and_report(reporter, final, last_state, predictions)
+    return final
+
+
+def score_best_model(
+    model: nn.Module, data: PreparedData, trial: TrialConfig, reporter: Reporter, pad_to: int | None
+) -> tuple[dict[str, Any], pd.DataFrame]:
+    """Test metrics and inference latency of the loaded (best) weights, and the per-document
+    predictions (``length`` before truncation, ``label``, ``pred``)."""
+    spec, device = trial.train, reporter.device
+    test = _evaluate_split(model, data.test, spec, reporter, pad_to, want_predictions=True)
+    latency = (
+        measure_latency(_unwrap(model), data.test, spec, device, pad_to)
+        if reporter.rank == 0
+        else 0.0
+    )
+    metrics = {
         "final": True,
         "test_acc": test["correct"] / max(test["total"], 1),
         "test_correct": test["correct"],
         "test_total": test["total"],
         "test_loss": test["loss"],
-        "best_val_acc": progress.best_val_acc,
-        "best_epoch": progress.best_epoch,
-        "epochs_run": progress.epochs_done,
         "latency_ms_per_sample": latency,
-        "num_params": num_params,
-        "train_seconds": progress.train_seconds,
-        "loop_seconds": time.perf_counter() - entered,  # this process's time in the loop (not summed over resumes)
     }
-    with tempfile.TemporaryDirectory() as out_dir:
-        if rank == 0:  # the final checkpoint: the last state again (a resume only re-tests) + predictions
-            torch.save(last_state, Path(out_dir, CHECKPOINT_FILE))
-            predictions = pd.DataFrame(
-                {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
-            )
-            predictions.to_parquet(Path(out_dir, PREDICTIONS_FILE), index=False)
-        reporter.report(final, checkpoint_dir=out_dir)
-    return final
+    predictions = pd.DataFrame(
+        {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
+    )
+    return metrics, predictions
+
+
+def _evaluate_split(
+    model: nn.Module,
+    split: TokenizedSplit,
+    spec: TrainSpec,
+    reporter: Reporter,
+    pad_to: int | None,
+    want_predictions: bool = False,
+) -> dict[str, Any]:
+    """``evaluate`` on this process's device and share of the ranks."""
+    return evaluate(
+        model,
+        split,
+        batch_size=spec.eval_batch_size,
+        device=reporter.device,
+        spec=spec,
+        pad_to=pad_to,
+        rank=reporter.rank,
+        world_size=reporter.world_size,
+        want_predictions=want_predictions,
+    )
+
+
+def _deterministic(device: torch.device) -> None:
+    """Deterministic algorithms, set up so that they cost little on a GPU."""
+    if device.type == "cuda":
+        # Deterministic cuBLAS needs a fixed workspace; without it every matrix product warns.
+        # Read when this process first uses cuBLAS, so it changes nothing after that.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        # Deterministic mode would also fill every new tensor with NaN (hundreds of extra kernels
+        # per step); the model never reads memory it did not write, so that guard buys nothing.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    split: TokenizedSplit,
+    sampler: LengthGroupedSampler,
+    epoch: int,
+    reporter: Reporter,
+    spec: TrainSpec,
+    pad_to: int | None,
+) -> tuple[float, float]:
+    """One epoch of optimiser steps over this rank's share of every global batch; returns the mean
+    training loss over all ranks' documents and the epoch's seconds."""
+    started = time.perf_counter()
+    device, world_size = reporter.device, reporter.world_size
+    model.train()
+    sampler.set_epoch(epoch)
+    # The loss sum stays on the device: reading it every step would stall the GPU each time.
+    loss_sum, docs = torch.zeros((), dtype=torch.float64, device=device), 0
+    for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
+        reporter.on_train_batch(epoch, local_indices)
+        batch = collate(split, local_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+        input_ids, mask, labels = device_batch(batch, device)  # [b, L], [b, L] or None, [b]
+        with precision_context(device, spec):
+            logits = model(input_ids, mask)  # [b, C]
+        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        # DDP averages gradients over ranks, so this is the mean over the global batch.
+        loss = batch_loss * world_size / len(global_batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if spec.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        loss_sum += batch_loss.detach()
+        docs += len(local_indices)
+    total, docs = _all_reduce_sum([float(loss_sum), docs], device)
+    if not math.isfinite(total):
+        raise FloatingPointError(
+            f"training loss is {total} in epoch {epoch}; lower train.lr, enable "
+            f"train.grad_clip, or use train.precision: fp32"
+        )
+    return total / docs, time.perf_counter() - started
+
+
+def checkpoint_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    progress: Progress,
+    best_state: dict[str, torch.Tensor] | None,
+    trial: TrialConfig,
+    device: torch.device,
+) -> dict[str, Any]:
+    """Everything a resumed run needs to continue exactly: weights, optimiser, schedule, every
+    rank's RNG state, progress, the best weights so far, and the trial's config."""
+    rng = [_rng_state(device)]
+    if dist.is_available() and dist.is_initialized():  # every rank's dropout stream
+        rng = [None] * dist.get_world_size()
+        dist.all_gather_object(rng, _rng_state(device))
+    return {
+        "model": state_dict_copy(model),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": rng,
+        "progress": dataclasses.asdict(progress),
+        "best_model": best_state,
+        "trial": dataclasses.asdict(trial),
+    }
+
+
+def _restore(
+    saved: dict[str, Any],
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    rank: int,
+    device: torch.device,
+) -> tuple[Progress, dict[str, torch.Tensor] | None]:
+    """Load a checkpoint state into the model, optimiser and schedule; (progress, best weights)."""
+    _unwrap(model).load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    _set_rng_state(saved["rng"][min(rank, len(saved["rng"]) - 1)], device)
+    return Progress(**saved["progress"]), saved["best_model"]
+
+
+def _save_and_report(
+    reporter: Reporter,
+    metrics: dict[str, Any],
+    state: dict[str, Any],
+    predictions: pd.DataFrame | None = None,
+) -> None:
+    """Report ``metrics`` with a checkpoint of ``state`` (and the test predictions, if given)."""
+    with tempfile.TemporaryDirectory() as ckpt_dir:
+        if reporter.rank == 0:
+            torch.save(state, Path(ckpt_dir, CHECKPOINT_FILE))
+            if predictions is not None:
+                predictions.to_parquet(Path(ckpt_dir, PREDICTIONS_FILE), index=False)
+        reporter.report(metrics, checkpoint_dir=ckpt_dir)
 
 
 def train_worker(config: dict[str, Any]) -> None:

@@ -75,7 +75,9 @@ class LocalReporter(Reporter):
             f.write(json.dumps(metrics) + "\n")
         if checkpoint_dir is not None:
             index = len(self._checkpoints())
-            shutil.copytree(checkpoint_dir, Path(self.out_dir, "checkpoints", f"report_{index:04d}"))
+            shutil.copytree(
+                checkpoint_dir, Path(self.out_dir, "checkpoints", f"report_{index:04d}")
+            )
         if self.stop_after_reports is not None and len(self.history) >= self.stop_after_reports:
             raise KeyboardInterrupt(f"stopped after {len(self.history)} reports")
 
@@ -143,4 +145,3 @@ class TrainReporter(Reporter):
         if checkpoint_dir is not None and self.rank == 0:
             checkpoint = ray.train.Checkpoint.from_directory(checkpoint_dir)
         ray.train.report(metrics, checkpoint=checkpoint)
-

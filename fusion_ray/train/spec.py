@@ -63,3 +63,25 @@ class TrialConfig:
     train: TrainSpec = field(default_factory=TrainSpec)
     seed: int = 0
     """The blocking factor: same seed => same shared init and batch order for every operator."""
+
+
+def check_train_spec(spec: TrainSpec) -> list[str]:
+    """Every value of ``spec`` that would fail or mislead only after training started, as
+    ``field: problem`` messages (types are checked by the schema before this runs)."""
+    problems = []
+    for name in ("lr", "batch_size", "epochs", "eval_batch_size"):
+        if getattr(spec, name) <= 0:
+            problems.append(f"{name}: must be > 0 (got {getattr(spec, name)})")
+    for name in ("weight_decay", "warmup_steps"):
+        if getattr(spec, name) < 0:
+            problems.append(f"{name}: must be >= 0 (got {getattr(spec, name)})")
+    for name in ("latency_repeats", "latency_batch_size", "pad_to_multiple"):
+        if getattr(spec, name) < 1:
+            problems.append(f"{name}: must be >= 1 (got {getattr(spec, name)})")
+    if spec.grad_clip is not None and spec.grad_clip <= 0:
+        problems.append(
+            f"grad_clip: must be > 0 (got {spec.grad_clip}); use null to disable clipping"
+        )
+    if spec.patience is not None and spec.patience < 1:
+        problems.append("patience: must be >= 1 or null")
+    return problems

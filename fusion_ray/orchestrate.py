@@ -1,0 +1,144 @@
+"""What the sweep and the HPO phase share to run trials on Ray: start-up, storage, resources,
+the device a trial trains on, and the Tune trainable that runs one trial.
+
+A trial with one worker trains directly inside its Tune trial; one with several workers runs a
+Ray Train ``TorchTrainer`` (DDP) inside it, its metrics forwarded by ``TuneReportCallback``.
+Everything here is called on the driver except ``run_cell`` and ``trial_device``, which run in
+the trial's process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from fusion_ray.config import Resources
+
+log = logging.getLogger(__name__)
+
+CPU_FALLBACK_ENV = "FUSION_RAY_CPU_FALLBACK"
+
+
+def init_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS); with neither, start a local Ray.
+    Ray's token authentication stays as Ray sets it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("connecting to the Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=False)
+    else:
+        log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
+        ray.init(log_to_driver=False)
+
+
+def storage_uri(storage_path: str) -> str:
+    """A storage path as Ray wants it: URIs (``s3://...``) as given, local paths absolute."""
+    return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
+
+
+def trial_resources(res: Resources) -> dict[str, float]:
+    """What the Tune trial itself holds: the worker (direct path), or a token bundle plus one unit of
+    ``driver_resource`` when set (TorchTrainer path; the workers hold the CPUs and GPUs)."""
+    if res.workers == 1 and not res.force_trainer:
+        out = {"CPU": res.cpus_per_worker}
+        if res.use_gpu:
+            out["GPU"] = res.gpus_per_worker
+        return out
+    # The TorchTrainer's workers request their own resources. Tune needs a non-empty bundle for the
+    # trial itself; a token 1 KiB of memory keeps it from holding a CPU the workers need. With
+    # `driver_resource`, one unit of that custom resource pins the trial (and the Train controller,
+    # which Ray places on the trial's node) to the nodes offering it, e.g. the cluster's head.
+    out: dict[str, float] = {"memory": 1024}
+    if res.driver_resource:
+        out[res.driver_resource] = 1
+    return out
+
+
+def trial_device(res: dict[str, Any]) -> Any:
+    """The device a one-worker trial trains on, in the trial's process: its GPU when the sweep
+    asks for one, the CPU otherwise. A GPU trial on a node whose torch has no CUDA fails with the
+    fix, unless $FUSION_RAY_CPU_FALLBACK=1 asks to rehearse a GPU sweep on CPU nodes."""
+    import torch
+
+    if not res["use_gpu"]:
+        return torch.device("cpu")
+    if torch.cuda.is_available():
+        return torch.device("cuda", 0)
+    if os.environ.get(CPU_FALLBACK_ENV) == "1":
+        return torch.device("cpu")
+    raise RuntimeError(
+        f"the sweep asks for GPUs (resources.use_gpu: true) but torch {torch.__version__} on this "
+        "node has no CUDA: install a CUDA build of torch on the GPU nodes, or set use_gpu: false "
+        f"({CPU_FALLBACK_ENV}=1 trains on CPU instead, to rehearse a GPU sweep on CPU nodes)"
+    )
+
+
+def run_direct(trial: Any, res: dict[str, Any], reporter_cls: Any, **reporter_options: Any) -> None:
+    """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``."""
+    import torch
+
+    from fusion_ray.train.loop import run_trial
+
+    torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
+    run_trial(trial, reporter_cls(device=trial_device(res), **reporter_options))
+
+
+def run_cell(config: dict[str, Any]) -> None:
+    """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
+
+    ``config`` holds the trial (a TrialConfig as a dict), its resources, and where to resume from.
+    """
+    from pydantic import TypeAdapter
+
+    from fusion_ray.train.report import TuneReporter
+    from fusion_ray.train.spec import TrialConfig
+
+    trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
+    res = config["resources"]
+    if res["workers"] == 1 and not res["force_trainer"]:
+        run_direct(trial, res, TuneReporter, resume_from=config.get("resume_from"))
+        return
+    _run_trainer(trial, config)
+
+
+def _run_trainer(trial: Any, config: dict[str, Any]) -> None:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from fusion_ray.train.loop import train_worker
+
+    res = config["resources"]
+    per_worker = {"CPU": res["cpus_per_worker"]}
+    if res["use_gpu"]:
+        per_worker["GPU"] = res["gpus_per_worker"]
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={
+            "trial": trial,
+            "resume_from": config.get("resume_from"),
+            "threads": max(1, int(res["cpus_per_worker"])),
+        },
+        torch_config=TorchConfig(backend="nccl" if res["use_gpu"] else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=res["workers"], use_gpu=res["use_gpu"], resources_per_worker=per_worker
+        ),
+        # One Train run per cell and sweep invocation: a Tune retry of this trial restarts the
+        # trainer under the same name, and Ray Train resumes it from its last checkpoint. Across
+        # invocations a cell resumes only from the checkpoint its MLflow run records
+        # (`resume_from`). Retries happen at one level, Tune's, so `retries` means what it says.
+        run_config=RunConfig(
+            name=f"{config['tune_run']}-{config['cell_id']}",
+            storage_path=config["train_storage_path"],
+            failure_config=FailureConfig(max_failures=0),
+            checkpoint_config=CheckpointConfig(num_to_keep=2),
+            callbacks=[TuneReportCallback()],
+        ),
+    )
+    trainer.fit()
