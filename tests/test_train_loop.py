@@ -146,3 +146,21 @@ def test_rounding_batch_lengths_up_does_not_change_evaluation(data_cache):
     assert results[0]["loss"] == pytest.approx(results[1]["loss"], rel=1e-5)
     assert results[0]["correct"] == results[1]["correct"]
     assert (results[0]["predictions"] == results[1]["predictions"]).all()
+
+
+class _Payload:
+    """Unpickling this runs code: what a tampered checkpoint could carry."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    marker = tmp_path / "code_ran"
+    torch.save({"model": {}, "extra": _Payload(marker)}, tmp_path / "state.pt")
+    with pytest.raises(Exception, match="(?i)weights_only|unsupported|global"):
+        load_checkpoint_dir(tmp_path)
+    assert not marker.exists()

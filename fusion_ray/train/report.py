@@ -20,7 +20,9 @@ CHECKPOINT_FILE = "state.pt"
 
 def load_checkpoint_dir(path: str | os.PathLike) -> dict[str, Any]:
     """The training state saved by the loop in a checkpoint directory."""
-    return torch.load(Path(path) / CHECKPOINT_FILE, map_location="cpu", weights_only=False)
+    # weights_only: a checkpoint holds tensors and plain values only, so a tampered file cannot
+    # run code when it is loaded.
+    return torch.load(Path(path) / CHECKPOINT_FILE, map_location="cpu", weights_only=True)
 
 
 @dataclass
