@@ -8,9 +8,12 @@ The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it ne
     pairing = pair_runs(exp.runs, baseline="add")
     stats = compare(pairing, StatsSettings(alpha=0.05)).table
 
-Modules: ``load`` (MLflow -> tidy frame, pairing checks), ``paired`` (statistics), ``lengths``
-(per-document length analysis), ``tables``, ``plots``, ``report`` (the CLI), ``synthetic``
-(schema-conformant fake sweeps for tests, benchmarks and demos).
+Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame), ``pairing``
+(seed pairs against the baseline, checked), ``paired`` (statistics and their registry),
+``lengths`` (per-document length analysis), ``tables``, ``plots``, ``context`` (a report's
+options and everything computed for it), ``figures`` and ``markdown`` (its writers), ``report``
+(``build_report`` and the CLI), ``synthetic`` (schema-conformant fake sweeps for tests,
+benchmarks and demos).
 """
 
 from analysis.load import (
@@ -18,21 +21,22 @@ from analysis.load import (
     EmptyExperimentError,
     Experiment,
     ExperimentNotFoundError,
-    Pairing,
-    PairingError,
     load_experiment,
-    pair_runs,
 )
 from analysis.paired import (
     Comparisons,
+    Statistic,
     StatsSettings,
     compare,
     hodges_lehmann,
     holm,
     min_attainable_p,
+    register,
     seeds_needed,
+    unregister,
     wilcoxon_signed_rank,
 )
+from analysis.pairing import Pairing, PairingError, pair_runs
 
 __all__ = [
     "AnalysisError",
@@ -42,6 +46,7 @@ __all__ = [
     "ExperimentNotFoundError",
     "Pairing",
     "PairingError",
+    "Statistic",
     "StatsSettings",
     "compare",
     "hodges_lehmann",
@@ -49,6 +54,8 @@ __all__ = [
     "load_experiment",
     "min_attainable_p",
     "pair_runs",
+    "register",
     "seeds_needed",
+    "unregister",
     "wilcoxon_signed_rank",
 ]

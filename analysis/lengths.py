@@ -25,9 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.paired import StatsSettings, describe_deltas, finish_family
-
-PREDICTIONS_ARTIFACT = "test_predictions.parquet"
-COLUMNS = ["length", "label", "pred"]
+from analysis.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 
 def _local_path(artifact_uri: str) -> Path | None:
@@ -49,19 +47,23 @@ def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
 
     local = _local_path(artifact_uri)
     if local is not None:
-        path = local / PREDICTIONS_ARTIFACT
-        return pq.read_table(path, columns=COLUMNS).to_pandas() if path.exists() else None
+        path = local / PREDICTIONS_FILE
+        return (
+            pq.read_table(path, columns=list(PREDICTION_COLUMNS)).to_pandas()
+            if path.exists()
+            else None
+        )
     import mlflow
     from mlflow.exceptions import MlflowException
 
     with tempfile.TemporaryDirectory() as tmp:
         try:
             path = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{artifact_uri.rstrip('/')}/{PREDICTIONS_ARTIFACT}", dst_path=tmp
+                artifact_uri=f"{artifact_uri.rstrip('/')}/{PREDICTIONS_FILE}", dst_path=tmp
             )
         except (MlflowException, OSError):
             return None
-        return pq.read_table(path, columns=COLUMNS).to_pandas()
+        return pq.read_table(path, columns=list(PREDICTION_COLUMNS)).to_pandas()
 
 
 def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:
@@ -85,7 +87,7 @@ class LengthAnalysis:
     median_length: dict[str, float] = field(default_factory=dict)
 
 
-def _edges(length: np.ndarray, n_buckets: int) -> np.ndarray:
+def bucket_edges(length: np.ndarray, n_buckets: int) -> np.ndarray:
     """Lower bounds of buckets 1.. (bucket 0 starts at the shortest document), from length
     quantiles; with many documents of one length, buckets merge rather than come out empty."""
     qs = np.quantile(length, np.linspace(0, 1, n_buckets + 1))
@@ -108,6 +110,20 @@ def analyse_lengths(
     warns: list[str] = []
     used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
     runs = pairing.runs[pairing.runs["run_id"].isin(used)]
+    preds = _read_all(runs, max_workers, warns)
+    buckets, counts, medians = _bucket_counts(runs, preds, n_buckets, warns)
+    if counts.empty:
+        empty = pd.DataFrame()
+        return LengthAnalysis(buckets, empty, empty, warns, medians)
+    accuracy = _bucket_accuracy(counts, runs, buckets, keys)
+    stats = _bucket_stats(counts, pairs, keys, pairing.baseline, settings)
+    if len(stats):
+        stats = _finish_families(stats, settings, warns)
+    return LengthAnalysis(buckets, accuracy, stats, warns, medians)
+
+
+def _read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
+    """run id -> its predictions, or None when it has none or they cannot be read (warned)."""
     uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         preds = dict(zip(uris, pool.map(_read_or_error, uris.values()), strict=True))
@@ -115,7 +131,7 @@ def analyse_lengths(
     if broken:
         first = next(iter(broken.items()))
         warns.append(
-            f"length analysis: {len(broken)} {PREDICTIONS_ARTIFACT} file(s) could not be read "
+            f"length analysis: {len(broken)} {PREDICTIONS_FILE} file(s) could not be read "
             f"and are left out (run {first[0]}: {first[1]!r})."
         )
         preds = {r: (None if r in broken else p) for r, p in preds.items()}
@@ -123,81 +139,111 @@ def analyse_lengths(
     if missing:
         warns.append(
             f"length analysis: {len(missing)} of {len(preds)} paired runs have no "
-            f"{PREDICTIONS_ARTIFACT} and are left out (e.g. {', '.join(missing[:3])})."
+            f"{PREDICTIONS_FILE} and are left out (e.g. {', '.join(missing[:3])})."
         )
+    return preds
 
-    bucket_rows, count_rows, medians = [], [], {}
-    inconsistent = []
+
+BUCKET_COLUMNS = [
+    "dataset",
+    "bucket",
+    "label",
+    "min_length",
+    "max_length",
+    "n_docs",
+    "truncated_share",
+]
+
+
+def _bucket_counts(
+    runs: pd.DataFrame, preds: dict[str, Any], n_buckets: int, warns: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
+    """(the buckets of each dataset, documents and correct ones per run and bucket, median
+    test length per dataset). Runs whose predictions disagree with their logged counts or with
+    the dataset's test lengths are left out (warned)."""
+    bucket_rows: list[dict[str, Any]] = []
+    count_rows: list[tuple[str, int, int, int]] = []
+    medians: dict[str, float] = {}
+    inconsistent: list[str] = []
     for dataset, druns in runs.groupby("dataset", sort=True):
         have = [r for r in druns["run_id"] if preds.get(r) is not None]
         if not have:
             continue
         ref = np.sort(preds[have[0]]["length"].to_numpy(np.int64))
-        edges = _edges(ref, n_buckets)
+        edges = bucket_edges(ref, n_buckets)
         medians[str(dataset)] = float(np.median(ref))
-        ref_bucket = np.searchsorted(edges, ref, side="right")
-        max_len = (
-            float(pd.to_numeric(druns["params.data.max_length"], errors="coerce").max())
-            if "params.data.max_length" in druns
-            else math.nan
-        )
-        for b in range(len(edges) + 1):
-            in_b = ref[ref_bucket == b]
-            bucket_rows.append(
-                {
-                    "dataset": dataset,
-                    "bucket": b,
-                    "label": f"{in_b.min()}-{in_b.max()}",
-                    "min_length": int(in_b.min()),
-                    "max_length": int(in_b.max()),
-                    "n_docs": len(in_b),
-                    "truncated_share": float((in_b > max_len).mean())
-                    if not math.isnan(max_len)
-                    else math.nan,
-                }
-            )
+        bucket_rows += _describe_buckets(dataset, ref, edges, _max_length(druns))
         info = druns.set_index("run_id")
         for run_id in have:
-            df = preds[run_id]
-            length = df["length"].to_numpy(np.int64)
-            correct = (df["pred"].to_numpy() == df["label"].to_numpy()).astype(np.int64)
-            row = info.loc[run_id]
-            if (
-                len(df) != row["test_total"]
-                or int(correct.sum()) != row["test_correct"]
-                or not np.array_equal(np.sort(length), ref)
-            ):
+            counted = _count_run(preds[run_id], info.loc[run_id], ref, edges)
+            if counted is None:
                 inconsistent.append(run_id)
                 continue
-            bucket = np.searchsorted(edges, length, side="right")
-            n_b = np.bincount(bucket, minlength=len(edges) + 1)
-            c_b = np.bincount(bucket, weights=correct, minlength=len(edges) + 1).astype(np.int64)
-            for b in range(len(edges) + 1):
-                count_rows.append((run_id, b, int(n_b[b]), int(c_b[b])))
+            count_rows += [(run_id, b, n, c) for b, (n, c) in enumerate(counted)]
     if inconsistent:
         warns.append(
             f"length analysis: {len(inconsistent)} run(s) have predictions that disagree with "
             "their test_total / test_correct or with the dataset's test lengths, and are left "
             f"out: {', '.join(inconsistent[:5])}{' ...' if len(inconsistent) > 5 else ''}."
         )
-    buckets = pd.DataFrame(
-        bucket_rows,
-        columns=[
-            "dataset",
-            "bucket",
-            "label",
-            "min_length",
-            "max_length",
-            "n_docs",
-            "truncated_share",
-        ],
-    )
+    buckets = pd.DataFrame(bucket_rows, columns=BUCKET_COLUMNS)
     counts = pd.DataFrame(count_rows, columns=["run_id", "bucket", "n_docs", "correct"])
-    if counts.empty:
-        empty = pd.DataFrame()
-        return LengthAnalysis(buckets, empty, empty, warns, medians)
+    return buckets, counts, medians
 
-    # accuracy per operator and bucket, over the runs used in pairs
+
+def _max_length(druns: pd.DataFrame) -> float:
+    """The runs' largest ``data.max_length`` (documents beyond it are truncated), NaN if none."""
+    if "params.data.max_length" not in druns:
+        return math.nan
+    return float(pd.to_numeric(druns["params.data.max_length"], errors="coerce").max())
+
+
+def _describe_buckets(
+    dataset: str, ref: np.ndarray, edges: np.ndarray, max_len: float
+) -> list[dict[str, Any]]:
+    ref_bucket = np.searchsorted(edges, ref, side="right")
+    rows = []
+    for b in range(len(edges) + 1):
+        in_b = ref[ref_bucket == b]
+        rows.append(
+            {
+                "dataset": dataset,
+                "bucket": b,
+                "label": f"{in_b.min()}-{in_b.max()}",
+                "min_length": int(in_b.min()),
+                "max_length": int(in_b.max()),
+                "n_docs": len(in_b),
+                "truncated_share": float((in_b > max_len).mean())
+                if not math.isnan(max_len)
+                else math.nan,
+            }
+        )
+    return rows
+
+
+def _count_run(
+    df: pd.DataFrame, row: pd.Series, ref: np.ndarray, edges: np.ndarray
+) -> list[tuple[int, int]] | None:
+    """(documents, correct) per bucket of one run, or None when its predictions disagree with
+    its logged test_total / test_correct or with the dataset's test lengths ``ref``."""
+    length = df["length"].to_numpy(np.int64)
+    correct = (df["pred"].to_numpy() == df["label"].to_numpy()).astype(np.int64)
+    if (
+        len(df) != row["test_total"]
+        or int(correct.sum()) != row["test_correct"]
+        or not np.array_equal(np.sort(length), ref)
+    ):
+        return None
+    bucket = np.searchsorted(edges, length, side="right")
+    n_b = np.bincount(bucket, minlength=len(edges) + 1)
+    c_b = np.bincount(bucket, weights=correct, minlength=len(edges) + 1).astype(np.int64)
+    return [(int(n_b[b]), int(c_b[b])) for b in range(len(edges) + 1)]
+
+
+def _bucket_accuracy(
+    counts: pd.DataFrame, runs: pd.DataFrame, buckets: pd.DataFrame, keys: list[str]
+) -> pd.DataFrame:
+    """Accuracy per (group, operator, bucket) over the runs used in pairs."""
     meta = runs[[*keys, "operator", "seed", "run_id"]]
     per_run = counts.merge(meta, on="run_id")
     per_run["acc"] = 100.0 * per_run["correct"] / per_run["n_docs"]
@@ -206,11 +252,19 @@ def analyse_lengths(
         .agg(acc_mean="mean", acc_sd=lambda s: s.std(ddof=1), n_runs="size")
         .reset_index()
     )
-    accuracy = accuracy.merge(
+    return accuracy.merge(
         buckets[["dataset", "bucket", "label", "n_docs"]], on=["dataset", "bucket"]
     )
 
-    # paired deltas per bucket
+
+def _bucket_stats(
+    counts: pd.DataFrame,
+    pairs: pd.DataFrame,
+    keys: list[str],
+    baseline: str,
+    settings: StatsSettings,
+) -> pd.DataFrame:
+    """Paired deltas per bucket, and the long-minus-short contrast, per (group, operator)."""
     wide_c = counts.pivot(index="run_id", columns="bucket", values="correct")
     wide_n = counts.pivot(index="run_id", columns="bucket", values="n_docs")
     ok = pairs[pairs["run_id"].isin(wide_c.index) & pairs["baseline_run_id"].isin(wide_c.index)]
@@ -220,14 +274,14 @@ def analyse_lengths(
         c_op = wide_c.loc[grp["run_id"]].to_numpy()
         c_base = wide_c.loc[grp["baseline_run_id"]].to_numpy()
         n_docs = wide_n.loc[grp["run_id"]].to_numpy()
-        ident = dict(zip([*keys, "operator"], gkey, strict=True))
+        ident = {**dict(zip([*keys, "operator"], gkey, strict=True)), "baseline": baseline}
         name = "|".join(map(str, gkey))
         valid = ~np.isnan(c_op.astype(float)).any(axis=0)
         nb = [b for b in range(c_op.shape[1]) if valid[b]]
         for b in nb:
             num = (c_op[:, b] - c_base[:, b]).astype(np.int64)
             denom = int(n_docs[0, b])
-            row = {**ident, "baseline": pairing.baseline, "bucket": str(b), "n_docs": denom}
+            row = {**ident, "bucket": str(b), "n_docs": denom}
             row.update(describe_deltas(num, denom, settings, f"{name}|bucket{b}"))
             rows.append(row)
         if len(nb) >= 2:
@@ -236,30 +290,27 @@ def analyse_lengths(
             d_lo = (c_op[:, lo] - c_base[:, lo]).astype(np.int64)
             d_hi = (c_op[:, hi] - c_base[:, hi]).astype(np.int64)
             num = d_hi * n_lo - d_lo * n_hi  # (d_hi/n_hi - d_lo/n_lo) over n_lo*n_hi
-            row = {
-                **ident,
-                "baseline": pairing.baseline,
-                "bucket": "long-short",
-                "n_docs": n_lo + n_hi,
-            }
+            row = {**ident, "bucket": "long-short", "n_docs": n_lo + n_hi}
             row.update(describe_deltas(num, n_lo * n_hi, settings, f"{name}|contrast"))
             rows.append(row)
-    stats_table = pd.DataFrame(rows)
-    if len(stats_table):
-        is_contrast = stats_table["bucket"] == "long-short"
-        parts = []
-        for label, mask in (
-            ("length buckets", ~is_contrast),
-            ("long-minus-short contrasts", is_contrast),
-        ):
-            part = stats_table[mask].copy()
-            warns += finish_family(
-                part, settings, family=f"length analysis, {label}", cautions=False
-            )
-            part["family"] = label
-            parts.append(part)
-        stats_table = pd.concat(parts).sort_index()
-    return LengthAnalysis(buckets, accuracy, stats_table, warns, medians)
+    return pd.DataFrame(rows)
+
+
+def _finish_families(
+    stats: pd.DataFrame, settings: StatsSettings, warns: list[str]
+) -> pd.DataFrame:
+    """Buckets and contrasts are two Holm families; a ``family`` column says which."""
+    is_contrast = stats["bucket"] == "long-short"
+    parts = []
+    for label, mask in (
+        ("length buckets", ~is_contrast),
+        ("long-minus-short contrasts", is_contrast),
+    ):
+        part = stats[mask].copy()
+        warns += finish_family(part, settings, family=f"length analysis, {label}", cautions=False)
+        part["family"] = label
+        parts.append(part)
+    return pd.concat(parts).sort_index()
 
 
 def order_by_length(datasets: Sequence[str], medians: dict[str, float]) -> list[str]:

@@ -13,6 +13,13 @@ here is what they lack:
   p-values in microseconds and is tested against scipy's permutation method;
 - the Hodges-Lehmann estimate with its exact confidence interval from Walsh averages;
 - the attainable-significance guard.
+
+Every statistic of a comparison is an entry of the registry ``STATISTICS`` (a ``Statistic``:
+the function computing its columns from the paired deltas, its stats.csv columns, its words in
+the settings record and its one-line Method description). ``describe_deltas``, the family-wide
+columns (Holm, the guard), stats.csv's leading columns, report.md's compact table and its
+Method section all follow the registry; ``register`` adds a statistic, ``unregister`` removes
+one.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import functools
 import math
 import warnings
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -274,6 +281,290 @@ def _key_seed(base: int, key: str) -> list[int]:
     return [int(base), zlib.crc32(key.encode())]
 
 
+# ----------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True, eq=False)
+class PairedDeltas:
+    """One comparison's integer paired differences ``num / denom`` (of accuracy), with the
+    settings and what several statistics share, computed once."""
+
+    num: np.ndarray
+    denom: int
+    settings: StatsSettings
+    key: str = ""
+    """The comparison's name; with ``bootstrap_seed`` it seeds the bootstrap stream."""
+
+    @property
+    def n(self) -> int:
+        return len(self.num)
+
+    @functools.cached_property
+    def pp(self) -> np.ndarray:
+        """The deltas in percentage points."""
+        return 100.0 * self.num / self.denom
+
+    @functools.cached_property
+    def signed_rank(self) -> SignedRankResult:
+        """The Wilcoxon signed-rank test on the integers (ties stay exact)."""
+        s = self.settings
+        return wilcoxon_signed_rank(self.num, s.alternative, s.zero_method)
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """One statistic of a comparison: how its stats.csv columns are computed and how it is
+    described. Register it with ``register``; stats.csv, stats.json, report.md's table and its
+    Method section all follow the registry (``STATISTICS``)."""
+
+    name: str
+    columns: tuple[str, ...]
+    """The columns ``compute`` returns, in stats.csv order."""
+    compute: Callable[[PairedDeltas], Mapping[str, Any]] | None
+    """The columns' values for one comparison (None for a statistic of the whole family)."""
+    method: str
+    """One line for report.md's Method section; ``{field}`` is filled from the settings record
+    (``settings_record``: the settings, ``m``, ``confidence`` and every ``record`` entry)."""
+    headline: tuple[str, ...] = ()
+    """Columns that lead stats.csv, after the comparison's name (the rest follow)."""
+    record: Mapping[str, str] = field(default_factory=dict)
+    """Entries of the settings record (stats.json) stating its choices in words; ``{field}`` is
+    filled from the settings, ``m`` and ``confidence``."""
+    cells: Callable[[pd.Series, Mapping[str, Any]], dict[str, str]] | None = None
+    """Its cells in report.md's compact table, from a stats row and the settings record."""
+    leads_table: bool = False
+    """Its cells come before the others' in report.md's table (the effect estimates)."""
+    family: Callable[[pd.DataFrame, StatsSettings], None] | None = None
+    """Adds ``family_columns`` to a whole family of comparisons (e.g. Holm's correction)."""
+    family_columns: tuple[str, ...] = ()
+
+
+def _mean_delta(d: PairedDeltas) -> dict[str, Any]:
+    s, pp, n = d.settings, d.pp, d.n
+    low, high = _bootstrap_ci(pp, s.confidence, s.n_bootstrap, _key_seed(s.bootstrap_seed, d.key))
+    return {
+        "n_pairs": n,
+        "mean_delta": float(pp.mean()) if n else math.nan,
+        "sd_delta": float(pp.std(ddof=1)) if n > 1 else math.nan,
+        "median_delta": float(np.median(pp)) if n else math.nan,
+        "ci_low": low,
+        "ci_high": high,
+    }
+
+
+def _wilcoxon(d: PairedDeltas) -> dict[str, Any]:
+    w = d.signed_rank
+    return {
+        "wilcoxon_stat": w.statistic,
+        "p_wilcoxon": w.pvalue,
+        "wilcoxon_method": w.method,
+        "n_zeros": w.n_zeros,
+        "n_tied": w.n_ties,
+    }
+
+
+def _holm_family(table: pd.DataFrame, settings: StatsSettings) -> None:
+    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(), settings.alpha)
+    table["significant"] = table["p_holm"] <= settings.alpha
+
+
+def _sign(d: PairedDeltas) -> dict[str, Any]:
+    s = d.settings
+    wins, losses = int((d.num > 0).sum()), int((d.num < 0).sum())
+    sign_p, low, high = sign_test(wins, losses, s.alternative, s.confidence)
+    return {
+        "wins": wins,
+        "losses": losses,
+        "ties": d.n - wins - losses,
+        "sign_p": sign_p,
+        "win_rate_low": low,
+        "win_rate_high": high,
+    }
+
+
+def _hodges_lehmann(d: PairedDeltas) -> dict[str, Any]:
+    hl = hodges_lehmann(d.pp, d.settings.confidence)
+    return {
+        "hl_estimate": hl.estimate,
+        "hl_ci_low": hl.low,
+        "hl_ci_high": hl.high,
+        "hl_confidence": hl.confidence,
+    }
+
+
+def _rank_biserial(d: PairedDeltas) -> dict[str, Any]:
+    return {"rank_biserial": d.signed_rank.rank_biserial}
+
+
+def _d_z(d: PairedDeltas) -> dict[str, Any]:
+    sd = d.pp.std(ddof=1) if d.n > 1 else math.nan
+    return {"d_z": float(d.pp.mean() / sd) if d.n > 1 and sd > 0 else math.nan}
+
+
+def _attainable(d: PairedDeltas) -> dict[str, Any]:
+    return {"min_attainable_p": min_attainable_p(d.n, d.settings.alternative)}
+
+
+def _attainable_family(table: pd.DataFrame, settings: StatsSettings) -> None:
+    m = len(table)
+    table["min_attainable_p_holm"] = np.minimum(1.0, m * table["min_attainable_p"].to_numpy())
+    table["can_reach_alpha"] = table["min_attainable_p_holm"] <= settings.alpha
+    table["seeds_needed"] = seeds_needed(settings.alpha, m, settings.alternative)
+
+
+def _interval(estimate: float, low: float, high: float) -> str:
+    return f"{estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+STATISTICS: list[Statistic] = [
+    Statistic(
+        name="mean_delta",
+        columns=("n_pairs", "mean_delta", "sd_delta", "median_delta", "ci_low", "ci_high"),
+        compute=_mean_delta,
+        headline=("n_pairs", "mean_delta", "ci_low", "ci_high"),
+        record={
+            "bootstrap": "percentile paired bootstrap of the mean delta, {n_bootstrap} "
+            "resamples, seeded from bootstrap_seed={bootstrap_seed} and the comparison's name"
+        },
+        method="**Mean delta**, {confidence:.0%} interval: {bootstrap}; it under-covers at n <= 6.",
+        cells=lambda r, rec: {
+            "n": int(r["n_pairs"]),
+            f"Δ mean [{rec.get('confidence', 0.95):.0%} boot CI]": _interval(
+                r["mean_delta"], r["ci_low"], r["ci_high"]
+            ),
+        },
+        leads_table=True,
+    ),
+    Statistic(
+        name="wilcoxon",
+        columns=("wilcoxon_stat", "p_wilcoxon", "wilcoxon_method", "n_zeros", "n_tied"),
+        compute=_wilcoxon,
+        headline=("wilcoxon_stat", "p_wilcoxon"),
+        record={
+            "test": "Wilcoxon signed-rank on the integer count differences: scipy.stats.wilcoxon "
+            "method='exact' without zeros or ties; with zeros or ties, the exact permutation "
+            "distribution conditional on the mid-ranks (never the normal approximation)",
+            "wilcoxon_stat": "V = T+, the sum of ranks of positive deltas (R's V)",
+        },
+        method="**Test** ({alternative}): {test}. Zero policy: zero_method = `{zero_method}` "
+        "({zero_policy}). Statistic: {wilcoxon_stat}.",
+        cells=lambda r, rec: {"V": f"{r['wilcoxon_stat']:g}", "p": f"{r['p_wilcoxon']:.4g}"},
+    ),
+    Statistic(
+        name="holm",
+        columns=(),
+        compute=None,
+        headline=("p_holm",),
+        record={
+            "correction": "holm",
+            "correction_detail": "Holm step-down over all m = {m} comparisons of this report "
+            "(statsmodels multipletests(method='holm'); its default 'hs' is Holm-Sidak)",
+        },
+        method="**Multiple comparisons**: {correction_detail}. The length analysis is a "
+        "separate family.",
+        cells=lambda r, rec: {"p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else "")},
+        family=_holm_family,
+        family_columns=("p_holm", "significant"),
+    ),
+    Statistic(
+        name="sign_test",
+        columns=("wins", "losses", "ties", "sign_p", "win_rate_low", "win_rate_high"),
+        compute=_sign,
+        headline=("wins", "sign_p"),
+        record={
+            "sign_test": "scipy.stats.binomtest on wins vs losses (ties dropped); "
+            "Clopper-Pearson interval"
+        },
+        method="**Sign test** ({alternative}): {sign_test} of the win rate.",
+        cells=lambda r, rec: {
+            "wins": f"{int(r['wins'])}/{int(r['n_pairs'])}",
+            "sign p": f"{r['sign_p']:.3g}",
+        },
+    ),
+    Statistic(
+        name="hodges_lehmann",
+        columns=("hl_estimate", "hl_ci_low", "hl_ci_high", "hl_confidence"),
+        compute=_hodges_lehmann,
+        headline=("hl_estimate",),
+        record={
+            "hodges_lehmann": "median of Walsh averages; exact order-statistic interval (two-sided)"
+        },
+        method="**Hodges-Lehmann** shift with a {confidence:.0%} interval: {hodges_lehmann}; "
+        "with few pairs the interval is [min, max] at the level in hl_confidence.",
+        cells=lambda r, rec: {
+            "HL [exact CI]": _interval(r["hl_estimate"], r["hl_ci_low"], r["hl_ci_high"])
+        },
+        leads_table=True,
+    ),
+    Statistic(
+        name="rank_biserial",
+        columns=("rank_biserial",),
+        compute=_rank_biserial,
+        headline=("rank_biserial",),
+        record={
+            "rank_biserial": "matched-pairs rank-biserial (R+ - R-)/(R+ + R-), same ranks as "
+            "the test"
+        },
+        method="**Rank correlation**: {rank_biserial}.",
+        cells=lambda r, rec: {"r rb": f"{r['rank_biserial']:+.2f}"},
+    ),
+    Statistic(
+        name="d_z",
+        columns=("d_z",),
+        compute=_d_z,
+        headline=("d_z",),
+        record={"d_z": "mean delta / sd of deltas (ddof = 1)"},
+        method="**Cohen's d_z**: {d_z}.",
+        cells=lambda r, rec: {"d z": "–" if pd.isna(r["d_z"]) else f"{r['d_z']:+.2f}"},
+    ),
+    Statistic(
+        name="attainable_p",
+        columns=("min_attainable_p",),
+        compute=_attainable,
+        headline=("min_attainable_p",),
+        record={
+            "guard": "min_attainable_p = 2/2^n (two-sided) or 1/2^n (one-sided); "
+            "min_attainable_p_holm = m * min_attainable_p"
+        },
+        method="**Attainable significance**: an exact test on n pairs cannot go below "
+        "{guard}. `min p (Holm)` shows that floor; comparisons whose floor exceeds alpha = "
+        "{alpha} are named in the warnings with the seeds needed.",
+        cells=lambda r, rec: {"min p (Holm)": f"{r['min_attainable_p_holm']:.3g}"},
+        family=_attainable_family,
+        family_columns=("min_attainable_p_holm", "can_reach_alpha", "seeds_needed"),
+    ),
+]
+
+
+def register(statistic: Statistic) -> None:
+    """Add a statistic after the registered ones; it is computed for every comparison from then
+    on (main comparisons and length buckets) and written to stats.csv and report.md."""
+    if any(s.name == statistic.name for s in STATISTICS):
+        raise ValueError(
+            f"a statistic named {statistic.name!r} is already registered; unregister it first "
+            "or choose another name"
+        )
+    taken = {c for s in STATISTICS for c in (*s.columns, *s.family_columns)}
+    clash = sorted(taken & {*statistic.columns, *statistic.family_columns})
+    if clash:
+        raise ValueError(f"columns {clash} already belong to another statistic; rename them")
+    STATISTICS.append(statistic)
+
+
+def unregister(name: str) -> Statistic:
+    """Remove the statistic ``name`` from the registry and return it."""
+    for i, s in enumerate(STATISTICS):
+        if s.name == name:
+            return STATISTICS.pop(i)
+    known = ", ".join(s.name for s in STATISTICS)
+    raise KeyError(f"no statistic named {name!r} is registered; registered: {known}")
+
+
+def headline_columns() -> list[str]:
+    """The statistics' columns that lead stats.csv, in registry order."""
+    return [c for s in STATISTICS for c in s.headline]
+
+
 def describe_deltas(
     num: np.ndarray,
     denom: int,
@@ -283,42 +574,50 @@ def describe_deltas(
     """Every per-comparison statistic of integer paired differences ``num / denom``.
 
     Effect sizes and intervals are in percentage points (100 * num / denom). The rank tests
-    work on the integers themselves.
+    work on the integers themselves. Columns follow the registry's order.
     """
-    num = np.asarray(num, dtype=np.int64)
-    n = len(num)
-    pp = 100.0 * num / denom
-    out: dict[str, Any] = {"n_pairs": n}
-    out["mean_delta"] = float(pp.mean()) if n else math.nan
-    out["sd_delta"] = float(pp.std(ddof=1)) if n > 1 else math.nan
-    out["median_delta"] = float(np.median(pp)) if n else math.nan
-    out["ci_low"], out["ci_high"] = _bootstrap_ci(
-        pp, settings.confidence, settings.n_bootstrap, _key_seed(settings.bootstrap_seed, key)
-    )
-    w = wilcoxon_signed_rank(num, settings.alternative, settings.zero_method)
-    out.update(
-        wilcoxon_stat=w.statistic,
-        p_wilcoxon=w.pvalue,
-        wilcoxon_method=w.method,
-        n_zeros=w.n_zeros,
-        n_tied=w.n_ties,
-        rank_biserial=w.rank_biserial,
-    )
-    wins, losses = int((num > 0).sum()), int((num < 0).sum())
-    out.update(wins=wins, losses=losses, ties=n - wins - losses)
-    sign_p, low, high = sign_test(wins, losses, settings.alternative, settings.confidence)
-    out.update(sign_p=sign_p, win_rate_low=low, win_rate_high=high)
-    hl = hodges_lehmann(pp, settings.confidence)
-    out.update(
-        hl_estimate=hl.estimate,
-        hl_ci_low=hl.low,
-        hl_ci_high=hl.high,
-        hl_confidence=hl.confidence,
-    )
-    sd = pp.std(ddof=1) if n > 1 else math.nan
-    out["d_z"] = float(pp.mean() / sd) if n > 1 and sd > 0 else math.nan
-    out["min_attainable_p"] = min_attainable_p(n, settings.alternative)
+    deltas = PairedDeltas(np.asarray(num, dtype=np.int64), denom, settings, key)
+    out: dict[str, Any] = {}
+    for stat in STATISTICS:
+        if stat.compute is None:
+            continue
+        values = stat.compute(deltas)
+        if set(values) != set(stat.columns):
+            raise ValueError(
+                f"statistic {stat.name!r} returned columns {sorted(values)} but declares "
+                f"{list(stat.columns)}; make its compute function return exactly its columns"
+            )
+        out.update((c, values[c]) for c in stat.columns)
     return out
+
+
+def summary_cells(row: pd.Series, record: Mapping[str, Any]) -> dict[str, str]:
+    """One comparison's cells in report.md's compact table: the effect estimates first, then
+    the other statistics, in registry order."""
+    ordered = [s for s in STATISTICS if s.leads_table] + [
+        s for s in STATISTICS if not s.leads_table
+    ]
+    cells: dict[str, str] = {}
+    for stat in ordered:
+        if stat.cells is not None:
+            cells.update(stat.cells(row, record))
+    return cells
+
+
+def method_lines(record: Mapping[str, Any]) -> list[str]:
+    """One line per statistic for report.md's Method section, from the settings record."""
+    return [_fill(stat.method, record, stat.name, "method") for stat in STATISTICS]
+
+
+def _fill(template: str, fields: Mapping[str, Any], name: str, part: str) -> str:
+    try:
+        return template.format(**fields)
+    except KeyError as err:
+        raise ValueError(
+            f"statistic {name!r}: its {part} text names the field {err}, which the settings "
+            f"record does not have; use one of {', '.join(sorted(fields))} (or add it to the "
+            "statistic's record), and double literal braces"
+        ) from None
 
 
 # ----------------------------------------------------------------------------- comparisons
@@ -354,8 +653,8 @@ def integer_deltas(
 def compare(pairing: Any, settings: StatsSettings | None = None) -> Comparisons:
     """Paired statistics of each operator against the baseline in each group of a Pairing.
 
-    ``pairing`` is an ``analysis.load.Pairing``. Holm's correction runs over every comparison of
-    the result (m = number of rows).
+    ``pairing`` is an ``analysis.pairing.Pairing``. Holm's correction runs over every
+    comparison of the result (m = number of rows).
     """
     settings = settings or StatsSettings()
     keys = list(pairing.keys)
@@ -405,50 +704,20 @@ def compare(pairing: Any, settings: StatsSettings | None = None) -> Comparisons:
 def finish_family(
     table: pd.DataFrame, settings: StatsSettings, family: str, cautions: bool = True
 ) -> list[str]:
-    """Holm-correct a family of comparisons in place, add the guard columns, return warnings.
+    """Add the family-wide columns (Holm, the guard) to a family of comparisons, in place, and
+    return its warnings.
 
     ``cautions`` adds the general small-n cautions (bootstrap under-coverage, HL interval
     level); the report asks for them once, on its main family.
     """
-    m = len(table)
-    warns: list[str] = []
-    if m == 0:
-        for col in (
-            "p_holm",
-            "significant",
-            "min_attainable_p_holm",
-            "can_reach_alpha",
-            "seeds_needed",
-        ):
+    if len(table) == 0:
+        for col in (c for s in STATISTICS for c in s.family_columns):
             table[col] = pd.Series(dtype=float)
-        return warns
-    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(), settings.alpha)
-    table["significant"] = table["p_holm"] <= settings.alpha
-    table["min_attainable_p_holm"] = np.minimum(1.0, m * table["min_attainable_p"].to_numpy())
-    table["can_reach_alpha"] = table["min_attainable_p_holm"] <= settings.alpha
-    need = seeds_needed(settings.alpha, m, settings.alternative)
-    table["seeds_needed"] = need
-    side = "two-sided" if settings.alternative == "two-sided" else "one-sided"
-    blocked = table[~table["can_reach_alpha"]]
-    if len(blocked):
-        floors = ", ".join(
-            f"n = {int(n)}: {min_attainable_p(int(n), settings.alternative):.4g}"
-            + (
-                f" ({min(1.0, m * min_attainable_p(int(n), settings.alternative)):.4g} after Holm)"
-                if m > 1
-                else ""
-            )
-            for n in sorted(set(blocked["n_pairs"]))
-        )
-        alone = seeds_needed(settings.alpha, 1, settings.alternative)
-        warns.append(
-            f"{family}: {len(blocked)} of {m} comparison(s) cannot reach alpha = "
-            f"{settings.alpha} whatever the data. Smallest exact {side} Wilcoxon p-value "
-            f"with {floors}"
-            + (f"; Holm over m = {m} multiplies the smallest p by m" if m > 1 else "")
-            + f". Seeds needed: {alone} for a single comparison"
-            + (f", {need} with Holm over m = {m}." if m > 1 else ".")
-        )
+        return []
+    for stat in STATISTICS:
+        if stat.family is not None:
+            stat.family(table, settings)
+    warns = _guard_warnings(table, settings, family)
     if settings.zero_method == "wilcox" and (table["n_zeros"] > 0).any():
         k = int((table["n_zeros"] > 0).sum())
         warns.append(
@@ -456,60 +725,75 @@ def finish_family(
             "zero_method=wilcox drops them from the signed-rank test, which then uses fewer "
             "pairs than n_pairs (column n_zeros)."
         )
-    if cautions and (table["n_pairs"] <= 6).any():
+    if cautions:
+        warns += _small_n_cautions(table, settings)
+    return warns
+
+
+def _guard_warnings(table: pd.DataFrame, settings: StatsSettings, family: str) -> list[str]:
+    """The comparisons that cannot reach alpha whatever the data, and the seeds needed."""
+    blocked = table[~table["can_reach_alpha"]]
+    if not len(blocked):
+        return []
+    m, alt = len(table), settings.alternative
+    side = "two-sided" if alt == "two-sided" else "one-sided"
+    floors = ", ".join(
+        f"n = {int(n)}: {min_attainable_p(int(n), alt):.4g}"
+        + (f" ({min(1.0, m * min_attainable_p(int(n), alt)):.4g} after Holm)" if m > 1 else "")
+        for n in sorted(set(blocked["n_pairs"]))
+    )
+    alone = seeds_needed(settings.alpha, 1, alt)
+    need = seeds_needed(settings.alpha, m, alt)
+    return [
+        f"{family}: {len(blocked)} of {m} comparison(s) cannot reach alpha = "
+        f"{settings.alpha} whatever the data. Smallest exact {side} Wilcoxon p-value "
+        f"with {floors}"
+        + (f"; Holm over m = {m} multiplies the smallest p by m" if m > 1 else "")
+        + f". Seeds needed: {alone} for a single comparison"
+        + (f", {need} with Holm over m = {m}." if m > 1 else ".")
+    ]
+
+
+def _small_n_cautions(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
+    warns = []
+    if (table["n_pairs"] <= 6).any():
         warns.append(
             f"{int((table['n_pairs'] <= 6).sum())} comparison(s) have n <= 6 paired seeds: "
             "percentile bootstrap intervals of the mean delta under-cover badly at such n; "
             "read them as descriptive (the Hodges-Lehmann interval is exact)."
         )
-    if cautions and (table["hl_confidence"] < settings.confidence - 1e-9).any():
-        k = int((table["hl_confidence"] < settings.confidence - 1e-9).sum())
+    low_level = table["hl_confidence"] < settings.confidence - 1e-9
+    if low_level.any():
         warns.append(
-            f"{k} Hodges-Lehmann interval(s) cannot reach {settings.confidence:.0%} with so "
-            "few pairs: they span [min, max] of the deltas, at the level in hl_confidence."
+            f"{int(low_level.sum())} Hodges-Lehmann interval(s) cannot reach "
+            f"{settings.confidence:.0%} with so few pairs: they span [min, max] of the deltas, "
+            "at the level in hl_confidence."
         )
     return warns
 
 
+ZERO_POLICIES = {
+    "wilcox": "zero deltas are dropped before ranking (Wilcoxon 1945; R's wilcox.test)",
+    "pratt": "zero deltas are ranked, then their ranks dropped (Pratt 1959)",
+    "zsplit": "zero deltas are ranked and their ranks split between signs",
+}
+
+
 def settings_record(settings: StatsSettings, m: int) -> dict[str, Any]:
-    """The settings block of stats.json: every choice, stated in words as well."""
+    """The settings block of stats.json: every choice, stated in words as well (each
+    statistic's words come from its registry entry)."""
     import statsmodels
 
     rec = asdict(settings)
     rec.update(
         confidence=settings.confidence,
-        correction="holm",
-        correction_detail=(
-            f"Holm step-down over all m = {m} comparisons of this report "
-            "(statsmodels multipletests(method='holm'); its default 'hs' is Holm-Sidak)"
-        ),
         m=m,
         delta="operator - baseline test accuracy, from correct counts, in percentage points",
-        test=(
-            "Wilcoxon signed-rank on the integer count differences: scipy.stats.wilcoxon "
-            "method='exact' without zeros or ties; with zeros or ties, the exact permutation "
-            "distribution conditional on the mid-ranks (never the normal approximation)"
-        ),
-        zero_policy={
-            "wilcox": "zero deltas are dropped before ranking (Wilcoxon 1945; R's wilcox.test)",
-            "pratt": "zero deltas are ranked, then their ranks dropped (Pratt 1959)",
-            "zsplit": "zero deltas are ranked and their ranks split between signs",
-        }[settings.zero_method],
-        wilcoxon_stat="V = T+, the sum of ranks of positive deltas (R's V)",
-        sign_test="scipy.stats.binomtest on wins vs losses (ties dropped); Clopper-Pearson interval",
-        bootstrap=(
-            f"percentile paired bootstrap of the mean delta, {settings.n_bootstrap} resamples, "
-            f"seeded from bootstrap_seed={settings.bootstrap_seed} and the comparison's name"
-        ),
-        hodges_lehmann="median of Walsh averages; exact order-statistic interval (two-sided)",
-        rank_biserial="matched-pairs rank-biserial (R+ - R-)/(R+ + R-), same ranks as the test",
-        d_z="mean delta / sd of deltas (ddof = 1)",
-        guard=(
-            "min_attainable_p = 2/2^n (two-sided) or 1/2^n (one-sided); "
-            "min_attainable_p_holm = m * min_attainable_p"
-        ),
+        zero_policy=ZERO_POLICIES[settings.zero_method],
         intervals="two-sided at level `confidence` whatever the alternative",
-        scipy=scipy.__version__,
-        statsmodels=statsmodels.__version__,
     )
+    fields = dict(rec)
+    for stat in STATISTICS:
+        rec.update((k, _fill(v, fields, stat.name, "record")) for k, v in stat.record.items())
+    rec.update(scipy=scipy.__version__, statsmodels=statsmodels.__version__)
     return rec

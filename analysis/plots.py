@@ -68,6 +68,17 @@ def operator_colors(operators: Sequence[str]) -> dict[str, str]:
     return {op: cycle[i % len(cycle)] for i, op in enumerate(operators)}
 
 
+def present(values: Sequence[str], frame: pd.DataFrame, column: str) -> list[str]:
+    """``values`` that occur in ``frame[column]``, in their order."""
+    have = set(frame[column])
+    return [v for v in values if v in have]
+
+
+def _grid_and_legend(ax, axis: str = "y") -> None:
+    ax.grid(axis=axis, alpha=0.3)
+    ax.legend(fontsize=7, frameon=False)
+
+
 def paired_deltas(
     deltas: pd.DataFrame,
     panel_key: str,
@@ -80,12 +91,12 @@ def paired_deltas(
     colors: dict[str, str] | None = None,
 ) -> list[Path]:
     """Per-seed paired deltas (pp), one panel per value of ``panel_key``."""
-    panels = [p for p in panels if p in set(deltas[panel_key])]
+    panels = present(panels, deltas, panel_key)
     if not panels:
         return []
     colors = colors or operator_colors(operators)
     fig, axes = _panels(len(panels), sharey=True)  # one scale: magnitudes compare across panels
-    ops = [op for op in operators if op in set(deltas["operator"])]
+    ops = present(operators, deltas, "operator")
     width = 0.6 / max(1, len(ops))
     for ax, panel in zip(axes, panels, strict=True):
         sub = deltas[deltas[panel_key] == panel]
@@ -104,8 +115,7 @@ def paired_deltas(
         ax.set_ylabel(f"Δ accuracy vs {baseline} (pp)")
         ax.yaxis.set_tick_params(labelleft=True)
         ax.set_title(str(panel))
-        ax.grid(axis="y", alpha=0.3)
-        ax.legend(fontsize=7, frameon=False)
+        _grid_and_legend(ax)
     fig.suptitle(title, fontsize=10)
     return save(fig, out_dir, stem)
 
@@ -121,14 +131,14 @@ def accuracy_by_regime(
     colors: dict[str, str] | None = None,
 ) -> list[Path]:
     """Mean ± sd accuracy per operator across datasets ordered by median length."""
-    datasets = [d for d in datasets if d in set(summary["dataset"])]
+    datasets = present(datasets, summary, "dataset")
     if not datasets:
         return []
     colors = colors or operator_colors(operators)
     fig = Figure(figsize=(max(4.5, 1.6 * len(datasets) + 2), 3.6), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(datasets))
-    ops = [op for op in operators if op in set(summary["operator"])]
+    ops = present(operators, summary, "operator")
     width = 0.5 / max(1, len(ops))
     for i, op in enumerate(ops):
         sub = summary[summary["operator"] == op].set_index("dataset")
@@ -140,8 +150,7 @@ def accuracy_by_regime(
     ax.set_xticks(x, labels)
     ax.set_ylabel("test accuracy (%)")
     ax.set_xlabel("dataset, shortest to longest" if medians else "dataset")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False)
+    _grid_and_legend(ax)
     ax.set_title(title, fontsize=10)
     return save(fig, out_dir, stem)
 
@@ -156,7 +165,7 @@ def accuracy_vs_latency(
     colors: dict[str, str] | None = None,
 ) -> list[Path]:
     """Mean ± sd accuracy against mean ± sd latency, one panel per dataset."""
-    datasets = [d for d in datasets if d in set(summary["dataset"])]
+    datasets = present(datasets, summary, "dataset")
     if not datasets or summary["latency_mean"].isna().all():
         return []
     colors = colors or operator_colors(operators)
@@ -181,8 +190,7 @@ def accuracy_vs_latency(
         ax.set_xlabel("inference latency (ms/sample)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(str(d))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, frameon=False)
+        _grid_and_legend(ax, "both")
     fig.suptitle(title, fontsize=10)
     return save(fig, out_dir, stem)
 
@@ -200,7 +208,7 @@ def accuracy_by_length_bucket(
 ) -> list[Path]:
     """Top row: accuracy by length quantile per operator; bottom: mean paired delta per bucket
     with its percentile-bootstrap interval and a zero line."""
-    datasets = [d for d in datasets if d in set(accuracy["dataset"])]
+    datasets = present(datasets, accuracy, "dataset")
     if not datasets:
         return []
     colors = colors or operator_colors(operators)
@@ -210,51 +218,59 @@ def accuracy_by_length_bucket(
         top, bottom = axes[0][j], axes[1][j]
         sub = accuracy[accuracy["dataset"] == d]
         labels = sub.drop_duplicates("bucket").sort_values("bucket")["label"].tolist()
-        x = np.arange(len(labels))
-        present = [op for op in operators if op in set(sub["operator"])]
-        step = 0.3 / max(1, len(present))
-        for i, op in enumerate(present):
-            r = sub[sub["operator"] == op].sort_values("bucket")
-            top.errorbar(
-                r["bucket"] + (i - (len(present) - 1) / 2) * step,
-                r["acc_mean"],
-                yerr=r["acc_sd"].fillna(0),
-                fmt="o-",
-                color=colors[op],
-                capsize=3,
-                ms=4,
-                lw=1,
-                label=op,
-            )
+        _bucket_accuracy_panel(top, sub, operators, colors)
         top.set_title(str(d))
-        top.set_ylabel("accuracy (%)")
-        top.set_xticks(x, labels, fontsize=7)
-        top.grid(axis="y", alpha=0.3)
-        top.legend(fontsize=7, frameon=False)
+        top.set_xticks(np.arange(len(labels)), labels, fontsize=7)
+        _grid_and_legend(top)
         st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
-        ops = [op for op in operators if op in set(st["operator"])]
-        width = 0.5 / max(1, len(ops))
-        for i, op in enumerate(ops):
-            r = (
-                st[st["operator"] == op]
-                .assign(b=lambda f: f["bucket"].astype(int))
-                .sort_values("b")
-            )
-            xs = r["b"].to_numpy() + (i - (len(ops) - 1) / 2) * width
-            err = np.vstack([r["mean_delta"] - r["ci_low"], r["ci_high"] - r["mean_delta"]])
-            bottom.errorbar(
-                xs,
-                r["mean_delta"],
-                yerr=np.nan_to_num(err),
-                fmt="o",
-                color=colors[op],
-                capsize=3,
-                label=op,
-            )
-        bottom.axhline(0.0, color="0.2", lw=0.9)
-        bottom.set_xticks(x, labels, fontsize=7)
-        bottom.set_xlabel("document length (tokens, quantile buckets)")
-        bottom.set_ylabel(f"Δ vs {baseline} (pp)")
+        _bucket_delta_panel(bottom, st, operators, colors, baseline)
+        bottom.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         bottom.grid(axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=10)
     return save(fig, out_dir, stem)
+
+
+def _bucket_accuracy_panel(
+    ax, sub: pd.DataFrame, operators: Sequence[str], colors: dict[str, str]
+) -> None:
+    """Mean ± sd accuracy per length bucket, one line per operator."""
+    shown = present(operators, sub, "operator")
+    step = 0.3 / max(1, len(shown))
+    for i, op in enumerate(shown):
+        r = sub[sub["operator"] == op].sort_values("bucket")
+        ax.errorbar(
+            r["bucket"] + (i - (len(shown) - 1) / 2) * step,
+            r["acc_mean"],
+            yerr=r["acc_sd"].fillna(0),
+            fmt="o-",
+            color=colors[op],
+            capsize=3,
+            ms=4,
+            lw=1,
+            label=op,
+        )
+    ax.set_ylabel("accuracy (%)")
+
+
+def _bucket_delta_panel(
+    ax, st: pd.DataFrame, operators: Sequence[str], colors: dict[str, str], baseline: str
+) -> None:
+    """Mean paired delta per length bucket with its bootstrap interval, and a zero line."""
+    ops = present(operators, st, "operator")
+    width = 0.5 / max(1, len(ops))
+    for i, op in enumerate(ops):
+        r = st[st["operator"] == op].assign(b=lambda f: f["bucket"].astype(int)).sort_values("b")
+        xs = r["b"].to_numpy() + (i - (len(ops) - 1) / 2) * width
+        err = np.vstack([r["mean_delta"] - r["ci_low"], r["ci_high"] - r["mean_delta"]])
+        ax.errorbar(
+            xs,
+            r["mean_delta"],
+            yerr=np.nan_to_num(err),
+            fmt="o",
+            color=colors[op],
+            capsize=3,
+            label=op,
+        )
+    ax.axhline(0.0, color="0.2", lw=0.9)
+    ax.set_xlabel("document length (tokens, quantile buckets)")
+    ax.set_ylabel(f"Δ vs {baseline} (pp)")

@@ -19,7 +19,16 @@ from typing import Any
 
 import numpy as np
 
-PREDICTIONS_ARTIFACT = "test_predictions.parquet"
+from analysis.schema import (
+    OPERATOR_KWARGS_PREFIX,
+    OPERATOR_PARAM,
+    PARENT_TAG,
+    PREDICTIONS_FILE,
+    ROLE_SWEEP,
+    ROLE_TAG,
+    ROLE_TRIAL,
+    TRIAL_TAGS,
+)
 
 #: Median document length (tokens) and base accuracy (logit) of the synthetic regimes.
 REGIMES: dict[str, tuple[float, float]] = {
@@ -105,7 +114,7 @@ def flat_config(
         "model.activation": "relu",
         "model.norm_first": False,
         "model.max_len": max_length,
-        "model.fusion": operator_name(operator),
+        OPERATOR_PARAM: operator_name(operator),
         "model.position": position,
         "model.position_kwargs": "{}",
         "model.attention_position": attention_position,
@@ -127,9 +136,9 @@ def flat_config(
     }
     kwargs = operator_kwargs(operator)
     for k, v in kwargs.items():
-        cfg[f"model.fusion_kwargs.{k}"] = v
+        cfg[OPERATOR_KWARGS_PREFIX + k] = v
     if not kwargs:  # the sweep flattens an empty dict to one param, "{}"
-        cfg["model.fusion_kwargs"] = "{}"
+        cfg[OPERATOR_KWARGS_PREFIX.rstrip(".")] = "{}"
     return cfg
 
 
@@ -198,9 +207,9 @@ def log_trial(
     from mlflow.entities import Metric, Param
 
     all_tags = {str(k): str(v) for k, v in tags.items()}
-    all_tags.setdefault("role", "trial")
+    all_tags.setdefault(ROLE_TAG, ROLE_TRIAL)
     if parent_run_id:
-        all_tags["mlflow.parentRunId"] = parent_run_id
+        all_tags[PARENT_TAG] = parent_run_id
     run = client.create_run(experiment_id, tags=all_tags, run_name=all_tags.get("cell_id"))
     run_id = run.info.run_id
     now = int(time.time() * 1000)
@@ -220,7 +229,7 @@ def log_trial(
         import pyarrow.parquet as pq
 
         with tempfile.TemporaryDirectory(dir=tmp_dir) as d:
-            path = Path(d) / PREDICTIONS_ARTIFACT
+            path = Path(d) / PREDICTIONS_FILE
             table = pa.table({k: np.asarray(v) for k, v in predictions.items()})
             pq.write_table(table, path)
             client.log_artifact(run_id, str(path))
@@ -241,6 +250,74 @@ def iter_cells(spec: SyntheticSweep) -> Iterable[tuple[str, str, str, str, str, 
                 for attention in spec.attention_positions:
                     for op in spec.operators:
                         yield dataset, regime, position, attention, op, seed
+
+
+@dataclass
+class SyntheticTrial:
+    """What one synthetic trial run logs."""
+
+    tags: dict[str, Any]
+    params: dict[str, Any]
+    final_metrics: dict[str, float]
+    epoch_metrics: list[dict[str, float]]
+    predictions: dict[str, np.ndarray]
+
+
+def simulate_trial(
+    spec: SyntheticSweep,
+    dataset: str,
+    regime: str,
+    position: str,
+    attention: str,
+    op: str,
+    seed: int,
+) -> SyntheticTrial:
+    """The tags, params, metrics and predictions of one cell of a synthetic sweep."""
+    sim = simulate_run(
+        dataset,
+        regime,
+        (position, attention),
+        op,
+        seed,
+        spec.effects,
+        spec.test_size,
+        spec.num_classes,
+    )
+    correct = int((sim["pred"] == sim["label"]).sum())
+    total = spec.test_size
+    rng = _rng("metrics", dataset, position, attention, op, seed)
+    val = [min(0.99, correct / total - 0.05 * (spec.epochs - e)) for e in range(spec.epochs)]
+    params = flat_config(
+        dataset,
+        regime,
+        position,
+        attention,
+        op,
+        seed,
+        max_length=spec.max_length,
+        num_classes=spec.num_classes,
+        epochs=spec.epochs,
+    )
+    params.update(spec.extra_params)
+    values = (synthetic_cell_id(dataset, position, attention, op, seed), dataset, position)
+    values += (attention, op, seed, spec.name, "0" * 40)
+    tags: dict[str, Any] = dict(zip(TRIAL_TAGS, values, strict=True))
+    tags[ROLE_TAG] = ROLE_TRIAL
+    final = {
+        "test_acc": correct / total,
+        "best_val_acc": max(val),
+        "best_epoch": int(np.argmax(val)),
+        "test_correct": correct,
+        "test_total": total,
+        "latency_ms_per_sample": _latency(op) * (1 + 0.05 * rng.standard_normal()),
+        "num_params": 100_000 + 128 * len(op),
+        "train_seconds": 10.0 + rng.random(),
+    }
+    epochs = [
+        {"train_loss": 1.0 / (e + 1), "val_loss": 1.1 / (e + 1), "val_acc": v}
+        for e, v in enumerate(val)
+    ]
+    return SyntheticTrial(tags, params, final, epochs, sim)
 
 
 def log_synthetic_sweep(
@@ -264,91 +341,42 @@ def log_synthetic_sweep(
         if exp is not None
         else client.create_experiment(spec.name, artifact_location=artifact_location)
     )
-    parent_id = None
-    if spec.with_parent:
-        n_cells = sum(1 for _ in iter_cells(spec))
-        tags = {
-            "role": "sweep",
-            "sweep": spec.name,
-            "cells": str(n_cells),
-            "seeds": str(list(spec.seeds)),
-        }
-        parent = client.create_run(exp_id, tags=tags, run_name=f"{spec.name}-sweep")
-        parent_id = parent.info.run_id
+    parent_id = _start_parent(client, exp_id, spec) if spec.with_parent else None
     skipped = set(skip)
     run_ids = []
     t0 = time.perf_counter()
     for i, (dataset, regime, position, attention, op, seed) in enumerate(iter_cells(spec)):
         if (dataset, op, seed) in skipped:
             continue
-        sim = simulate_run(
-            dataset,
-            regime,
-            (position, attention),
-            op,
-            seed,
-            spec.effects,
-            spec.test_size,
-            spec.num_classes,
+        trial = simulate_trial(spec, dataset, regime, position, attention, op, seed)
+        run_id = log_trial(
+            client,
+            exp_id,
+            tags=trial.tags,
+            params=trial.params,
+            final_metrics=trial.final_metrics,
+            epoch_metrics=trial.epoch_metrics,
+            predictions=trial.predictions if spec.predictions else None,
+            parent_run_id=parent_id,
         )
-        correct = int((sim["pred"] == sim["label"]).sum())
-        total = spec.test_size
-        rng = _rng("metrics", dataset, position, attention, op, seed)
-        val = [min(0.99, correct / total - 0.05 * (spec.epochs - e)) for e in range(spec.epochs)]
-        params = flat_config(
-            dataset,
-            regime,
-            position,
-            attention,
-            op,
-            seed,
-            max_length=spec.max_length,
-            num_classes=spec.num_classes,
-            epochs=spec.epochs,
-        )
-        params.update(spec.extra_params)
-        tags = {
-            "cell_id": synthetic_cell_id(dataset, position, attention, op, seed),
-            "dataset": dataset,
-            "position": position,
-            "attention_position": attention,
-            "fusion": op,
-            "seed": seed,
-            "sweep": spec.name,
-            "git_sha": "0" * 40,
-            "role": "trial",
-        }
-        final = {
-            "test_acc": correct / total,
-            "best_val_acc": max(val),
-            "best_epoch": int(np.argmax(val)),
-            "test_correct": correct,
-            "test_total": total,
-            "latency_ms_per_sample": _latency(op) * (1 + 0.05 * rng.standard_normal()),
-            "num_params": 100_000 + 128 * len(op),
-            "train_seconds": 10.0 + rng.random(),
-        }
-        epochs = [
-            {"train_loss": 1.0 / (e + 1), "val_loss": 1.1 / (e + 1), "val_acc": v}
-            for e, v in enumerate(val)
-        ]
-        run_ids.append(
-            log_trial(
-                client,
-                exp_id,
-                tags=tags,
-                params=params,
-                final_metrics=final,
-                epoch_metrics=epochs,
-                predictions=sim if spec.predictions else None,
-                parent_run_id=parent_id,
-            )
-        )
+        run_ids.append(run_id)
         if progress and (i + 1) % 500 == 0:
             print(f"  logged {i + 1} runs in {time.perf_counter() - t0:.0f} s", flush=True)
     if parent_id:
         client.set_terminated(parent_id, "FINISHED")
     return {"experiment_id": exp_id, "parent_run_id": parent_id, "run_ids": run_ids}
+
+
+def _start_parent(client: Any, exp_id: str, spec: SyntheticSweep) -> str:
+    """Create the sweep's parent run, tagged with the grid's size as the sweep tags it."""
+    tags = {
+        ROLE_TAG: ROLE_SWEEP,
+        "sweep": spec.name,
+        "cells": str(sum(1 for _ in iter_cells(spec))),
+        "seeds": str(list(spec.seeds)),
+    }
+    parent = client.create_run(exp_id, tags=tags, run_name=f"{spec.name}-sweep")
+    return parent.info.run_id
 
 
 def main(argv: Sequence[str] | None = None) -> None:

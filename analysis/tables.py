@@ -16,10 +16,13 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+
+from analysis.paired import summary_cells
 
 #: Display order of known operators; others follow alphabetically.
 KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")
@@ -65,6 +68,18 @@ def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
     ).reset_index()
     out["seeds"] = grouped["seed"].agg(lambda s: ",".join(map(str, sorted(s)))).to_numpy()
     return out
+
+
+def select(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
+    """The rows of ``frame`` in ``setting`` (column -> value)."""
+    for k, v in setting.items():
+        frame = frame[frame[k] == v]
+    return frame
+
+
+def describe_setting(setting: dict[str, Any], sep: str = "=") -> str:
+    """``position=sinusoidal, attention_position=none`` (``sep`` between name and value)."""
+    return ", ".join(f"{k}{sep}{v}" for k, v in setting.items())
 
 
 def fmt(mean: float, sd: float, digits: int = 2) -> str:
@@ -208,27 +223,56 @@ def _cell(summary_row: Any, marked: bool, n_typical: int) -> str:
     return text
 
 
+@dataclass(frozen=True, eq=False)
+class TableInputs:
+    """What the study's tables are made from."""
+
+    summary: pd.DataFrame
+    """Per (group, operator): seeds, accuracy, latency, size (``operator_summary``)."""
+    comparisons: pd.DataFrame
+    """The stats table: its ``significant`` column gives the marks."""
+    settings: dict[str, Any]
+    """The settings record of the statistics, for the footnotes."""
+    baseline: str
+    keys: Sequence[str]
+    """The group key columns."""
+    datasets: Sequence[str]
+    """Datasets in display order."""
+    setting: dict[str, Any] = field(default_factory=dict)
+    """The main setting (column -> value) of Tables 1 and 2."""
+
+    @cached_property
+    def marks(self) -> dict[tuple, bool]:
+        """(group..., operator) -> significant after Holm."""
+        return _marks(self.comparisons, self.keys)
+
+    def footnotes(self) -> list[str]:
+        return significance_footnote(self.comparisons, self.settings, self.baseline)
+
+    def marked(self, group: tuple, op: str) -> bool:
+        return self.marks.get((*group, op), False)
+
+
 def accuracy_table(
+    inputs: TableInputs,
     name: str,
     caption: str,
     summary: pd.DataFrame,
-    comparisons: pd.DataFrame,
-    settings: dict[str, Any],
-    baseline: str,
     row_keys: Sequence[str],
-    keys: Sequence[str],
     row_order: Sequence[tuple] | None = None,
 ) -> Table:
-    """Rows = ``row_keys`` combinations, columns = operators, cells = mean ± sd with marks."""
-    marks = _marks(comparisons, keys)
-    ops = operator_order(summary["operator"], baseline)
+    """Rows = ``row_keys`` combinations of ``summary``, columns = operators, cells = mean ± sd
+    with marks."""
+    keys = inputs.keys
+    ops = operator_order(summary["operator"], inputs.baseline)
     n_typical = int(summary["n"].mode().iloc[0]) if len(summary) else 0
     rows = row_order or list(dict.fromkeys(map(tuple, summary[list(row_keys)].to_numpy())))
     index = summary.set_index([*row_keys, "operator"])
     display_rows, data_rows = [], []
     for rkey in rows:
         rkey = tuple(rkey)
-        disp = dict(zip(row_keys, rkey, strict=True))
+        full = dict(zip(row_keys, rkey, strict=True))
+        disp = dict(full)
         for op in ops:
             if (*rkey, op) not in index.index:
                 disp[op] = "–"
@@ -236,100 +280,61 @@ def accuracy_table(
             srow = index.loc[(*rkey, op)]
             # callers filter the summary so that a row and an operator name one group
             assert isinstance(srow, pd.Series), f"several groups for {rkey} {op}"
-            full = dict(zip(row_keys, rkey, strict=True))
-            group = tuple(full[k] if k in full else srow[k] for k in keys)
-            disp[op] = _cell(srow, marks.get((*group, op), False), n_typical)
+            sig = inputs.marked(tuple(full[k] if k in full else srow[k] for k in keys), op)
+            disp[op] = _cell(srow, sig, n_typical)
             data_rows.append(
                 {
-                    **dict(zip(row_keys, rkey, strict=True)),
+                    **full,
                     "operator": op,
                     "n": int(srow["n"]),
                     "acc_mean": srow["acc_mean"],
                     "acc_sd": srow["acc_sd"],
-                    "significant": marks.get((*group, op), False),
+                    "significant": sig,
                 }
             )
         display_rows.append(disp)
     display = pd.DataFrame(display_rows, columns=[*row_keys, *ops])
     display.columns = [c.replace("_", " ") if c in row_keys else c for c in display.columns]
-    return Table(
-        name,
-        caption,
-        display,
-        pd.DataFrame(data_rows),
-        significance_footnote(comparisons, settings, baseline),
-    )
+    return Table(name, caption, display, pd.DataFrame(data_rows), inputs.footnotes())
 
 
-def table1(
-    summary: pd.DataFrame,
-    comparisons: pd.DataFrame,
-    settings: dict[str, Any],
-    baseline: str,
-    keys: Sequence[str],
-    setting: dict[str, Any],
-    datasets: Sequence[str],
-) -> Table:
+def table1(inputs: TableInputs) -> Table:
     """Table 1: dataset x operator in the main setting (the study: sinusoidal, no attention PE)."""
-    sel = summary
-    for k, v in setting.items():
-        sel = sel[sel[k] == v]
-    where = ", ".join(f"{k} = {v}" for k, v in setting.items())
+    sel = select(inputs.summary, inputs.setting)
     return accuracy_table(
+        inputs,
         "table1_accuracy",
-        f"Table 1. Test accuracy (%) per dataset and fusion operator ({where}).",
+        "Table 1. Test accuracy (%) per dataset and fusion operator "
+        f"({describe_setting(inputs.setting, ' = ')}).",
         sel,
-        comparisons,
-        settings,
-        baseline,
         row_keys=["dataset"],
-        keys=keys,
-        row_order=[(d,) for d in datasets if d in set(sel["dataset"])],
+        row_order=[(d,) for d in inputs.datasets if d in set(sel["dataset"])],
     )
 
 
-def table3(
-    summary: pd.DataFrame,
-    comparisons: pd.DataFrame,
-    settings: dict[str, Any],
-    baseline: str,
-    keys: Sequence[str],
-    datasets: Sequence[str],
-) -> Table:
+def table3(inputs: TableInputs) -> Table:
     """Table 3: (dataset, position family, attention position, ...) x operator."""
+    keys = list(inputs.keys)
     rows = []
-    for d in datasets:
-        sub = summary[summary["dataset"] == d]
-        rows += list(dict.fromkeys(map(tuple, sub[list(keys)].to_numpy())))
+    for d in inputs.datasets:
+        sub = inputs.summary[inputs.summary["dataset"] == d]
+        rows += list(dict.fromkeys(map(tuple, sub[keys].to_numpy())))
     return accuracy_table(
+        inputs,
         "table3_positions",
         "Table 3. Test accuracy (%) per position family and fusion operator.",
-        summary,
-        comparisons,
-        settings,
-        baseline,
-        row_keys=list(keys),
-        keys=keys,
+        inputs.summary,
+        row_keys=keys,
         row_order=rows,
     )
 
 
-def table2(
-    summary: pd.DataFrame,
-    comparisons: pd.DataFrame,
-    settings: dict[str, Any],
-    baseline: str,
-    keys: Sequence[str],
-    setting: dict[str, Any],
-    datasets: Sequence[str],
-) -> Table:
+def table2(inputs: TableInputs) -> Table:
     """Table 2: accuracy and measured latency per operator (the study gave latency in words)."""
-    marks = _marks(comparisons, keys)
-    sel = summary
-    for k, v in setting.items():
-        sel = sel[sel[k] == v]
+    baseline = inputs.baseline
+    sel = select(inputs.summary, inputs.setting)
     display_rows, data_rows = [], []
-    for d in datasets:
+    for d in inputs.datasets:
         sub = sel[sel["dataset"] == d]
         if sub.empty:
             continue
@@ -337,8 +342,7 @@ def table2(
         base_lat = float(base["latency_mean"].iloc[0]) if len(base) else math.nan
         for op in operator_order(sub["operator"], baseline):
             r = sub[sub["operator"] == op].iloc[0]
-            group = tuple(r[k] for k in keys)
-            sig = marks.get((*group, op), False)
+            sig = inputs.marked(tuple(r[k] for k in inputs.keys), op)
             ratio = (
                 r["latency_mean"] / base_lat if base_lat and not math.isnan(base_lat) else math.nan
             )
@@ -367,8 +371,7 @@ def table2(
                     "significant": sig,
                 }
             )
-    where = ", ".join(f"{k} = {v}" for k, v in setting.items())
-    notes = significance_footnote(comparisons, settings, baseline)
+    notes = inputs.footnotes()
     notes.append(
         "Latency: median over timed repeats of inference milliseconds per document, as logged "
         "by each run (`latency_ms_per_sample`), then mean ± sd over seeds; runs on different "
@@ -376,7 +379,8 @@ def table2(
     )
     return Table(
         "table2_latency",
-        f"Table 2. Accuracy and measured inference latency per fusion operator ({where}).",
+        "Table 2. Accuracy and measured inference latency per fusion operator "
+        f"({describe_setting(inputs.setting, ' = ')}).",
         pd.DataFrame(display_rows),
         pd.DataFrame(data_rows),
         notes,
@@ -384,27 +388,16 @@ def table2(
 
 
 def stats_table(comparisons: pd.DataFrame, keys: Sequence[str], settings: dict[str, Any]) -> Table:
-    """The paired statistics, compact, for report.md (every column is in stats.csv)."""
-    conf = settings.get("confidence", 0.95)
-    rows = []
-    for _, r in comparisons.iterrows():
-        rows.append(
-            {
-                **{k.replace("_", " "): r[k] for k in keys},
-                "operator": r["operator"],
-                "n": int(r["n_pairs"]),
-                f"Δ mean [{conf:.0%} boot CI]": f"{r['mean_delta']:+.2f} [{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]",
-                "HL [exact CI]": f"{r['hl_estimate']:+.2f} [{r['hl_ci_low']:+.2f}, {r['hl_ci_high']:+.2f}]",
-                "V": f"{r['wilcoxon_stat']:g}",
-                "p": f"{r['p_wilcoxon']:.4g}",
-                "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else ""),
-                "wins": f"{int(r['wins'])}/{int(r['n_pairs'])}",
-                "sign p": f"{r['sign_p']:.3g}",
-                "r rb": f"{r['rank_biserial']:+.2f}",
-                "d z": "–" if pd.isna(r["d_z"]) else f"{r['d_z']:+.2f}",
-                "min p (Holm)": f"{r['min_attainable_p_holm']:.3g}",
-            }
-        )
+    """The paired statistics, compact, for report.md (every column is in stats.csv); the cells
+    come from the statistic registry (``analysis.paired.STATISTICS``)."""
+    rows = [
+        {
+            **{k.replace("_", " "): r[k] for k in keys},
+            "operator": r["operator"],
+            **summary_cells(r, settings),
+        }
+        for _, r in comparisons.iterrows()
+    ]
     return Table(
         "paired_stats",
         "Paired statistics against the baseline (deltas in percentage points).",

@@ -97,8 +97,9 @@ def main() -> None:
         print(f"set up in {time.perf_counter() - t0:.0f} s")
         n_runs = seeds * per_seed
 
-    from analysis.load import load_experiment, pair_runs
+    from analysis.load import load_experiment
     from analysis.paired import StatsSettings, compare
+    from analysis.pairing import pair_runs
 
     timings = []
     for _ in range(max(1, args.repeats)):

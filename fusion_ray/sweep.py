@@ -27,6 +27,7 @@ from fusion_ray.config import (
 )
 from fusion_ray.grid import Cell, axis_counts, expand
 from fusion_ray.orchestrate import init_ray, run_cell, storage_uri, trial_resources
+from fusion_ray.schema import ROLE_TAG, ROLE_TRIAL
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -215,7 +216,7 @@ def summary_table(spec: SweepSpec) -> str:
     tracker = Tracker(spec.tracking_uri, spec.name)
     runs = tracker.client.search_runs(
         [tracker.experiment_id],
-        filter_string="tags.role = 'trial' and attributes.status = 'FINISHED'",
+        filter_string=f"tags.{ROLE_TAG} = '{ROLE_TRIAL}' and attributes.status = 'FINISHED'",
         max_results=50000,
     )
     groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
@@ -241,27 +242,21 @@ def summary_table(spec: SweepSpec) -> str:
 
 
 def _report(spec: SweepSpec, out_dir: str) -> None:
-    """Run the analysis report on the sweep's experiment (logged to its parent run)."""
-    from analysis import report
+    """The analysis report of the sweep's experiment, written to ``out_dir`` and logged to its
+    parent run; a report that cannot be made says why and how to run it by hand."""
+    from analysis.load import AnalysisError
+    from analysis.report import ReportOptions, build_report, print_summary
 
-    baseline = spec.baseline or spec.grid.fusions[0].label
-    code = report.main(
-        [
-            "--experiment",
-            spec.name,
-            "--tracking-uri",
-            spec.tracking_uri,
-            "--baseline",
-            baseline,
-            "--out",
-            out_dir,
-        ]
-    )
-    if code not in (0, None):
+    options = ReportOptions(baseline=spec.baseline or spec.grid.fusions[0].label, out=out_dir)
+    try:
+        result = build_report(spec.name, spec.tracking_uri, options)
+    except (AnalysisError, ValueError) as err:
         print(
-            f"analysis report did not complete (exit {code}); run it by hand: "
-            f"python -m analysis.report --experiment {spec.name} --tracking-uri {spec.tracking_uri}"
+            f"analysis report did not complete: {err}\nrun it by hand: python -m analysis.report "
+            f"--experiment {spec.name} --tracking-uri {spec.tracking_uri}"
         )
+        return
+    print_summary(result, options.settings.alpha)
 
 
 def _parser() -> argparse.ArgumentParser:

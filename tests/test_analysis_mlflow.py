@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -23,10 +24,19 @@ from analysis.load import (
     EmptyExperimentError,
     ExperimentNotFoundError,
     load_experiment,
-    pair_runs,
 )
-from analysis.paired import StatsSettings
-from analysis.report import STATS_COLUMNS, build_report, main
+from analysis.paired import (
+    STATISTICS,
+    PairedDeltas,
+    Statistic,
+    StatsSettings,
+    describe_deltas,
+    method_lines,
+    register,
+    unregister,
+)
+from analysis.pairing import pair_runs
+from analysis.report import STATS_COLUMNS, ReportOptions, build_report, main
 from analysis.synthetic import (
     SyntheticSweep,
     flat_config,
@@ -161,7 +171,7 @@ def _log_store(root, MlflowClient):
 @pytest.fixture(scope="module")
 def clean_report(store):
     out = store["root"] / "report_clean"
-    return build_report("clean", store["uri"], out=out)
+    return build_report("clean", store["uri"], ReportOptions(out=out))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -354,10 +364,12 @@ def test_one_sided_alternative_and_alpha_flow_through(store, tmp_path):
     res = build_report(
         "clean",
         store["uri"],
-        out=tmp_path,
-        lengths=False,
-        log_to_mlflow=False,
-        settings=StatsSettings(alpha=0.1, alternative="greater"),
+        ReportOptions(
+            out=tmp_path,
+            lengths=False,
+            log_to_mlflow=False,
+            settings=StatsSettings(alpha=0.1, alternative="greater"),
+        ),
     )
     table = res.comparisons.table
     assert (table["min_attainable_p"] == 1 / 64).all()
@@ -403,10 +415,7 @@ def test_missing_baseline_still_reports_what_it_can(store, tmp_path):
     res = build_report(
         "no_parent",
         store["uri"],
-        baseline="gate_mlp",
-        out=tmp_path,
-        lengths=False,
-        make_figures=False,
+        ReportOptions(baseline="gate_mlp", out=tmp_path, lengths=False, make_figures=False),
     )
     assert res.comparisons.table.empty
     assert any("baseline 'gate_mlp' has no FINISHED run" in w for w in res.warnings)
@@ -419,11 +428,13 @@ def test_operator_filter_shrinks_the_holm_family(store, tmp_path, capsys):
     res = build_report(
         "clean",
         store["uri"],
-        out=tmp_path,
-        lengths=False,
-        make_figures=False,
-        log_to_mlflow=False,
-        only_operators=["gate_scalar"],
+        ReportOptions(
+            out=tmp_path,
+            lengths=False,
+            make_figures=False,
+            log_to_mlflow=False,
+            only_operators=["gate_scalar"],
+        ),
     )
     assert set(res.comparisons.table["operator"]) == {"gate_scalar"}
     assert res.comparisons.settings["m"] == 2
@@ -435,4 +446,73 @@ def test_operator_filter_shrinks_the_holm_family(store, tmp_path, capsys):
 
 def test_unknown_main_position_is_an_error(store, tmp_path):
     with pytest.raises(AnalysisError, match="--position 'rope'.*available: sinusoidal"):
-        build_report("no_parent", store["uri"], out=tmp_path, position="rope", lengths=False)
+        options = ReportOptions(out=tmp_path, position="rope", lengths=False)
+        build_report("no_parent", store["uri"], options)
+
+
+def test_a_registered_statistic_reaches_every_output(store, tmp_path):
+    """One function and one registry entry: the statistic is computed for every comparison
+    (and length bucket), written to stats.csv and stats.json, and described in the Method."""
+
+    def largest_delta(d: PairedDeltas) -> dict[str, float]:
+        return {"max_delta": float(d.pp.max())}
+
+    register(
+        Statistic(
+            name="max_delta",
+            columns=("max_delta",),
+            compute=largest_delta,
+            record={"max_delta": "largest per-seed delta in pp, one of m = {m} comparisons"},
+            method="**Largest delta**: {max_delta}.",
+        )
+    )
+    try:
+        options = ReportOptions(out=tmp_path, make_figures=False, log_to_mlflow=False)
+        res = build_report("clean", store["uri"], options)
+    finally:
+        unregister("max_delta")
+    stats = pd.read_csv(tmp_path / "stats.csv")
+    assert list(stats.columns[: len(STATS_COLUMNS)]) == STATS_COLUMNS
+    assert "max_delta" in stats.columns[len(STATS_COLUMNS) :]
+    runs = res.experiment.runs.set_index(["dataset", "operator", "seed"])["test_correct"]
+    row = stats[(stats["dataset"] == "long_ds") & (stats["operator"] == "gate_scalar")].iloc[0]
+    deltas = [runs[("long_ds", "gate_scalar", s)] - runs[("long_ds", "add", s)] for s in range(6)]
+    assert row["max_delta"] == pytest.approx(100 * max(deltas) / 120)
+    assert pd.read_csv(tmp_path / "length_stats.csv")["max_delta"].notna().all()
+    settings = json.loads((tmp_path / "stats.json").read_text())["settings"]
+    assert settings["max_delta"] == "largest per-seed delta in pp, one of m = 4 comparisons"
+    md = (tmp_path / "report.md").read_text()
+    method = md.split("## Method")[1].split("\n## ")[0]
+    assert "- **Largest delta**: largest per-seed delta in pp, one of m = 4 comparisons." in method
+    # unregistered again: the next report has neither the column nor the line
+    assert "max_delta" not in describe_deltas(np.array([1, 2]), 10, StatsSettings())
+    assert all("Largest delta" not in line for line in method_lines(settings))
+
+
+def test_method_text_describes_every_statistic_from_the_settings_record(clean_report):
+    md = (clean_report.out_dir / "report.md").read_text()
+    method = md.split("## Method")[1].split("\n## ")[0]
+    record = json.loads((clean_report.out_dir / "stats.json").read_text())["settings"]
+    assert len(method_lines(record)) == len(STATISTICS)
+    for line in method_lines(record):
+        assert f"- {line}" in method
+    for stat in STATISTICS:  # what a statistic states is in stats.json, filled in, and shown
+        for key in stat.record:
+            assert "{" not in record[key]
+            if "{" + key in stat.method:
+                assert record[key] in method
+
+
+def test_report_options_refuse_a_bare_string_for_a_list():
+    with pytest.raises(TypeError, match=r"by=\('train.lr',\)"):
+        ReportOptions(by="train.lr")
+    assert ReportOptions(by=["train.lr"]).by == ("train.lr",)
+
+
+def test_build_report_from_python_prints_nothing(store, tmp_path, capfd):
+    res = build_report(
+        "clean", store["uri"], ReportOptions(baseline="add", out=tmp_path, make_figures=False)
+    )
+    assert res.logged_to == store["clean"]["parent_run_id"]
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == ""

@@ -1,12 +1,12 @@
-"""Pairing checks of analysis.load.pair_runs on hand-built run frames (no MLflow store)."""
+"""Pairing checks of analysis.pairing.pair_runs on hand-built run frames (no MLflow store)."""
 
 from __future__ import annotations
 
 import pandas as pd
 import pytest
 
-from analysis.load import PairingError, pair_runs
 from analysis.paired import compare
+from analysis.pairing import PairingError, pair_runs
 
 
 def run(op, seed, *, dataset="arxiv", status="FINISHED", correct=60, lr="0.0003", **params):

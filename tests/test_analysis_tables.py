@@ -7,6 +7,7 @@ import pytest
 
 from analysis import plots
 from analysis.tables import (
+    TableInputs,
     dataset_order,
     latex_cell,
     operator_order,
@@ -76,14 +77,9 @@ def test_orders():
 
 def test_table1_marks_only_significant_cells_and_footnotes_the_test():
     summary = operator_summary(runs_frame(), KEYS)
+    setting = {"position": "sinusoidal", "attention_position": "none"}
     t = table1(
-        summary,
-        comparisons(),
-        SETTINGS,
-        "add",
-        KEYS,
-        {"position": "sinusoidal", "attention_position": "none"},
-        ["imdb", "arxiv"],
+        TableInputs(summary, comparisons(), SETTINGS, "add", KEYS, ["imdb", "arxiv"], setting)
     )
     md = t.to_markdown()
     row = {r["dataset"]: r for _, r in t.display.iterrows()}
@@ -108,11 +104,12 @@ def test_table1_marks_only_significant_cells_and_footnotes_the_test():
 def test_table2_latency_ratio_and_table3_rows(tmp_path):
     summary = operator_summary(runs_frame(), KEYS)
     setting = {"position": "sinusoidal", "attention_position": "none"}
-    t2 = table2(summary, comparisons(), SETTINGS, "add", KEYS, setting, ["imdb", "arxiv"])
+    inputs = TableInputs(summary, comparisons(), SETTINGS, "add", KEYS, ["imdb", "arxiv"], setting)
+    t2 = table2(inputs)
     arxiv = t2.data[t2.data["dataset"] == "arxiv"].set_index("operator")
     assert arxiv.loc["add", "latency_ratio"] == 1.0
     assert arxiv.loc["gate_scalar", "latency_ratio"] == pytest.approx(1.5)
-    t3 = table3(summary, comparisons(), SETTINGS, "add", KEYS, ["imdb", "arxiv"])
+    t3 = table3(inputs)
     assert list(t3.display["dataset"]) == ["imdb", "arxiv"]
     paths = t3.write(tmp_path)
     assert [p.suffix for p in paths] == [".md", ".tex", ".csv"] and all(p.exists() for p in paths)
@@ -150,11 +147,11 @@ def test_paired_delta_figure_writes_png_and_pdf(tmp_path):
 def test_length_buckets_merge_rather_than_come_out_empty():
     import numpy as np
 
-    from analysis.lengths import _edges
+    from analysis.lengths import bucket_edges
 
     def sizes(length):
         length = np.sort(np.asarray(length))
-        return np.bincount(np.searchsorted(_edges(length, 4), length, side="right")).tolist()
+        return np.bincount(np.searchsorted(bucket_edges(length, 4), length, side="right")).tolist()
 
     assert sizes(np.arange(1, 101)) == [25, 24, 25, 26]
     assert sizes([1] * 50 + [100] * 50) == [50, 50]

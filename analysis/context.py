@@ -1,0 +1,301 @@
+"""What a report is made of: its options, and everything computed once from the runs.
+
+``build_context`` loads the experiment, pairs the runs, runs the statistics and the length
+analysis, orders datasets and operators, builds the tables and gathers the warnings. The
+writers (``analysis.report``, ``analysis.figures``, ``analysis.markdown``) read the resulting
+``ReportContext`` and compute nothing of their own.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.lengths import LengthAnalysis, analyse_lengths
+from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
+from analysis.paired import Comparisons, StatsSettings, compare
+from analysis.pairing import Pairing, pair_runs
+from analysis.plots import slug
+from analysis.tables import (
+    Table,
+    TableInputs,
+    dataset_order,
+    operator_order,
+    operator_summary,
+    table1,
+    table2,
+    table3,
+)
+
+#: Where the report goes among the sweep parent run's artifacts.
+ARTIFACT_PATH = "analysis"
+#: The main setting of Tables 1 and 2 when the runs have it: the study's.
+STUDY_SETTING = {"position": "sinusoidal", "attention_position": "none"}
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    """How to build a report; the CLI flags of ``python -m analysis.report`` map onto these."""
+
+    baseline: str = "add"
+    """Operator label every other operator is compared against."""
+    out: str | Path | None = None
+    """Output folder; default ``reports/<experiment>``."""
+    settings: StatsSettings = field(default_factory=StatsSettings)
+    """Every choice that changes a statistic (alpha, alternative, zero method, bootstrap)."""
+    by: Sequence[str] = ()
+    """Params added to the group key, for sweeps that vary a hyperparameter."""
+    ignore_params: Sequence[str] = ()
+    """Params allowed to differ inside a pair (e.g. a cache directory)."""
+    lengths: bool = True
+    """Run the length analysis (reads every paired run's test_predictions.parquet)."""
+    length_buckets: int = 4
+    """Length quantile buckets of the length analysis."""
+    position: str | None = None
+    """Position family of Tables 1-2; default sinusoidal when present."""
+    attention_position: str | None = None
+    """Attention-level position of Tables 1-2; default none when present."""
+    log_to_mlflow: bool = True
+    """Log the report folder to the sweep's parent run (when there is one)."""
+    load_method: str = "auto"
+    """How runs are loaded: auto, sql or search_runs (see ``load_experiment``)."""
+    make_figures: bool = True
+    """Draw the figures (about 1-2 s each)."""
+    only_operators: Sequence[str] = ()
+    """Compare only these operators with the baseline (all when empty)."""
+    only_datasets: Sequence[str] = ()
+    """Analyse only these datasets (all when empty)."""
+
+    def __post_init__(self) -> None:
+        for name in ("by", "ignore_params", "only_operators", "only_datasets"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                raise TypeError(
+                    f"ReportOptions.{name} must be a sequence of names, not the string "
+                    f"{value!r}; write {name}=({value!r},)"
+                )
+            object.__setattr__(self, name, tuple(value))
+        if not isinstance(self.settings, StatsSettings):
+            raise TypeError(
+                "ReportOptions.settings must be an analysis.paired.StatsSettings, e.g. "
+                f"StatsSettings(alpha=0.05), not {self.settings!r}"
+            )
+
+
+@dataclass
+class ReportContext:
+    """Everything a report shows, computed once; the writers only read it."""
+
+    options: ReportOptions
+    experiment: Experiment
+    pairing: Pairing
+    comparisons: Comparisons
+    """The stats table, its rows in display order (dataset, setting, operator)."""
+    lengths: LengthAnalysis | None
+    summary: pd.DataFrame
+    """Per (group, operator): seeds, accuracy, latency, size (``tables.operator_summary``)."""
+    datasets: list[str]
+    """Shortest to longest median test document when known."""
+    operators: list[str]
+    """The baseline first, then the study's order."""
+    main_setting: dict[str, Any]
+    """The setting of Tables 1 and 2 and of the summary figures (column -> value)."""
+    tables: dict[str, Table]
+    warnings: list[str]
+    out_dir: Path
+    generated_at: str
+    figures: list[tuple[str, Path]] = field(default_factory=list)
+    """(caption, PNG path) of every figure drawn, for report.md."""
+
+    @property
+    def keys(self) -> list[str]:
+        return list(self.pairing.keys)
+
+    @property
+    def baseline(self) -> str:
+        return self.options.baseline
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The settings record of the statistics (``paired.settings_record``)."""
+        return self.comparisons.settings
+
+    @property
+    def logged_to(self) -> str | None:
+        """The parent run the report is logged to, if any."""
+        return self.experiment.parent_run_id if self.options.log_to_mlflow else None
+
+    @property
+    def medians(self) -> dict[str, float]:
+        return self.lengths.median_length if self.lengths else {}
+
+    @property
+    def scope(self) -> str:
+        """The --operator / --dataset restriction in words ('' when none)."""
+        o = self.options
+        return ", ".join(
+            f"{name} {', '.join(vals)}"
+            for name, vals in (("operators", o.only_operators), ("datasets", o.only_datasets))
+            if vals
+        )
+
+
+def build_context(
+    experiment: str, tracking_uri: str | None, options: ReportOptions
+) -> ReportContext:
+    """Load, pair, compare and tabulate ``experiment``; raises AnalysisError subclasses with
+    messages meant for the user."""
+    o = options
+    exp = load_experiment(experiment, tracking_uri, method=o.load_method)
+    runs = restrict(exp.runs, "operator", o.only_operators, keep=o.baseline)
+    runs = restrict(runs, "dataset", o.only_datasets)
+    pairing = pair_runs(runs, o.baseline, by=o.by, ignore_params=o.ignore_params)
+    comps = compare(pairing, o.settings)
+    lengths = None
+    if o.lengths and len(pairing.pairs):
+        lengths = analyse_lengths(pairing, o.settings, n_buckets=o.length_buckets)
+    keys = list(pairing.keys)
+    datasets = dataset_order(pairing.runs["dataset"], lengths.median_length if lengths else {})
+    operators = operator_order(pairing.runs["operator"], o.baseline)
+    setting = main_setting(pairing.runs, keys, o.position, o.attention_position)
+    comps.table = display_order(comps.table, datasets, operators)
+    if lengths is not None and not lengths.stats.empty:
+        lengths.stats = display_order(lengths.stats, datasets, operators)
+    summary = operator_summary(pairing.runs, keys)
+    inputs = TableInputs(summary, comps.table, comps.settings, o.baseline, keys, datasets, setting)
+    tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
+    out_dir = Path(o.out) if o.out is not None else Path("reports") / slug(experiment)
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
+    return ReportContext(
+        options=o,
+        experiment=exp,
+        pairing=pairing,
+        comparisons=comps,
+        lengths=lengths,
+        summary=summary,
+        datasets=datasets,
+        operators=operators,
+        main_setting=setting,
+        tables=tables,
+        warnings=collect_warnings(exp, pairing, comps, lengths),
+        out_dir=out_dir,
+        generated_at=now,
+    )
+
+
+def restrict(
+    runs: pd.DataFrame, column: str, wanted: Sequence[str], keep: str | None = None
+) -> pd.DataFrame:
+    """Only the runs whose ``column`` is in ``wanted`` (plus ``keep``); all when none given."""
+    if not wanted:
+        return runs
+    have = set(runs[column].dropna())
+    unknown = sorted(set(wanted) - have)
+    if unknown:
+        raise AnalysisError(
+            f"--{column} {', '.join(unknown)}: no run has it; available: "
+            + ", ".join(sorted(map(str, have)))
+        )
+    return runs[runs[column].isin({*wanted, keep})].reset_index(drop=True)
+
+
+def main_setting(
+    runs: pd.DataFrame, keys: Sequence[str], position: str | None, attention: str | None
+) -> dict[str, Any]:
+    """The setting of Tables 1 and 2: the study's sinusoidal input positions and no
+    attention-level positions when present, else the most common value of each key."""
+    asked = {"position": position, "attention_position": attention}
+    setting: dict[str, Any] = {}
+    for key in keys:
+        if key == "dataset":
+            continue
+        values = runs[key].value_counts()
+        if values.empty:
+            continue
+        want = asked.get(key) or STUDY_SETTING.get(key)
+        if want is not None and want in values.index:
+            setting[key] = want
+        elif asked.get(key) is not None:
+            raise AnalysisError(
+                f"--{key.replace('_', '-')} {want!r}: no FINISHED run has it; "
+                f"available: {', '.join(map(str, values.index))}"
+            )
+        else:
+            setting[key] = values.index[0]
+    return setting
+
+
+def display_order(
+    table: pd.DataFrame, datasets: Sequence[str], operators: Sequence[str]
+) -> pd.DataFrame:
+    """Rows by dataset (shortest first), then setting, then operator (study order)."""
+    if table.empty:
+        return table
+    rank_d = {d: i for i, d in enumerate(datasets)}
+    rank_o = {o: i for i, o in enumerate(operators)}
+    cols = [c for c in ("position", "attention_position") if c in table]
+    key = table.assign(
+        _d=table["dataset"].map(rank_d), _o=table["operator"].map(rank_o), _i=range(len(table))
+    )
+    return (
+        key.sort_values(["_d", *cols, "_o", "_i"], kind="stable")
+        .drop(columns=["_d", "_o", "_i"])
+        .reset_index(drop=True)
+    )
+
+
+def collect_warnings(
+    exp: Experiment,
+    pairing: Pairing,
+    comps: Comparisons,
+    lengths: LengthAnalysis | None,
+) -> list[str]:
+    """Every warning of the report: statistics first, then loading, pairing and gaps."""
+    warns = list(comps.warnings)
+    if lengths is not None:
+        warns += lengths.warnings
+    warns += exp.notes + pairing.notes
+    expected = pd.to_numeric(exp.parent_tags.get("cells"), errors="coerce")
+    if expected is not None and not pd.isna(expected):
+        cells = exp.runs["cell_id"].dropna()
+        done = exp.runs.loc[exp.runs["status"] == FINISHED, "cell_id"].dropna().nunique()
+        if done < int(expected):
+            warns.append(
+                f"partial sweep: {done} of {int(expected)} cells (parent run tag `cells`) have a "
+                f"FINISHED run; {max(0, int(expected) - cells.nunique())} have no run yet."
+            )
+    return warns + _gap_warnings(pairing)
+
+
+def _gap_warnings(pairing: Pairing) -> list[str]:
+    """One warning per kind of gap the pairing found; report.md lists each."""
+    gaps = [
+        (
+            pairing.incomplete,
+            "partial sweep: {n} incomplete block(s) (group x seed missing an operator); only "
+            "complete pairs are analysed. They are listed under 'Incomplete blocks'.",
+        ),
+        (
+            pairing.duplicates,
+            "{n} cell(s) have several FINISHED runs; none of them is used (listed under "
+            "'Duplicate cells').",
+        ),
+        (
+            pairing.excluded,
+            "{n} FINISHED trial run(s) lack a tag or metric the analysis needs and are left "
+            "out (listed under 'Excluded runs').",
+        ),
+        (
+            pairing.no_baseline,
+            "{n} group(s) have operators but no FINISHED `{baseline}` run, so nothing there is "
+            "compared (listed under 'Groups without a baseline').",
+        ),
+    ]
+    return [
+        text.format(n=len(frame), baseline=pairing.baseline) for frame, text in gaps if len(frame)
+    ]

@@ -1,0 +1,125 @@
+"""Which figures a report draws, from its context (the drawing itself is ``analysis.plots``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis import plots
+from analysis.context import ReportContext
+from analysis.tables import describe_setting, select
+
+#: A figure of report.md: its caption and the PNG (a PDF lies next to it).
+DrawnFigure = tuple[str, Path]
+
+
+class _Drawn:
+    """Collects the figures drawn: captions for report.md, and every file written."""
+
+    def __init__(self) -> None:
+        self.figures: list[DrawnFigure] = []
+        self.files: list[Path] = []
+
+    def add(self, caption: str, paths: list[Path]) -> None:
+        if paths:
+            self.figures.append((caption, paths[0]))
+            self.files += paths
+
+
+def draw_figures(ctx: ReportContext, fig_dir: Path) -> tuple[list[DrawnFigure], list[Path]]:
+    """Every figure of the report; returns (caption, PNG path) pairs and all files written."""
+    drawn = _Drawn()
+    colors = plots.operator_colors(ctx.operators)
+    _paired_delta_figures(ctx, fig_dir, colors, drawn)
+    _summary_figures(ctx, fig_dir, colors, drawn)
+    _length_figure(ctx, fig_dir, colors, drawn)
+    return drawn.figures, drawn.files
+
+
+def _paired_delta_figures(
+    ctx: ReportContext, fig_dir: Path, colors: dict[str, str], drawn: _Drawn
+) -> None:
+    """Per-seed deltas: one figure per setting (panels: datasets) and, when there are several
+    settings, one per dataset (panels: settings)."""
+    other = [k for k in ctx.keys if k != "dataset"]
+    settings = ctx.pairing.runs[other].drop_duplicates().to_dict("records")
+    deltas = ctx.comparisons.deltas
+    for s in settings:
+        label = describe_setting(s)
+        paths = plots.paired_deltas(
+            select(deltas, s),
+            "dataset",
+            ctx.datasets,
+            ctx.operators,
+            ctx.baseline,
+            f"Paired per-seed deltas vs {ctx.baseline} ({label})",
+            fig_dir,
+            "paired_deltas__" + "__".join(plots.slug(v) for v in s.values()),
+            colors,
+        )
+        drawn.add(f"Paired per-seed deltas vs `{ctx.baseline}` ({label})", paths)
+    if len(settings) <= 1:
+        return
+    deltas = deltas.copy()
+    deltas["setting"] = deltas[other].astype(str).agg(" / ".join, axis=1)
+    setting_names = list(dict.fromkeys(deltas["setting"]))
+    for d in ctx.datasets:
+        paths = plots.paired_deltas(
+            deltas[deltas["dataset"] == d],
+            "setting",
+            setting_names,
+            ctx.operators,
+            ctx.baseline,
+            f"{d}: paired per-seed deltas vs {ctx.baseline} per position family "
+            f"({' / '.join(other)})",
+            fig_dir,
+            f"paired_deltas_by_position__{plots.slug(d)}",
+            colors,
+        )
+        drawn.add(f"{d}: paired deltas per position family", paths)
+
+
+def _summary_figures(
+    ctx: ReportContext, fig_dir: Path, colors: dict[str, str], drawn: _Drawn
+) -> None:
+    """Accuracy by length regime, and accuracy against latency, in the main setting."""
+    where = describe_setting(ctx.main_setting)
+    main_summary = select(ctx.summary, ctx.main_setting)
+    paths = plots.accuracy_by_regime(
+        main_summary,
+        ctx.datasets,
+        ctx.operators,
+        ctx.medians,
+        f"Accuracy by length regime ({where})",
+        fig_dir,
+        colors=colors,
+    )
+    drawn.add("Accuracy by length regime (datasets, shortest to longest)", paths)
+    paths = plots.accuracy_vs_latency(
+        main_summary,
+        ctx.datasets,
+        ctx.operators,
+        f"Accuracy vs latency ({where})",
+        fig_dir,
+        colors=colors,
+    )
+    drawn.add("Accuracy against measured latency", paths)
+
+
+def _length_figure(
+    ctx: ReportContext, fig_dir: Path, colors: dict[str, str], drawn: _Drawn
+) -> None:
+    lengths = ctx.lengths
+    if lengths is None or lengths.accuracy.empty:
+        return
+    paths = plots.accuracy_by_length_bucket(
+        select(lengths.accuracy, ctx.main_setting),
+        select(lengths.stats, ctx.main_setting),
+        ctx.datasets,
+        ctx.operators,
+        ctx.baseline,
+        f"Accuracy by document length inside each dataset ({describe_setting(ctx.main_setting)})",
+        fig_dir,
+        "accuracy_by_length_bucket",
+        colors,
+    )
+    drawn.add("Accuracy by length quantile inside each dataset", paths)

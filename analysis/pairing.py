@@ -1,0 +1,327 @@
+"""The seed pairing of every operator against a baseline, checked rather than assumed.
+
+Inside each (dataset, position, attention position) group, every operator's FINISHED run of a
+seed is matched with the baseline's FINISHED run of the same seed. Runs whose configs differ in
+anything but the operator are refused (PairingError), and what cannot be paired is listed:
+incomplete blocks, duplicate cells, runs missing a tag or metric, groups without a baseline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import FINISHED, PARAM_PREFIX, AnalysisError
+from analysis.schema import OPERATOR_KWARGS_PREFIX, OPERATOR_PARAM
+
+#: A comparison is made inside each combination of these tags.
+GROUP_KEYS = ("dataset", "position", "attention_position")
+#: What a FINISHED run needs to be paired.
+NEEDED = (*GROUP_KEYS, "operator", "seed", "test_correct", "test_total")
+#: Per run of a pair: these columns, for the operator and (prefixed ``baseline_``) the baseline.
+VALUE_COLUMNS = ("run_id", "test_correct", "test_total", "test_acc", "artifact_uri")
+#: How many offending pairs a PairingError lists before it only counts them.
+SHOWN_PROBLEMS = 25
+
+
+class PairingError(AnalysisError):
+    """Runs that would be paired differ in something other than the operator."""
+
+
+@dataclass
+class Pairing:
+    """Operators matched with the baseline by seed, inside each group, plus what could not be."""
+
+    baseline: str
+    keys: tuple[str, ...]
+    """Columns that define a group: dataset, position, attention_position, then ``by`` params."""
+    runs: pd.DataFrame
+    """The FINISHED, unambiguous trial runs (duplicate cells removed), with the key columns."""
+    pairs: pd.DataFrame
+    """One row per (group, operator, seed) with both runs FINISHED: run ids, correct counts,
+    test totals and accuracies of the operator and of the baseline."""
+    incomplete: pd.DataFrame
+    """One row per (group, seed) block missing operators that the group has elsewhere."""
+    duplicates: pd.DataFrame
+    """One row per cell with several FINISHED runs; those runs are left out."""
+    no_baseline: pd.DataFrame
+    """Groups without any FINISHED baseline run: their operators cannot be compared."""
+    excluded: pd.DataFrame
+    """FINISHED trial runs that lack a tag or metric the analysis needs."""
+    notes: list[str] = field(default_factory=list)
+
+
+def is_operator_param(name: str) -> bool:
+    """True for the params that define the operator (allowed to differ inside a pair):
+    ``model.fusion``, ``model.fusion_kwargs.*``, and ``model.fusion_kwargs`` itself, which a
+    flattened config keeps as ``{}`` for an operator without options."""
+    return (
+        name == OPERATOR_PARAM
+        or name == OPERATOR_KWARGS_PREFIX.rstrip(".")
+        or name.startswith(OPERATOR_KWARGS_PREFIX)
+    )
+
+
+def param_name(column: str) -> str:
+    """``params.train.lr`` -> ``train.lr``."""
+    return column[len(PARAM_PREFIX) :]
+
+
+def param_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if c.startswith(PARAM_PREFIX)]
+
+
+def pair_runs(
+    runs: pd.DataFrame,
+    baseline: str = "add",
+    *,
+    by: Sequence[str] = (),
+    ignore_params: Iterable[str] = (),
+) -> Pairing:
+    """Match every operator's FINISHED runs with the baseline's by seed, inside each group.
+
+    ``runs`` is ``Experiment.runs`` (any status; only FINISHED ones are paired, the others only
+    explain what is missing). ``by`` adds params to the group key, for sweeps that vary a
+    hyperparameter. ``ignore_params`` names params that may differ inside a pair (e.g. a cache
+    directory). Raises PairingError listing every pair whose configs differ in anything but
+    ``model.fusion`` and ``model.fusion_kwargs.*``.
+    """
+    runs, keys = _key_columns(runs, by)
+    finished = runs[runs["status"] == FINISHED]
+    usable, excluded = _exclude_incomplete_runs(finished)
+    clean, duplicates = _drop_duplicate_cells(usable, keys)
+    base = clean[clean["operator"] == baseline]
+    others = clean[clean["operator"] != baseline]
+    compared = _compared_params(clean, ignore_params)
+    return Pairing(
+        baseline=baseline,
+        keys=keys,
+        runs=clean.reset_index(drop=True),
+        pairs=_match_seeds(others, base, keys, baseline, compared),
+        incomplete=_incomplete_blocks(runs, clean, duplicates, keys),
+        duplicates=duplicates,
+        no_baseline=_groups_without_baseline(others, base, keys),
+        excluded=excluded.reset_index(drop=True),
+        notes=_baseline_notes(clean, baseline),
+    )
+
+
+def _key_columns(runs: pd.DataFrame, by: Sequence[str]) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The runs with one column per ``by`` param, and the group key columns."""
+    out = runs.copy()
+    keys = list(GROUP_KEYS)
+    for name in by:
+        col = PARAM_PREFIX + name
+        if col not in out:
+            known = sorted(param_name(c) for c in param_columns(out))[:8]
+            raise AnalysisError(
+                f"--by {name!r}: no run has param {name!r}; params look like " + ", ".join(known)
+            )
+        out[name] = out[col].fillna("None")
+        keys.append(name)
+    return out, tuple(keys)
+
+
+def _exclude_incomplete_runs(finished: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(usable runs, excluded runs with a ``missing`` column naming what they lack)."""
+    needed = list(NEEDED)
+    bad = finished[needed].isna().any(axis=1) | (finished["test_total"] <= 0).fillna(True)
+    excluded = finished.loc[bad, ["run_id", "run_name", *needed]].copy()
+    if len(excluded):
+        excluded["missing"] = [
+            ", ".join(c for c in needed if pd.isna(r[c])) or "test_total <= 0"
+            for _, r in excluded.iterrows()
+        ]
+    return finished[~bad], excluded
+
+
+def _drop_duplicate_cells(
+    usable: pd.DataFrame, keys: Sequence[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Cells (group, operator, seed) with several FINISHED runs: none of their runs is used.
+
+    Returns (the other runs, one row per duplicate cell naming its runs and the params in which
+    they differ, a hint at a hyperparameter the sweep varies)."""
+    cell = [*keys, "operator", "seed"]
+    sizes = usable.groupby(cell, sort=False, dropna=False)["run_id"].transform("size")
+    records = []
+    for key, grp in usable[sizes > 1].groupby(cell, sort=True):
+        differing = [
+            param_name(c)
+            for c in param_columns(grp)
+            if grp[c].fillna("\0").nunique() > 1 and not is_operator_param(param_name(c))
+        ]
+        records.append(
+            {
+                **dict(zip(cell, key, strict=True)),
+                "run_ids": ", ".join(grp["run_id"]),
+                "cell_ids": ", ".join(sorted(set(grp["cell_id"].fillna("?")))),
+                "differing_params": ", ".join(differing),
+            }
+        )
+    duplicates = pd.DataFrame(records, columns=[*cell, "run_ids", "cell_ids", "differing_params"])
+    return usable[sizes == 1], duplicates
+
+
+def _incomplete_blocks(
+    runs: pd.DataFrame, clean: pd.DataFrame, duplicates: pd.DataFrame, keys: Sequence[str]
+) -> pd.DataFrame:
+    """Blocks (group, seed) seen in any run (any status) that lack a FINISHED, unambiguous run
+    of an operator the group has, each missing operator with why: its status, duplicate runs,
+    or no run."""
+    cols = [*keys, "operator", "seed"]
+    group_ops: dict[tuple, set] = {}
+    group_seeds: dict[tuple, set] = {}
+    known = runs.dropna(subset=cols)
+    for *gkey, op, seed in known[cols].itertuples(index=False, name=None):
+        group_ops.setdefault(tuple(gkey), set()).add(op)
+        group_seeds.setdefault(tuple(gkey), set()).add(int(seed))
+    present: dict[tuple, set] = {}
+    for *gkey, op, seed in clean[cols].itertuples(index=False, name=None):
+        present.setdefault((*gkey, int(seed)), set()).add(op)
+    why = _missing_reasons(runs, duplicates, cols)
+    records = []
+    for gkey in sorted(group_ops, key=lambda k: tuple(map(str, k))):
+        for seed in sorted(group_seeds[gkey]):
+            have = present.get((*gkey, seed), set())
+            missing = sorted(group_ops[gkey] - have)
+            if missing:
+                described = [f"{op} ({why.get((*gkey, op, seed), 'no run')})" for op in missing]
+                records.append(
+                    {
+                        **dict(zip(keys, gkey, strict=True)),
+                        "seed": seed,
+                        "present": ", ".join(sorted(have)),
+                        "missing": ", ".join(described),
+                    }
+                )
+    return pd.DataFrame(records, columns=[*keys, "seed", "present", "missing"])
+
+
+def _missing_reasons(
+    runs: pd.DataFrame, duplicates: pd.DataFrame, cols: Sequence[str]
+) -> dict[tuple, str]:
+    """Why a cell has no usable run: 'duplicate runs', or the statuses of its unfinished runs."""
+    unfinished = runs[runs["status"] != FINISHED]
+    reasons = (
+        unfinished.groupby(list(cols), dropna=False)["status"]
+        .agg(lambda s: "/".join(sorted(set(s))))
+        .to_dict()
+    )
+    for cell in duplicates[list(cols)].itertuples(index=False, name=None):
+        reasons[cell] = "duplicate runs"
+    return reasons
+
+
+def _groups_without_baseline(
+    others: pd.DataFrame, base: pd.DataFrame, keys: Sequence[str]
+) -> pd.DataFrame:
+    groups_with_ops = others[list(keys)].drop_duplicates()
+    groups_with_base = base[list(keys)].drop_duplicates()
+    merged = groups_with_ops.merge(groups_with_base, how="left", indicator=True)
+    merged = merged[merged["_merge"] == "left_only"].drop(columns="_merge")
+    return merged.reset_index(drop=True)
+
+
+def _compared_params(clean: pd.DataFrame, ignore_params: Iterable[str]) -> list[str]:
+    """The param columns that must agree inside a pair."""
+    ignored = set(ignore_params)
+    return [
+        c
+        for c in param_columns(clean)
+        if not is_operator_param(param_name(c)) and param_name(c) not in ignored
+    ]
+
+
+def _match_seeds(
+    others: pd.DataFrame,
+    base: pd.DataFrame,
+    keys: Sequence[str],
+    baseline: str,
+    compared: Sequence[str],
+) -> pd.DataFrame:
+    """One row per (group, operator, seed) that has a baseline run of the same seed, after
+    checking that the two runs agree on every compared param."""
+    values = list(VALUE_COLUMNS)
+    merged = others[[*keys, "operator", "seed", *values, *compared]].merge(
+        base[[*keys, "seed", *values, *compared]],
+        on=[*keys, "seed"],
+        suffixes=("", "_base"),
+        how="inner",
+    )
+    _check_params(merged, keys, baseline, compared)
+    pairs = merged[[*keys, "operator", "seed"]].copy()
+    pairs.insert(len(keys) + 1, "baseline", baseline)
+    for col in values:
+        pairs[col] = merged[col].to_numpy()
+        pairs[f"baseline_{col}"] = merged[f"{col}_base"].to_numpy()
+    pairs = pairs.rename(
+        columns={"test_correct": "correct", "baseline_test_correct": "baseline_correct"}
+    )
+    return pairs.sort_values([*keys, "operator", "seed"], kind="stable").reset_index(drop=True)
+
+
+def _baseline_notes(clean: pd.DataFrame, baseline: str) -> list[str]:
+    operators = set(clean["operator"])
+    if baseline in operators:
+        return []
+    return [
+        f"baseline {baseline!r} has no FINISHED run; operators present: "
+        f"{', '.join(sorted(operators))}. Choose one with --baseline."
+    ]
+
+
+# ----------------------------------------------------------------------------- param checks
+
+
+def _check_params(
+    merged: pd.DataFrame, keys: Sequence[str], baseline: str, compared: Sequence[str]
+) -> None:
+    """Raise PairingError naming every pair whose compared params (or test set) differ."""
+    if merged.empty:
+        return
+    problems = _param_differences(merged, compared)
+    if not problems:
+        return
+    lines = []
+    for i, diffs in sorted(problems.items()):
+        row = merged.iloc[i]
+        group = ", ".join(f"{k}={row[k]}" for k in keys)
+        lines.append(
+            f"  {group}, seed={row['seed']}: {row['operator']} (run {row['run_id']}) vs "
+            f"{baseline} (run {row['run_id_base']}) differ in " + "; ".join(diffs)
+        )
+    names = sorted({d.split(":")[0] for ds in problems.values() for d in ds})
+    shown = lines[:SHOWN_PROBLEMS]
+    if len(lines) > SHOWN_PROBLEMS:
+        shown.append(f"  ... and {len(lines) - SHOWN_PROBLEMS} more")
+    raise PairingError(
+        f"{len(lines)} seed pair(s) differ in more than the operator (only {OPERATOR_PARAM} "
+        f"and {OPERATOR_KWARGS_PREFIX}* may differ), so they cannot be paired:\n"
+        + "\n".join(shown)
+        + f"\nDiffering params: {', '.join(names)}. If the sweep varies one of them on purpose, "
+        "pass it with --by so each value is compared separately; if it cannot change results "
+        "(e.g. a cache path), pass --ignore-param NAME."
+    )
+
+
+def _param_differences(merged: pd.DataFrame, compared: Sequence[str]) -> dict[int, list[str]]:
+    """Row of ``merged`` -> 'name: operator's value vs baseline's value' for each difference."""
+    problems: dict[int, list[str]] = {}
+    for col in compared:
+        a = merged[col].to_numpy(dtype=object)
+        b = merged[f"{col}_base"].to_numpy(dtype=object)
+        a_na, b_na = pd.isna(a), pd.isna(b)
+        differ = np.where(a_na | b_na, a_na != b_na, a != b)
+        for i in np.flatnonzero(differ):
+            shown_a = "<absent>" if a_na[i] else repr(a[i])
+            shown_b = "<absent>" if b_na[i] else repr(b[i])
+            problems.setdefault(int(i), []).append(f"{param_name(col)}: {shown_a} vs {shown_b}")
+    totals = merged["test_total"].to_numpy() != merged["test_total_base"].to_numpy()
+    for i in np.flatnonzero(totals):
+        a, b = merged["test_total"].iloc[i], merged["test_total_base"].iloc[i]
+        problems.setdefault(int(i), []).append(f"test_total: {a} vs {b}")
+    return problems

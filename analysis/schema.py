@@ -1,0 +1,56 @@
+"""The MLflow schema that ``analysis`` reads: tag, metric, param and artifact names.
+
+Constants only. They mirror ``fusion_ray/schema.py``, the names the sweep writes; ``analysis``
+keeps its own copy because it never imports ``fusion_ray`` (it can analyse any runs logged
+this way), and a test checks that the two copies agree.
+"""
+
+from __future__ import annotations
+
+#: Tag that tells a sweep's parent run from its trial runs.
+ROLE_TAG = "role"
+ROLE_TRIAL = "trial"
+ROLE_SWEEP = "sweep"
+#: MLflow's own tag linking a trial run to the sweep's parent run.
+PARENT_TAG = "mlflow.parentRunId"
+
+#: Tags every trial run carries.
+TRIAL_TAGS = (
+    "cell_id",
+    "dataset",
+    "position",
+    "attention_position",
+    "fusion",
+    "seed",
+    "sweep",
+    "git_sha",
+)
+#: Where a trial's latest checkpoint lives (a path or URI).
+CHECKPOINT_TAG = "checkpoint_path"
+#: Why a FAILED trial run failed.
+FAILURE_TAG = "failure_reason"
+
+#: Metrics logged once per epoch (step = epoch); search_runs returns their last value.
+EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
+#: Metrics logged once, when the trial ends.
+FINAL_METRICS = (
+    "test_acc",
+    "best_val_acc",
+    "best_epoch",
+    "test_correct",
+    "test_total",
+    "test_loss",
+    "epochs_run",
+    "latency_ms_per_sample",
+    "num_params",
+    "train_seconds",
+    "loop_seconds",
+)
+
+#: The per-document test predictions of a trial run, and its columns.
+PREDICTIONS_FILE = "test_predictions.parquet"
+PREDICTION_COLUMNS = ("length", "label", "pred")
+
+#: Params are the trial's config flattened with dots; these say which operator a run used.
+OPERATOR_PARAM = "model.fusion"
+OPERATOR_KWARGS_PREFIX = "model.fusion_kwargs."

@@ -1,0 +1,181 @@
+"""The house rules, checked on the source: every module imports on its own, no import cycles, no
+private names borrowed across modules, no function longer than a screenful, and the rooms of
+DESIGN.md (model imports only torch, data knows nothing of models, analysis never imports
+fusion_ray)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fusion_ray", "analysis")
+MAX_FUNCTION_LINES = 80
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {
+    _module_name(path): path
+    for package in PACKAGES
+    for path in sorted((ROOT / package).rglob("*.py"))
+}
+
+
+def _imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names, line) of every import in the file, at any depth (lazy imports too)."""
+    found = []
+    package = (
+        _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    )
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, [], node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative import
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, module] if module else base)
+            found.append((module, [alias.name for alias in node.names], node.lineno))
+    return found
+
+
+def _edges(name: str) -> set[str]:
+    """Project modules that ``name`` imports; ``from pkg import sub`` counts as importing pkg.sub."""
+    out = set()
+    for module, names, _ in _imports(MODULES[name]):
+        targets = [f"{module}.{n}" for n in names if f"{module}.{n}" in MODULES] or [module]
+        out |= {t for t in targets if t in MODULES and t != name}
+    return out
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_imports_alone_in_a_fresh_interpreter(package):
+    names = [m for m in MODULES if m.split(".")[0] == package]
+
+    def import_alone(name: str) -> tuple[str, int, str]:
+        proc = subprocess.run(
+            [sys.executable, "-c", f"import {name}"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return name, proc.returncode, proc.stderr[-2000:]
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        failures = [r for r in pool.map(import_alone, names) if r[1] != 0]
+    assert not failures, "\n\n".join(f"import {n} failed:\n{err}" for n, _, err in failures)
+
+
+def test_no_import_cycles():
+    graph = {name: _edges(name) for name in MODULES}
+    # A package's __init__ re-exporting its own submodules is not a cycle of the submodules.
+    for name in graph:
+        graph[name] = {
+            t
+            for t in graph[name]
+            if not (name.startswith(t + ".") and MODULES[t].name == "__init__.py")
+        }
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt) :] + [nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*stack, nxt])
+        state[node] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_private_names_imported_across_modules():
+    borrowed = [
+        f"{path.relative_to(ROOT)}:{line}: from {module} import {n}"
+        for path in [*MODULES.values(), *sorted((ROOT / "bench").glob("*.py"))]
+        for module, names, line in _imports(path)
+        if module.split(".")[0] in PACKAGES
+        for n in names
+        if n.startswith("_") and not n.startswith("__")
+    ]
+    assert not borrowed, "private names used outside their module:\n" + "\n".join(borrowed)
+
+
+def test_no_function_is_longer_than_a_screenful():
+    long = []
+    for path in [*MODULES.values(), *sorted((ROOT / "bench").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(
+                        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {lines} lines"
+                    )
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
+
+
+@pytest.mark.parametrize(
+    "room, allowed",
+    [
+        (
+            "fusion_ray.model",
+            {"torch", "fusion_ray.model", "fusion_ray.registry", "fusion_ray.checks"},
+        ),
+        (
+            "fusion_ray.data",
+            {
+                "numpy",
+                "torch",
+                "tokenizers",
+                "filelock",
+                "pandas",
+                "pyarrow",
+                "datasets",
+                "fusion_ray.data",
+                "fusion_ray.registry",
+                "fusion_ray.checks",
+            },
+        ),
+        (
+            "analysis",
+            {
+                "numpy",
+                "pandas",
+                "scipy",
+                "statsmodels",
+                "matplotlib",
+                "mlflow",
+                "pyarrow",
+                "sqlalchemy",
+                "analysis",
+            },
+        ),
+    ],
+)
+def test_rooms_import_only_what_they_may(room, allowed):
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    wrong = []
+    for name, path in MODULES.items():
+        if name != room and not name.startswith(room + "."):
+            continue
+        for module, _, line in _imports(path):
+            top = module.split(".")[0]
+            if top in stdlib or any(module == a or module.startswith(a + ".") for a in allowed):
+                continue
+            wrong.append(f"{path.relative_to(ROOT)}:{line}: {module}")
+    assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
