@@ -16,6 +16,10 @@ from fusion_ray.train.spec import TrainSpec, TrialConfig
 
 # Settings that say where things live, not what is computed: they never change a cell's id.
 _NOT_IN_ID = ("data.cache_dir",)
+# Settings added to the schema after cell ids were first issued, with their defaults: while a
+# sweep leaves one at its default it stays out of the id, so growing the schema does not
+# change the ids (and re-run the finished cells) of sweeps that do not use the new setting.
+_ID_DEFAULTS = {"train.pad_to_multiple": 1}
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -34,7 +38,18 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 def cell_id(trial: TrialConfig) -> str:
     """A stable id: a hash of the trial's full config (minus storage locations)."""
-    flat = {k: v for k, v in flatten(dataclasses.asdict(trial)).items() if k not in _NOT_IN_ID}
+    return _hash_config(_id_fields(trial))
+
+
+def _id_fields(trial: TrialConfig) -> dict[str, Any]:
+    return {
+        k: v
+        for k, v in flatten(dataclasses.asdict(trial)).items()
+        if k not in _NOT_IN_ID and not (k in _ID_DEFAULTS and v == _ID_DEFAULTS[k])
+    }
+
+
+def _hash_config(flat: dict[str, Any]) -> str:
     canonical = json.dumps(flat, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -74,9 +89,14 @@ class Cell:
         }
 
 
+_MODEL_SPEC = TypeAdapter(ModelSpec)
+_TRAIN_SPEC = TypeAdapter(TrainSpec)
+
+
 def _trial(
-    spec: SweepSpec, dataset: str, position: Named, attention: Named, fusion: Named, seed: int
+    spec: SweepSpec, dataset: str, position: Named, attention: Named, fusion: Named
 ) -> TrialConfig:
+    """The trial of one grid point at seed 0 (cells differ from it only by their seed)."""
     data, model, train = resolve_specs(spec, dataset)
     model = {
         **model,
@@ -90,27 +110,33 @@ def _trial(
     return TrialConfig(
         dataset=dataset,
         data=data,
-        model=TypeAdapter(ModelSpec).validate_python(model),
-        train=TypeAdapter(TrainSpec).validate_python(train),
-        seed=seed,
+        model=_MODEL_SPEC.validate_python(model),
+        train=_TRAIN_SPEC.validate_python(train),
+        seed=0,
     )
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
-    """Every cell of the sweep, seed-major: complete paired blocks are scheduled first."""
+    """Every cell of the sweep, seed-major: complete paired blocks are scheduled first.
+
+    Each grid point is validated and flattened once; a cell is that template with its seed."""
+    templates = []
+    for dataset, position, attention, fusion in combinations(spec):
+        trial = _trial(spec, dataset, position, attention, fusion)
+        labels = (dataset, position.label, attention.label, fusion.label)
+        templates.append((labels, trial, _id_fields(trial)))
     cells = []
     for seed in spec.seeds:
-        for dataset, position, attention, fusion in combinations(spec):
-            trial = _trial(spec, dataset, position, attention, fusion, seed)
+        for (dataset, position, attention, fusion), template, fields in templates:
             cells.append(
                 Cell(
-                    cell_id=cell_id(trial),
+                    cell_id=_hash_config({**fields, "seed": seed}),
                     dataset=dataset,
-                    position=position.label,
-                    attention_position=attention.label,
-                    fusion=fusion.label,
+                    position=position,
+                    attention_position=attention,
+                    fusion=fusion,
                     seed=seed,
-                    trial=trial,
+                    trial=dataclasses.replace(template, seed=seed),
                 )
             )
     return cells

@@ -198,6 +198,25 @@ def test_cell_ids_are_stable_and_depend_on_the_config(tmp_path):
     assert set(first.values()).isdisjoint(other.values())
 
 
+def test_quickstart_cell_ids_never_change():
+    """Finished cells are found by id: an id that changes silently re-runs a whole sweep. These
+    are the quickstart's first and last ids since the ids were first issued; a setting added to
+    the schema later stays out of the id while it holds its default."""
+    cells = expand(load_sweep(ROOT / "sweeps" / "quickstart.yaml"))
+    assert (cells[0].cell_id, cells[-1].cell_id) == ("9fa670f197580ab8", "9cdadb37a1971036")
+    assert len({c.cell_id for c in cells}) == 72
+
+
+def test_a_setting_at_its_default_stays_out_of_the_id_but_counts_when_set(tmp_path):
+    base = {c.seed: c.cell_id for c in expand(load_sweep(tiny_sweep(tmp_path)))}
+    default = _write(tmp_path, lambda r: r["defaults"]["train"].update(pad_to_multiple=1))
+    assert {c.seed: c.cell_id for c in expand(load_sweep(default))} == base
+    set_it = _write(tmp_path, lambda r: r["defaults"]["train"].update(pad_to_multiple=8))
+    assert set({c.seed: c.cell_id for c in expand(load_sweep(set_it))}.values()).isdisjoint(
+        base.values()
+    )
+
+
 def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch):
     import dataclasses
 
