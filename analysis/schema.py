@@ -47,6 +47,10 @@ FINAL_METRICS = (
     "loop_seconds",
 )
 
+#: The sweep's cell ids as the sweep file stands, logged to its parent run at every invocation:
+#: a trial run belongs to the sweep only while its cell_id is in this list.
+CELLS_ARTIFACT = "sweep_cells.json"
+
 #: The per-document test predictions of a trial run, and its columns.
 PREDICTIONS_FILE = "test_predictions.parquet"
 PREDICTION_COLUMNS = ("length", "label", "pred")

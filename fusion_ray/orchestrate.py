@@ -22,8 +22,11 @@ CPU_FALLBACK_ENV = "FUSION_RAY_CPU_FALLBACK"
 
 
 def init_ray(address: str | None) -> None:
-    """Join the cluster at ``address`` (or $RAY_ADDRESS); with neither, start a local Ray.
-    Ray's token authentication stays as Ray sets it."""
+    """Join the cluster at ``address`` (or $RAY_ADDRESS); with neither, start a Ray of our own.
+
+    Our own means ``address="local"``: a new instance even when another Ray runs on the machine
+    (never someone else's cluster), on the loopback address, without a dashboard. Ray's token
+    authentication stays as Ray sets it."""
     import ray
 
     if ray.is_initialized():
@@ -34,7 +37,12 @@ def init_ray(address: str | None) -> None:
         ray.init(address=address, log_to_driver=False)
     else:
         log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
-        ray.init(log_to_driver=False)
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+        )
 
 
 def storage_uri(storage_path: str) -> str:

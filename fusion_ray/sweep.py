@@ -27,7 +27,7 @@ from fusion_ray.config import (
 )
 from fusion_ray.grid import Cell, axis_counts, expand
 from fusion_ray.orchestrate import init_ray, run_cell, storage_uri, trial_resources
-from fusion_ray.schema import ROLE_TAG, ROLE_TRIAL
+from fusion_ray.plan import Plan, plan
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -56,41 +56,63 @@ class SweepOutcome:
     finished: list[str]
     failed: dict[str, str]
     interrupted: list[str]
-
-
-def plan(spec: SweepSpec, tracker: Any) -> tuple[list[Cell], set[str], dict[str, Any]]:
-    cells = expand(spec)
-    existing = tracker.cell_runs()
-    done = {cid for cid, run in existing.items() if run.status == "FINISHED"}
-    return cells, done, existing
+    other_settings: str | None = None
+    """What the experiment holds beyond this sweep's cells (``Plan.other_settings_note``)."""
 
 
 def run_sweep(
-    spec: SweepSpec, sweep_file: str | None = None, *, address: str | None = None, verbose: int = 0
+    spec: SweepSpec,
+    sweep_file: str | None = None,
+    *,
+    address: str | None = None,
+    verbose: int = 0,
+    take_over: bool = False,
 ) -> SweepOutcome:
-    """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened."""
-    from fusion_ray.tracking import MLflowSweepCallback, Tracker
+    """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened.
+
+    Holds the sweep's lease throughout (one driver per sweep: a second one is refused with
+    ``LeaseHeldError``); if the driver itself fails, the sweep's parent run is marked FAILED
+    with the reason (KILLED when interrupted), never left RUNNING."""
+    from fusion_ray.lease import SweepLease
+    from fusion_ray.tracking import Tracker
 
     tracker = Tracker(spec.tracking_uri, spec.name)
-    cells, done, existing = plan(spec, tracker)
-    pending = [c for c in cells if c.cell_id not in done]
-    parent_id = tracker.parent_run(
-        sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(cells))}
-    )
+    with SweepLease(tracker.client, spec.name, take_over=take_over):
+        todo = plan(spec, tracker)
+        parent_id = tracker.parent_run(
+            sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+        )
+        tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
+        try:
+            return _run_cells(spec, tracker, todo, parent_id, address, verbose)
+        except KeyboardInterrupt:
+            tracker.fail(parent_id, "the sweep driver was interrupted", status="KILLED")
+            raise
+        except BaseException as exc:
+            tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
+            raise
+
+
+def _run_cells(
+    spec: SweepSpec, tracker: Any, todo: Plan, parent_id: str, address: str | None, verbose: int
+) -> SweepOutcome:
+    from fusion_ray.tracking import MLflowSweepCallback
+
+    cells, done, pending = todo.cells, todo.done, todo.pending
+    note = todo.other_settings_note(spec.name)
     if not pending:
         print(
             f"sweep {spec.name}: all {len(cells)} cells already have a FINISHED run; nothing to do"
         )
         tracker.end_parent(parent_id, {"cells_finished": len(cells)})
-        return SweepOutcome(len(cells), len(done), 0, [], {}, [])
-
+        return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    payloads = [_payload(spec, cell, _resume_point(cell, existing), tune_run) for cell in pending]
+    payloads = [_payload(spec, c, _resume_point(c, todo.existing), tune_run) for c in pending]
     init_ray(address or spec.address)
     callback = MLflowSweepCallback(
         tracker,
         {c.cell_id: c for c in pending},
-        existing,
+        todo.existing,
         parent_id,
         storage_uri(spec.storage_path),
     )
@@ -108,7 +130,13 @@ def run_sweep(
         },
     )
     return SweepOutcome(
-        len(cells), len(done), len(pending), sorted(callback.finished), callback.failed, interrupted
+        len(cells),
+        len(done),
+        len(pending),
+        sorted(callback.finished),
+        callback.failed,
+        interrupted,
+        note,
     )
 
 
@@ -178,20 +206,26 @@ def _trial_name(cell: Cell) -> str:
 # ----------------------------------------------------------------------------- output
 
 
-def print_dry_run(spec: SweepSpec, cells: list[Cell], done: set[str]) -> None:
+def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
+    cells, done = todo.cells, todo.done
     print(
-        f"sweep {spec.name}: {len(cells)} cells ({len(done & {c.cell_id for c in cells})} already FINISHED in MLflow at {spec.tracking_uri})"
+        f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {spec.tracking_uri})"
     )
     for axis, counts in axis_counts(cells).items():
         print(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    note = todo.other_settings_note(spec.name)
+    if note:
+        print(f"  note: {note}")
     print(
         f"  {'seed-major order':<19} (seed, dataset, position, attention_position, fusion, status, cell_id):"
     )
+    lines = []
     for cell in cells:
         status = "FINISHED" if cell.cell_id in done else "pending"
-        print(
+        lines.append(
             f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {status:<8} {cell.cell_id}"
         )
+    print("\n".join(lines))
 
 
 def print_outcome(spec: SweepSpec, outcome: SweepOutcome) -> None:
@@ -200,6 +234,8 @@ def print_outcome(spec: SweepSpec, outcome: SweepOutcome) -> None:
         f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
         f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted"
     )
+    if outcome.other_settings:
+        print(f"  note: {outcome.other_settings}")
     for cid, reason in outcome.failed.items():
         print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
     if outcome.failed or outcome.interrupted:
@@ -210,31 +246,26 @@ def print_outcome(spec: SweepSpec, outcome: SweepOutcome) -> None:
 
 
 def summary_table(spec: SweepSpec) -> str:
-    """Mean test accuracy and finished seeds per (dataset, position, attention position, fusion)."""
+    """Mean test accuracy and finished seeds per (dataset, position, attention position, fusion),
+    over this sweep's cells only (runs of other settings in the experiment are left out)."""
     from fusion_ray.tracking import Tracker
 
-    tracker = Tracker(spec.tracking_uri, spec.name)
-    runs = tracker.client.search_runs(
-        [tracker.experiment_id],
-        filter_string=f"tags.{ROLE_TAG} = '{ROLE_TRIAL}' and attributes.status = 'FINISHED'",
-        max_results=50000,
-    )
-    groups: dict[tuple[str, ...], list[float]] = defaultdict(list)
-    for run in runs:
-        t = run.data.tags
-        key = (
-            t.get("dataset", "?"),
-            t.get("position", "?"),
-            t.get("attention_position", "?"),
-            t.get("fusion", "?"),
-        )
-        if "test_acc" in run.data.metrics:
-            groups[key].append(run.data.metrics["test_acc"])
+    tracker = Tracker.existing(spec.tracking_uri, spec.name)
+    if tracker is None:
+        return "no runs yet"
+    cells = {c.cell_id: c for c in expand(spec)}
+    accuracies: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for run in tracker.trial_runs():
+        cell = cells.get(run.data.tags.get("cell_id", ""))
+        if cell is None or run.info.status != "FINISHED" or "test_acc" not in run.data.metrics:
+            continue
+        key = (cell.dataset, cell.position, cell.attention_position, cell.fusion)
+        accuracies[key].append(run.data.metrics["test_acc"])
     lines = [
         f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} {'seeds':>5} {'test_acc':>9}"
     ]
-    for key in sorted(groups):
-        accs = groups[key]
+    for key in sorted(accuracies):
+        accs = accuracies[key]
         lines.append(
             f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%"
         )
@@ -290,6 +321,11 @@ def _parser() -> argparse.ArgumentParser:
         help="Ray Tune's own progress output (0: one line per finished trial)",
     )
     parser.add_argument(
+        "--take-over",
+        action="store_true",
+        help="run even though another driver holds this sweep's lease (only when that driver is gone)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="run a shrunk copy (one seed, one epoch, 64 training documents) as experiment NAME-smoke",
@@ -316,15 +352,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from fusion_ray.tracking import Tracker
 
-        tracker = Tracker(spec.tracking_uri, spec.name)
-        cells, done, _ = plan(spec, tracker)
-        print_dry_run(spec, cells, done)
+        print_dry_run(spec, plan(spec, Tracker.existing(spec.tracking_uri, spec.name)))
         return 0
+
+    from fusion_ray.lease import LeaseHeldError
 
     print(
         f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
     )
-    outcome = run_sweep(spec, args.sweep_file, address=args.address, verbose=args.verbose)
+    try:
+        outcome = run_sweep(
+            spec,
+            args.sweep_file,
+            address=args.address,
+            verbose=args.verbose,
+            take_over=args.take_over,
+        )
+    except LeaseHeldError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     print_outcome(spec, outcome)
     print(summary_table(spec))
     if not args.no_report:

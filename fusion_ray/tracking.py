@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from fusion_ray.schema import (
+    CELLS_ARTIFACT,
     CHECKPOINT_TAG,
     EPOCH_METRICS,
     FAILURE_TAG,
@@ -69,6 +70,18 @@ def artifact_root(tracking_uri: str, experiment: str) -> str | None:
     return (db.resolve().parent / "mlartifacts" / experiment).as_uri()
 
 
+def _store_init_lock(tracking_uri: str) -> Any:
+    """A lock beside a local sqlite store: MLflow creates and migrates its tables on first use,
+    which is not safe when two processes do it at once; servers need no lock."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return contextlib.nullcontext()
+    from filelock import FileLock
+
+    db = Path(tracking_uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock")
+
+
 @dataclass
 class CellRun:
     """What MLflow already holds for a cell."""
@@ -89,10 +102,23 @@ def _chunks(items: list, size: int) -> list[list]:
 class Tracker:
     """MLflow access for one sweep: its experiment, its parent run, and one run per cell."""
 
+    @classmethod
+    def existing(cls, tracking_uri: str, sweep: str) -> Tracker | None:
+        """The sweep's tracker when its store and experiment exist, else None; creates nothing
+        (for looking, as ``--dry-run`` does)."""
+        if tracking_uri.startswith("sqlite:///"):
+            if not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
+                return None
+        experiment = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(sweep)
+        if experiment is None or experiment.lifecycle_stage == "deleted":
+            return None
+        return cls(tracking_uri, sweep)
+
     def __init__(self, tracking_uri: str, sweep: str) -> None:
         self.tracking_uri, self.sweep = tracking_uri, sweep
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        experiment = self.client.get_experiment_by_name(sweep)
+        with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+            experiment = self.client.get_experiment_by_name(sweep)
         if experiment is None:
             self.experiment_id = self.client.create_experiment(
                 sweep, artifact_location=artifact_root(tracking_uri, sweep)
@@ -103,13 +129,24 @@ class Tracker:
             self.experiment_id = experiment.experiment_id
 
     # --- reading
-    def cell_runs(self) -> dict[str, CellRun]:
-        """The best existing run of every cell: FINISHED first, else the most recent one."""
-        runs = self.client.search_runs(
-            [self.experiment_id],
-            filter_string=f"tags.{ROLE_TAG} = '{ROLE_TRIAL}'",
-            max_results=50000,
-        )
+    def trial_runs(self) -> list[Any]:
+        """Every trial run of the experiment (MLflow ``Run`` entities), all pages of them."""
+        runs, token = [], None
+        while True:
+            page = self.client.search_runs(
+                [self.experiment_id],
+                filter_string=f"tags.{ROLE_TAG} = '{ROLE_TRIAL}'",
+                max_results=50000,
+                page_token=token,
+            )
+            runs += list(page)
+            token = page.token
+            if not token:
+                return runs
+
+    @staticmethod
+    def best_runs(runs: list[Any]) -> dict[str, CellRun]:
+        """The best run of every cell id among ``runs``: FINISHED first, else the most recent."""
         rank = {"FINISHED": 0, "RUNNING": 1, "KILLED": 2, "FAILED": 3, "SCHEDULED": 4}
         best: dict[str, CellRun] = {}
         for run in sorted(runs, key=lambda r: (rank.get(r.info.status, 9), -r.info.start_time)):
@@ -119,6 +156,10 @@ class Tracker:
                     run.info.run_id, run.info.status, run.data.tags.get(CHECKPOINT_TAG)
                 )
         return best
+
+    def cell_runs(self) -> dict[str, CellRun]:
+        """The best existing run of every cell: FINISHED first, else the most recent one."""
+        return self.best_runs(self.trial_runs())
 
     # --- the sweep's parent run
     def parent_run(
@@ -146,6 +187,22 @@ class Tracker:
         if params:  # tags, not params: they change when the sweep file grows
             self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in params.items()])
         return run_id
+
+    def log_cells(self, parent_id: str, cell_ids: list[str]) -> None:
+        """Record which cells make up the sweep now (the analysis uses only their runs)."""
+        import datetime as dt
+        import json
+        import tempfile
+
+        payload = {
+            "sweep": self.sweep,
+            "cells": cell_ids,
+            "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, CELLS_ARTIFACT)
+            path.write_text(json.dumps(payload))
+            self.client.log_artifact(parent_id, str(path))
 
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
         self.client.log_batch(

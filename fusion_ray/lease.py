@@ -1,0 +1,184 @@
+"""One driver per sweep: a lease held in the tracking store while a driver runs a sweep.
+
+The lease is a registered model named ``fusion-ray-lease.<sweep>`` in the MLflow store the sweep
+writes to. Creating a registered model is atomic (its name is unique), so of two drivers that
+start together exactly one gets it; the other is refused with the holder's host, process and
+start time. The holder refreshes a heartbeat tag every ``heartbeat_s`` seconds and deletes the
+lease when it ends. A lease whose heartbeat is older than ``ttl_s``, or whose holder was a process
+on this machine that no longer exists, has no living holder and the next driver takes it over.
+Because it lives in the tracking store, it works for drivers on different machines as long as
+they share the store (a tracking server on a cluster); it appears in the MLflow UI under Models.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "fusion-ray-lease."
+
+
+class LeaseHeldError(RuntimeError):
+    """Another driver holds the sweep's lease; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    host: str
+    pid: int
+    since: float
+    heartbeat: float
+    token: str
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> Holder:
+        return cls(
+            host=tags.get("host", "?"),
+            pid=int(tags.get("pid", "0") or 0),
+            since=float(tags.get("since", "0") or 0),
+            heartbeat=float(tags.get("heartbeat", "0") or 0),
+            token=tags.get("token", ""),
+        )
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        return f"host {self.host}, pid {self.pid}, since {started}"
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+class SweepLease:
+    """``with SweepLease(client, sweep): ...`` runs the body as the sweep's only driver."""
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        sweep: str,
+        *,
+        ttl_s: float = 120.0,
+        heartbeat_s: float = 10.0,
+        take_over: bool = False,
+    ) -> None:
+        self.client, self.sweep, self.name = client, sweep, LEASE_PREFIX + sweep
+        self.ttl_s, self.heartbeat_s, self.take_over = ttl_s, heartbeat_s, take_over
+        self.token = uuid.uuid4().hex
+        self.lost = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- acquiring
+    def acquire(self) -> None:
+        """Take the lease, or raise ``LeaseHeldError`` naming the driver that holds it."""
+        for _ in range(3):
+            if self._create():
+                self._start_heartbeat()
+                return
+            holder = self.holder()
+            if holder is None:
+                continue  # released between our attempt and the read: try again
+            if not (self.take_over or self._is_dead(holder)):
+                raise LeaseHeldError(self._held_message(holder))
+            log.warning("taking over the lease of sweep %s from %s", self.sweep, holder.describe())
+            self._delete_if(holder.token)
+        raise LeaseHeldError(f"could not take the lease of sweep {self.sweep!r}; try again")
+
+    def _create(self) -> bool:
+        now = time.time()
+        tags = {
+            "host": socket.gethostname(),
+            "pid": str(os.getpid()),
+            "since": repr(now),
+            "heartbeat": repr(now),
+            "token": self.token,
+            "purpose": "fusion-ray: the driver running this sweep (deleted when it ends)",
+        }
+        try:
+            self.client.create_registered_model(self.name, tags=tags)
+            return True
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_ALREADY_EXISTS":
+                return False
+            raise
+
+    def holder(self) -> Holder | None:
+        """The current holder, or None when nobody holds the lease."""
+        try:
+            return Holder.from_tags(self.client.get_registered_model(self.name).tags)
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+
+    def _is_dead(self, holder: Holder) -> bool:
+        if time.time() - holder.heartbeat > self.ttl_s:
+            return True
+        return holder.host == socket.gethostname() and not _pid_alive(holder.pid)
+
+    def _held_message(self, holder: Holder) -> str:
+        age = time.time() - holder.heartbeat
+        return (
+            f"sweep {self.sweep!r} is being run by another driver ({holder.describe()}, last "
+            f"heartbeat {age:.0f} s ago). Two drivers would train every cell twice. Wait for it to "
+            f"finish (re-running then does only what is left), or, if that driver is gone for good, "
+            f"pass --take-over (a lease with no heartbeat for {self.ttl_s:.0f} s is taken over "
+            f"without asking)"
+        )
+
+    def _delete_if(self, token: str) -> None:
+        """Delete the lease if it is still the one with ``token`` (never a newer holder's)."""
+        holder = self.holder()
+        if holder is not None and holder.token == token:
+            with contextlib.suppress(MlflowException):
+                self.client.delete_registered_model(self.name)
+
+    # --- holding
+    def _start_heartbeat(self) -> None:
+        self._thread = threading.Thread(target=self._beat, name=f"lease-{self.sweep}", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                holder = self.holder()
+                if holder is None or holder.token != self.token:
+                    log.error("the lease of sweep %s was taken by another driver", self.sweep)
+                    self.lost.set()
+                    return
+                self.client.set_registered_model_tag(self.name, "heartbeat", repr(time.time()))
+            except Exception as exc:  # noqa: BLE001 - a store hiccup: try again next beat
+                log.warning("lease heartbeat of sweep %s failed (%s); retrying", self.sweep, exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self._delete_if(self.token)
+
+    def __enter__(self) -> SweepLease:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
