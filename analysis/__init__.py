@@ -8,12 +8,13 @@ The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it ne
     pairing = pair_runs(exp.runs, baseline="add")
     stats = compare(pairing, StatsSettings(alpha=0.05)).table
 
-Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame), ``pairing``
-(seed pairs against the baseline, checked), ``paired`` (statistics and their registry),
-``lengths`` (per-document length analysis), ``tables``, ``plots``, ``context`` (a report's
-options and everything computed for it), ``figures`` and ``markdown`` (its writers), ``report``
-(``build_report`` and the CLI), ``synthetic`` (schema-conformant fake sweeps for tests,
-benchmarks and demos).
+Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame of the sweep's
+cells, metrics checked), ``other_settings`` (the runs left out as other settings, described),
+``pairing`` (seed pairs against the baseline, checked; why nothing can be compared), ``paired``
+(statistics and their registry), ``lengths`` (per-document length analysis), ``tables``,
+``plots``, ``context`` (a report's options and everything computed for it), ``figures`` and
+``markdown`` (its writers), ``report`` (``build_report`` and the CLI), ``synthetic``
+(schema-conformant fake sweeps for tests, benchmarks and demos).
 """
 
 from analysis.load import (
@@ -21,6 +22,7 @@ from analysis.load import (
     EmptyExperimentError,
     Experiment,
     ExperimentNotFoundError,
+    ImpossibleMetricsError,
     load_experiment,
 )
 from analysis.paired import (
@@ -36,7 +38,7 @@ from analysis.paired import (
     unregister,
     wilcoxon_signed_rank,
 )
-from analysis.pairing import Pairing, PairingError, pair_runs
+from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
 
 __all__ = [
     "AnalysisError",
@@ -44,6 +46,8 @@ __all__ = [
     "EmptyExperimentError",
     "Experiment",
     "ExperimentNotFoundError",
+    "ImpossibleMetricsError",
+    "NothingToCompareError",
     "Pairing",
     "PairingError",
     "Statistic",

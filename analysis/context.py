@@ -1,9 +1,10 @@
 """What a report is made of: its options, and everything computed once from the runs.
 
-``build_context`` loads the experiment, pairs the runs, runs the statistics and the length
-analysis, orders datasets and operators, builds the tables and gathers the warnings. The
-writers (``analysis.report``, ``analysis.figures``, ``analysis.markdown``) read the resulting
-``ReportContext`` and compute nothing of their own.
+``build_context`` loads the experiment (only its sweep's cells, when the parent run lists them),
+counts the runs of other settings, pairs the runs (refusing a report with nothing to compare),
+runs the statistics and the length analysis, orders datasets and operators, builds the tables
+and gathers the warnings. The writers (``analysis.report``, ``analysis.figures``,
+``analysis.markdown``) read the resulting ``ReportContext`` and compute nothing of their own.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import pandas as pd
 
 from analysis.lengths import LengthAnalysis, analyse_lengths
 from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
+from analysis.other_settings import OtherSettings, describe_other_settings
 from analysis.paired import Comparisons, StatsSettings, compare
-from analysis.pairing import Pairing, pair_runs
+from analysis.pairing import NothingToCompareError, Pairing, pair_runs, why_nothing_to_compare
 from analysis.plots import slug
+from analysis.schema import CELLS_ARTIFACT
 from analysis.tables import (
     Table,
     TableInputs,
@@ -93,6 +96,8 @@ class ReportContext:
 
     options: ReportOptions
     experiment: Experiment
+    other_settings: OtherSettings
+    """The experiment's trial runs left out as other settings (none without sweep_cells.json)."""
     pairing: Pairing
     comparisons: Comparisons
     """The stats table, its rows in display order (dataset, setting, operator)."""
@@ -137,24 +142,31 @@ class ReportContext:
     @property
     def scope(self) -> str:
         """The --operator / --dataset restriction in words ('' when none)."""
-        o = self.options
-        return ", ".join(
-            f"{name} {', '.join(vals)}"
-            for name, vals in (("operators", o.only_operators), ("datasets", o.only_datasets))
-            if vals
-        )
+        return scope_of(self.options)
+
+
+def scope_of(o: ReportOptions) -> str:
+    """The --operator / --dataset restriction of ``o`` in words ('' when none)."""
+    return ", ".join(
+        f"{name} {', '.join(vals)}"
+        for name, vals in (("operators", o.only_operators), ("datasets", o.only_datasets))
+        if vals
+    )
 
 
 def build_context(
     experiment: str, tracking_uri: str | None, options: ReportOptions
 ) -> ReportContext:
     """Load, pair, compare and tabulate ``experiment``; raises AnalysisError subclasses with
-    messages meant for the user."""
+    messages meant for the user (NothingToCompareError when no operator has a seed pair with
+    the baseline)."""
     o = options
     exp = load_experiment(experiment, tracking_uri, method=o.load_method)
+    other = describe_other_settings(exp)
     runs = restrict(exp.runs, "operator", o.only_operators, keep=o.baseline)
     runs = restrict(runs, "dataset", o.only_datasets)
     pairing = pair_runs(runs, o.baseline, by=o.by, ignore_params=o.ignore_params)
+    require_comparisons(exp, pairing, other, scope_of(o))
     comps = compare(pairing, o.settings)
     lengths = None
     if o.lengths and len(pairing.pairs):
@@ -174,6 +186,7 @@ def build_context(
     return ReportContext(
         options=o,
         experiment=exp,
+        other_settings=other,
         pairing=pairing,
         comparisons=comps,
         lengths=lengths,
@@ -186,6 +199,28 @@ def build_context(
         out_dir=out_dir,
         generated_at=now,
     )
+
+
+def require_comparisons(
+    exp: Experiment, pairing: Pairing, other: OtherSettings, scope: str = ""
+) -> None:
+    """Raise NothingToCompareError, naming the reason, when no operator has a seed pair with
+    the baseline: every FINISHED run left out as other settings, or ``why_nothing_to_compare``
+    (``scope``: the --operator / --dataset restriction, said when there is one)."""
+    if len(pairing.pairs):
+        return
+    if other.finished and not (exp.runs["status"] == FINISHED).any():
+        reason = (
+            f"none of the {other.sweep_cells} cells in the sweep's {CELLS_ARTIFACT} has a "
+            f"FINISHED run, and {other.sentence}"
+        )
+    else:
+        reason = why_nothing_to_compare(pairing)
+        if scope:
+            reason += f" Only the runs of {scope} were selected (--operator, --dataset)."
+        if other.finished:
+            reason += f" Besides, {other.sentence}"
+    raise NothingToCompareError(f"nothing to compare in experiment {exp.name!r}: {reason}")
 
 
 def restrict(

@@ -17,24 +17,14 @@ import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
 
+from analysis.load import local_artifact_path
 from analysis.paired import StatsSettings, describe_deltas, finish_family
 from analysis.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
-
-
-def _local_path(artifact_uri: str) -> Path | None:
-    parsed = urlparse(artifact_uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" or (len(parsed.scheme) == 1 and artifact_uri[1:3] == ":\\"):
-        return Path(artifact_uri)
-    return None
 
 
 def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
@@ -45,7 +35,7 @@ def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
     """
     import pyarrow.parquet as pq
 
-    local = _local_path(artifact_uri)
+    local = local_artifact_path(artifact_uri)
     if local is not None:
         path = local / PREDICTIONS_FILE
         return (

@@ -6,20 +6,30 @@ analyse runs logged by anything that follows the schema.
 
 Loading fetches all runs of the experiment with a few large ``search_runs`` pages (never one
 client call per run), or, for a sqlite store, with a handful of SQL queries over MLflow's own
-table definitions. Pairing the runs is ``analysis.pairing``'s job.
+table definitions. A sweep's runs are its cells: when the sweep's parent run carries
+``sweep_cells.json`` (the cell ids of the sweep file as it stands), only trial runs of those
+cells are the experiment's runs, and the others are set aside as runs of other settings. The
+FINISHED runs' test metrics are checked before anything uses them. Pairing the runs is
+``analysis.pairing``'s job.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import math
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pandas as pd
 
 from analysis.schema import (
+    CELLS_ARTIFACT,
     EPOCH_METRICS,
     FINAL_METRICS,
     PARENT_TAG,
@@ -36,9 +46,13 @@ PAGE_SIZE = 50_000  # the largest page MLflow's stores accept
 LOAD_METHODS = ("auto", "sql", "search_runs")
 #: MLflow's own tag holding a run's name (the SQL path reads it when the runs table has none).
 RUN_NAME_TAG = "mlflow.runName"
+#: How far a logged test_acc may be from test_correct / test_total (round-off of a float).
+ACC_TOLERANCE = 1e-6
+#: How many runs an ImpossibleMetricsError lists before it only counts them.
+SHOWN_RUNS = 25
 
 METRICS = FINAL_METRICS + EPOCH_METRICS
-#: Metrics that count something; they become nullable integers.
+#: Metrics that count something; they become nullable integers (after the metric check).
 INTEGER_METRICS = ("best_epoch", "test_correct", "test_total", "num_params", "epochs_run")
 #: Run info columns, in the order of the tidy frame.
 INFO_COLUMNS = ["run_id", "run_name", "status", "start_time", "end_time", "artifact_uri"]
@@ -65,6 +79,10 @@ class EmptyExperimentError(AnalysisError):
     """The experiment exists but holds no FINISHED trial runs."""
 
 
+class ImpossibleMetricsError(AnalysisError):
+    """FINISHED trial runs whose logged test counts or accuracy cannot be true."""
+
+
 @dataclass
 class Experiment:
     """The trial runs of one experiment (every status), its sweep parent run, and where from."""
@@ -81,6 +99,12 @@ class Experiment:
     """Tags of the sweep parent run (the sweep writes e.g. ``cells``, the grid's size)."""
     notes: list[str] = field(default_factory=list)
     """What the loader noticed (runs without a role tag, several parent runs, ...)."""
+    sweep_cells: list[str] | None = None
+    """The cell ids in the parent run's ``sweep_cells.json``; None when it has none, and then
+    every trial run of the experiment is in ``runs``."""
+    other_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Trial runs (every status) whose ``cell_id`` is not in ``sweep_cells``: runs of other
+    settings, never counted, paired or analysed. Same columns as ``runs``."""
 
     @property
     def finished(self) -> pd.DataFrame:
@@ -161,17 +185,21 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
     params = sorted(c for c in df.columns if c.startswith(PARAM_PREFIX))
     df = df[BASE_COLUMNS + params]
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
-    for col in METRICS:
-        values = pd.to_numeric(df[col], errors="coerce")
-        if col in INTEGER_METRICS:
-            df[col] = values.round().astype("Int64")
-        else:
-            df[col] = values.astype("float64")
+    for col in METRICS:  # counts stay floats here: check_metrics must see 150.5 as 150.5
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     for col in ("start_time", "end_time"):
         df[col] = pd.to_datetime(pd.to_numeric(df[col], errors="coerce"), unit="ms", utc=True)
     for col in ["run_id", "run_name", "status", "artifact_uri", ROLE_TAG, "parent_run_id"]:
         df[col] = df[col].astype(object).where(df[col].notna(), None)
     return df.sort_values("run_id", kind="stable").reset_index(drop=True)
+
+
+def integer_counts(runs: pd.DataFrame) -> pd.DataFrame:
+    """The frame with its counting metrics (``INTEGER_METRICS``) as nullable integers."""
+    out = runs.copy()
+    for col in INTEGER_METRICS:
+        out[col] = pd.to_numeric(out[col], errors="coerce").round().astype("Int64")
+    return out
 
 
 # ----------------------------------------------------------------------------- sqlite tables
@@ -292,7 +320,11 @@ def load_experiment(
     "auto" (default) uses "sql" for sqlite URIs, falling back to "search_runs" on any error.
 
     Raises ExperimentNotFoundError (listing the experiments that do exist) for an unknown name,
-    and EmptyExperimentError when it holds no FINISHED trial run.
+    and EmptyExperimentError when it holds no FINISHED trial run. When the sweep's parent run
+    has ``sweep_cells.json``, ``runs`` holds only the trial runs of those cells and
+    ``other_runs`` the rest (``split_sweep_cells``). Raises ImpossibleMetricsError, naming
+    each run, when a FINISHED run of ``runs`` logged test metrics that cannot be true
+    (``check_metrics``).
     """
     import mlflow
     from mlflow import MlflowClient
@@ -306,16 +338,21 @@ def load_experiment(
     all_runs = _load_runs(client, uri, exp.experiment_id, method, notes)
     trials, parents = _split_roles(all_runs, notes)
     parent_id = _choose_parent(trials, parents, notes)
-    parent_tags = dict(client.get_run(parent_id).data.tags) if parent_id else {}
+    parent = client.get_run(parent_id) if parent_id else None
     _require_finished(trials, all_runs, name, uri)
+    cells = read_sweep_cells(client, parent) if parent is not None else None
+    runs, other = split_sweep_cells(trials, cells)
+    check_metrics(runs, name)
     return Experiment(
         name=name,
         experiment_id=exp.experiment_id,
         tracking_uri=uri,
-        runs=trials,
+        runs=integer_counts(runs),
         parent_run_id=parent_id,
-        parent_tags=parent_tags,
+        parent_tags=dict(parent.data.tags) if parent is not None else {},
         notes=notes,
+        sweep_cells=cells,
+        other_runs=integer_counts(other),
     )
 
 
@@ -401,4 +438,136 @@ def _require_finished(trials: pd.DataFrame, all_runs: pd.DataFrame, name: str, u
     raise EmptyExperimentError(
         f"experiment {name!r} at tracking URI {uri!r} has no FINISHED trial runs to "
         f"analyse: {detail}. Run the sweep (or wait for its first trials) and try again."
+    )
+
+
+# ----------------------------------------------------------------------------- the sweep's cells
+
+
+def local_artifact_path(artifact_uri: str) -> Path | None:
+    """The folder of a local artifact store's URI (a path or ``file://``), else None."""
+    parsed = urlparse(artifact_uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" or (len(parsed.scheme) == 1 and artifact_uri[1:3] == ":\\"):
+        return Path(artifact_uri)
+    return None
+
+
+def read_sweep_cells(client: Any, parent: Any) -> list[str] | None:
+    """The cell ids in ``sweep_cells.json`` of the sweep's parent run ``parent`` (an MLflow
+    ``Run``), or None when it has no such artifact (an older sweep, or another tool's runs).
+
+    A local artifact store is read in place; any other is listed once and the file downloaded
+    once, through ``client``."""
+    run_id, artifact_uri = parent.info.run_id, parent.info.artifact_uri
+    local = local_artifact_path(artifact_uri) if artifact_uri else None
+    if local is not None:
+        path = local / CELLS_ARTIFACT
+        return (
+            parse_sweep_cells(path.read_text(encoding="utf-8"), run_id) if path.is_file() else None
+        )
+    if not any(a.path == CELLS_ARTIFACT for a in client.list_artifacts(run_id)):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(client.download_artifacts(run_id, CELLS_ARTIFACT, tmp))
+        return parse_sweep_cells(path.read_text(encoding="utf-8"), run_id)
+
+
+def parse_sweep_cells(text: str, run_id: str) -> list[str]:
+    """The ``cells`` list of a ``sweep_cells.json`` text; AnalysisError when it is not one."""
+    try:
+        payload = json.loads(text)
+        cells = payload["cells"] if isinstance(payload, dict) else None
+    except (ValueError, KeyError) as err:
+        cells, problem = None, f"{type(err).__name__}: {err}"
+    else:
+        problem = "no list of cell-id strings under 'cells'"
+    if isinstance(cells, list) and all(isinstance(c, str) for c in cells):
+        return cells
+    raise AnalysisError(
+        f"artifact {CELLS_ARTIFACT} of the sweep's parent run {run_id} is unreadable "
+        f'({problem}); it should be {{"sweep": NAME, "cells": [CELL_ID, ...], "written": '
+        "TIME}. Running the sweep again rewrites it; deleting it makes the analysis use every "
+        "trial run of the experiment."
+    )
+
+
+def split_sweep_cells(
+    trials: pd.DataFrame, cells: Sequence[str] | None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the trial runs whose ``cell_id`` is in ``cells``, the others); every run is the
+    sweep's when ``cells`` is None."""
+    if cells is None:
+        return trials, trials.iloc[:0]
+    mine = trials["cell_id"].isin(set(cells))
+    return trials[mine].reset_index(drop=True), trials[~mine].reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- metric check
+
+
+def metric_problems(runs: pd.DataFrame) -> dict[Any, list[str]]:
+    """What cannot be true in each FINISHED run's test metrics: row label of ``runs`` -> the
+    problems. A run lacking a metric is not judged here (pairing lists it as excluded)."""
+    done = runs[runs["status"] == FINISHED]
+    c, t, a = (
+        pd.to_numeric(done[m], errors="coerce").astype("float64").to_numpy()
+        for m in ("test_correct", "test_total", "test_acc")
+    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = c / t
+        rules = [
+            (_not_a_count(c), "test_correct {c} is not a whole number >= 0"),
+            (_not_a_count(t), "test_total {t} is not a whole number >= 0"),
+            (t == 0, "test_total is 0"),
+            (c > t, "test_correct {c} > test_total {t}"),
+            ((a < 0) | (a > 1), "test_acc {a} is outside [0, 1]"),
+            (
+                _valid_counts(c, t) & (np.abs(a - ratio) > ACC_TOLERANCE) & (a >= 0) & (a <= 1),
+                "test_acc {a} disagrees with test_correct / test_total = {ratio}",
+            ),
+        ]
+    problems: dict[Any, list[str]] = {}
+    for mask, text in rules:
+        for i in np.flatnonzero(mask):
+            values = {"c": c[i], "t": t[i], "a": a[i], "ratio": ratio[i]}
+            shown = {k: f"{v:.10g}" for k, v in values.items()}
+            problems.setdefault(done.index[i], []).append(text.format(**shown))
+    return problems
+
+
+def _valid_counts(c: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whole numbers with 0 <= test_correct <= test_total and test_total > 0."""
+    return ~_not_a_count(c) & ~_not_a_count(t) & (t > 0) & (c <= t) & (c >= 0)
+
+
+def _not_a_count(x: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore"):
+        return ~np.isnan(x) & (~np.isfinite(x) | (x < 0) | (np.mod(x, 1) != 0))
+
+
+def check_metrics(runs: pd.DataFrame, experiment: str) -> None:
+    """Raise ImpossibleMetricsError, listing each offending run, when a FINISHED run logged a
+    test_correct above test_total, a negative or fractional count, a test_total of 0, or a
+    test_acc outside [0, 1] or off test_correct / test_total by more than ACC_TOLERANCE."""
+    problems = metric_problems(runs)
+    if not problems:
+        return
+    lines = []
+    for label, found in problems.items():
+        r = runs.loc[label]
+        lines.append(
+            f"  run {r['run_id']} (cell_id {r['cell_id']}, dataset={r['dataset']}, "
+            f"fusion={r['operator']}, seed={r['seed']}): " + "; ".join(found)
+        )
+    if len(lines) > SHOWN_RUNS:
+        lines = [*lines[:SHOWN_RUNS], f"  ... and {len(lines) - SHOWN_RUNS} more"]
+    raise ImpossibleMetricsError(
+        f"{len(problems)} FINISHED trial run(s) of experiment {experiment!r} logged test "
+        "metrics that cannot be true:\n" + "\n".join(lines) + "\nTheir logged metrics are "
+        "inconsistent (test_correct must be a whole number from 0 to test_total, test_total at "
+        "least 1, test_acc = test_correct / test_total), so nothing is analysed. Delete these "
+        "runs (in the MLflow UI, or `mlflow runs delete --run-id RUN_ID` with "
+        "MLFLOW_TRACKING_URI set) and re-run the sweep to train their cells again."
     )

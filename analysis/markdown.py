@@ -9,7 +9,13 @@ import pandas as pd
 
 from analysis.context import ARTIFACT_PATH, ReportContext
 from analysis.paired import method_lines
-from analysis.schema import OPERATOR_KWARGS_PREFIX, OPERATOR_PARAM, ROLE_SWEEP, ROLE_TAG
+from analysis.schema import (
+    CELLS_ARTIFACT,
+    OPERATOR_KWARGS_PREFIX,
+    OPERATOR_PARAM,
+    ROLE_SWEEP,
+    ROLE_TAG,
+)
 from analysis.tables import describe_setting, select, stats_table
 
 TABLES = ("table1", "table2", "table3")
@@ -50,11 +56,22 @@ def _header(ctx: ReportContext) -> list[str]:
         f"- trial runs: {len(runs)} ({status}); analysed: {len(pairing.runs)} FINISHED runs, "
         f"{len(pairing.pairs)} seed pairs, {len(ctx.comparisons.table)} comparisons against "
         f"`{ctx.baseline}`{scope}",
+        *_sweep_cells(ctx),
         f"- sweep parent run: {parent}",
         f"- code: git_sha {', '.join(s[:12] for s in shas) if shas else 'not tagged'}",
         f"- generated {ctx.generated_at}",
         "",
     ]
+
+
+def _sweep_cells(ctx: ReportContext) -> list[str]:
+    """The header line on the sweep's cells and the runs of other settings (none without
+    sweep_cells.json)."""
+    other = ctx.other_settings
+    if other.sweep_cells is None:
+        return []
+    runs = other.sentence or "every trial run of the experiment is one of them."
+    return [f"- sweep cells: {other.sweep_cells} (`{CELLS_ARTIFACT}` of the parent run); {runs}"]
 
 
 def _warnings(ctx: ReportContext) -> list[str]:

@@ -25,10 +25,16 @@ NEEDED = (*GROUP_KEYS, "operator", "seed", "test_correct", "test_total")
 VALUE_COLUMNS = ("run_id", "test_correct", "test_total", "test_acc", "artifact_uri")
 #: How many offending pairs a PairingError lists before it only counts them.
 SHOWN_PROBLEMS = 25
+#: How many cells, runs or groups a NothingToCompareError lists before it only counts them.
+SHOWN_REASONS = 10
 
 
 class PairingError(AnalysisError):
     """Runs that would be paired differ in something other than the operator."""
+
+
+class NothingToCompareError(AnalysisError):
+    """No operator has a seed pair with the baseline; the message says why and what to do."""
 
 
 @dataclass
@@ -325,3 +331,104 @@ def _param_differences(merged: pd.DataFrame, compared: Sequence[str]) -> dict[in
         a, b = merged["test_total"].iloc[i], merged["test_total_base"].iloc[i]
         problems.setdefault(int(i), []).append(f"test_total: {a} vs {b}")
     return problems
+
+
+# ----------------------------------------------------------------------------- nothing to compare
+
+
+def why_nothing_to_compare(pairing: Pairing) -> str:
+    """Why ``pairing`` has no seed pair, with what to do ('' when it has pairs): no usable
+    FINISHED run (every cell duplicated, every run lacking a tag or metric), only one operator,
+    the baseline absent, or no seed the baseline shares with another operator in a group."""
+    if len(pairing.pairs):
+        return ""
+    if pairing.runs.empty:
+        return _no_usable_run(pairing)
+    operators = sorted(set(pairing.runs["operator"]))
+    base = pairing.baseline
+    if len(operators) == 1:
+        alone = operators[0]
+        reason = f"only one operator, {alone!r}, has FINISHED runs: no other to compare with it"
+        if alone != base:
+            reason += f" (and the baseline {base!r} has none)"
+        return reason + ". Add another fusion to the sweep's grid, or wait for its runs to finish."
+    if base not in operators:
+        return (
+            f"the baseline operator {base!r} has no FINISHED run; operators present: "
+            f"{', '.join(operators)}. Choose one of them as the baseline (--baseline)."
+            + _duplicates_hint(pairing)
+        )
+    return _no_common_seed(pairing)
+
+
+def _listed(lines: list[str]) -> str:
+    shown = lines[:SHOWN_REASONS]
+    if len(lines) > SHOWN_REASONS:
+        shown.append(f"  ... and {len(lines) - SHOWN_REASONS} more")
+    return "\n".join(shown)
+
+
+def _no_usable_run(pairing: Pairing) -> str:
+    dups, excluded = pairing.duplicates, pairing.excluded
+    if len(dups):
+        cell = [*pairing.keys, "operator", "seed"]
+        lines = [
+            "  " + ", ".join(f"{k}={r[k]}" for k in cell) + f": runs {r['run_ids']}"
+            for _, r in dups.iterrows()
+        ]
+        differing = sorted({p for d in dups["differing_params"] for p in d.split(", ") if p})
+        by = (
+            f" If the sweep varies {', '.join(differing)} on purpose, pass it with --by."
+            if differing
+            else ""
+        )
+        return (
+            f"every cell's runs are duplicated: each of the {len(dups)} cell(s) with FINISHED "
+            "runs has several FINISHED runs, so none is used:\n"
+            + _listed(lines)
+            + "\nKeep one FINISHED run per cell (delete the others)."
+            + by
+        )
+    if len(excluded):
+        lines = [f"  run {r['run_id']} lacks {r['missing']}" for _, r in excluded.iterrows()]
+        return (
+            f"none of the {len(excluded)} FINISHED trial run(s) has every tag and metric the "
+            f"analysis needs ({', '.join(NEEDED)}):\n"
+            + _listed(lines)
+            + "\nLog them as the schema says, or delete them."
+        )
+    return "no selected trial run FINISHED; wait for the sweep's trials to finish."
+
+
+def _duplicates_hint(pairing: Pairing) -> str:
+    dups = pairing.duplicates
+    if dups.empty:
+        return ""
+    ops = ", ".join(sorted(set(dups["operator"])))
+    return (
+        f" Besides, {len(dups)} cell(s) of {ops} have several FINISHED runs each, so none of "
+        "their runs is used; keep one FINISHED run per cell."
+    )
+
+
+def _no_common_seed(pairing: Pairing) -> str:
+    runs, keys, base = pairing.runs, list(pairing.keys), pairing.baseline
+    lines = []
+    for gkey, grp in runs.groupby(keys, sort=True, dropna=False):
+        seeds = grp.groupby("operator")["seed"].agg(lambda s: sorted(int(x) for x in s))
+        parts = [f"{base}: {'seeds ' + _seeds(seeds[base]) if base in seeds else 'no run'}"]
+        parts += [f"{op}: seeds {_seeds(v)}" for op, v in seeds.items() if op != base]
+        values = gkey if isinstance(gkey, tuple) else (gkey,)
+        group = ", ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))
+        lines.append(f"  {group}: " + "; ".join(parts))
+    return (
+        f"no seed in common between the baseline {base!r} and any other operator within any "
+        f"group ({' x '.join(keys)}); a comparison needs both runs of a seed in one group:\n"
+        + _listed(lines)
+        + "\nRun the same seeds for every operator in each group, or wait for the missing runs "
+        "to finish." + _duplicates_hint(pairing)
+    )
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    return ", ".join(map(str, seeds))

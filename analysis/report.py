@@ -40,8 +40,9 @@ from analysis.figures import draw_figures
 from analysis.lengths import LengthAnalysis
 from analysis.load import AnalysisError, Experiment
 from analysis.markdown import render_report
+from analysis.other_settings import OtherSettings
 from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
-from analysis.pairing import GROUP_KEYS, Pairing, PairingError
+from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
 from analysis.schema import PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
 from analysis.tables import Table
 
@@ -72,6 +73,8 @@ class ReportResult:
     logged_to: str | None = None
     """The parent run the files were logged to, if any."""
     tables: dict[str, Table] = field(default_factory=dict)
+    other_settings: OtherSettings = field(default_factory=OtherSettings)
+    """The trial runs left out as other settings: ``.finished``, ``.left_out``, ``.sentence``."""
 
 
 def build_report(
@@ -80,8 +83,8 @@ def build_report(
     """Write the full report of ``experiment`` to ``options.out`` and log it to the sweep's
     parent run (unless ``options.log_to_mlflow`` is False). Prints nothing.
 
-    Raises ExperimentNotFoundError / EmptyExperimentError / PairingError (all AnalysisError)
-    with messages meant for the user.
+    Raises ExperimentNotFoundError / EmptyExperimentError / ImpossibleMetricsError /
+    PairingError / NothingToCompareError (all AnalysisError) with messages meant for the user.
     """
     ctx = build_context(experiment, tracking_uri, options or ReportOptions())
     files = write_report(ctx)
@@ -100,6 +103,7 @@ def build_report(
         warnings=ctx.warnings,
         logged_to=ctx.logged_to,
         tables=ctx.tables,
+        other_settings=ctx.other_settings,
     )
 
 
@@ -163,10 +167,23 @@ def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict
         "comparisons": _records(comparisons),
         "length_comparisons": _records(lengths.stats if lengths else None),
         "warnings": ctx.warnings,
+        "other_settings": _other_settings_record(ctx.other_settings),
         "incomplete_blocks": _records(pairing.incomplete),
         "duplicates": _records(pairing.duplicates),
         "excluded_runs": _records(pairing.excluded),
         "no_baseline": _records(pairing.no_baseline),
+    }
+
+
+def _other_settings_record(other: OtherSettings) -> dict[str, Any]:
+    return {
+        "sweep_cells": other.sweep_cells,
+        "finished": other.finished,
+        "unfinished": other.unfinished,
+        "differences": list(other.differences),
+        "without_counterpart": other.without_counterpart,
+        "same_params": other.same_params,
+        "sentence": other.sentence,
     }
 
 
@@ -293,14 +310,17 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The CLI: 0 on success, 2 for an unknown or empty experiment or a bad option, 3 when runs
-    cannot be paired."""
+    """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics
+    or a bad option; 3 when runs cannot be paired or nothing can be compared."""
     args = _parser().parse_args(argv)
     try:
         options = options_from_args(args)
         result = build_report(args.experiment, args.tracking_uri, options)
     except PairingError as err:
         print(f"error: experiment {args.experiment!r}: {err}", file=sys.stderr)
+        return 3
+    except NothingToCompareError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 3
     except (AnalysisError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -317,6 +337,8 @@ def print_summary(result: ReportResult, alpha: float) -> None:
         f"{len(result.pairing.runs)} finished runs, {len(result.pairing.pairs)} seed pairs, "
         f"{len(table)} comparisons, {sig} significant after Holm at alpha={alpha}"
     )
+    if result.other_settings.left_out:
+        print(result.other_settings.sentence)
     if len(result.pairing.incomplete):
         print(f"partial sweep: {len(result.pairing.incomplete)} incomplete block(s), see report.md")
     for w in result.warnings:

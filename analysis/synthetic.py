@@ -9,7 +9,9 @@ with document length. Everything is logged through public MlflowClient calls, on
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
+import json
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from analysis.schema import (
+    CELLS_ARTIFACT,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,
     PARENT_TAG,
@@ -65,6 +68,17 @@ class SyntheticSweep:
     extra_params: Mapping[str, Any] = field(default_factory=dict)
     """Params added to (or overriding) every run's flattened config."""
     with_parent: bool = True
+    cells_artifact: bool = True
+    """Log ``sweep_cells.json`` (every cell id of this grid) to the parent run, as the sweep
+    driver does at each invocation."""
+    cell_salt: str = ""
+    """Mixed into every cell id when set: a changed sweep file under the same name (another
+    number of epochs, say) gets new cell ids, as the sweep's config-derived ids do."""
+
+    def cell_id(self, dataset: str, position: str, attention: str, op: str, seed: int) -> str:
+        """The cell id of one cell of this grid."""
+        salt = (self.cell_salt,) if self.cell_salt else ()
+        return synthetic_cell_id(dataset, position, attention, op, seed, *salt)
 
 
 def operator_name(label: str) -> str:
@@ -299,7 +313,7 @@ def simulate_trial(
         epochs=spec.epochs,
     )
     params.update(spec.extra_params)
-    values = (synthetic_cell_id(dataset, position, attention, op, seed), dataset, position)
+    values = (spec.cell_id(dataset, position, attention, op, seed), dataset, position)
     values += (attention, op, seed, spec.name, "0" * 40)
     tags: dict[str, Any] = dict(zip(TRIAL_TAGS, values, strict=True))
     tags[ROLE_TAG] = ROLE_TRIAL
@@ -327,10 +341,14 @@ def log_synthetic_sweep(
     artifact_location: str | None = None,
     skip: Iterable[tuple[str, str, int]] = (),
     progress: bool = False,
+    parent_run_id: str | None = None,
 ) -> dict[str, Any]:
     """Log a whole synthetic sweep (parent run + one child per cell); returns ids.
 
     ``skip`` holds (dataset, operator, seed) cells to leave out, to make a partial sweep.
+    ``parent_run_id`` logs into that existing parent run instead of a new one, as the sweep
+    driver reuses its parent run when the sweep runs again (its ``sweep_cells.json`` is
+    replaced by this grid's).
     """
     from mlflow import MlflowClient
 
@@ -341,7 +359,10 @@ def log_synthetic_sweep(
         if exp is not None
         else client.create_experiment(spec.name, artifact_location=artifact_location)
     )
-    parent_id = _start_parent(client, exp_id, spec) if spec.with_parent else None
+    parent_id = parent_run_id or (_start_parent(client, exp_id, spec) if spec.with_parent else None)
+    if parent_id and spec.cells_artifact:
+        cells = [spec.cell_id(d, p, a, o, s) for d, _, p, a, o, s in iter_cells(spec)]
+        log_sweep_cells(client, parent_id, spec.name, cells)
     skipped = set(skip)
     run_ids = []
     t0 = time.perf_counter()
@@ -365,6 +386,19 @@ def log_synthetic_sweep(
     if parent_id:
         client.set_terminated(parent_id, "FINISHED")
     return {"experiment_id": exp_id, "parent_run_id": parent_id, "run_ids": run_ids}
+
+
+def log_sweep_cells(client: Any, parent_run_id: str, sweep: str, cell_ids: Sequence[str]) -> None:
+    """Log ``sweep_cells.json`` to the parent run, shaped as the sweep driver writes it."""
+    payload = {
+        "sweep": sweep,
+        "cells": list(cell_ids),
+        "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / CELLS_ARTIFACT
+        path.write_text(json.dumps(payload), encoding="utf-8")
+        client.log_artifact(parent_run_id, str(path))
 
 
 def _start_parent(client: Any, exp_id: str, spec: SyntheticSweep) -> str:

@@ -155,8 +155,9 @@ class DatasetPreset(Strict):
 class SweepSpec(Strict):
     """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
-    """The MLflow experiment and the Ray Tune run name."""
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
+    """The MLflow experiment and the Ray Tune run name: letters, digits, ``_``, ``.``, ``-``,
+    starting with a letter or digit (it names folders: ``..`` must not)."""
     description: str = ""
     extends: list[str] = Field(default_factory=list)
     """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
@@ -236,16 +237,64 @@ class SweepFileError(ValueError):
         super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
 
 
+MAX_FILE_BYTES = 1 << 20
+"""A sweep file or fragment larger than this is refused (real ones are a few kilobytes)."""
+MAX_VALUES = 100_000
+"""The most values a file may hold once YAML aliases are expanded (an alias bomb has billions)."""
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist; see sweeps/ for examples")
+    data = path.read_bytes()
+    if len(data) > MAX_FILE_BYTES:
+        raise SweepFileError(
+            path, [f"the file is {len(data):,} bytes; a sweep file has at most {MAX_FILE_BYTES:,}"]
+        )
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SweepFileError(
+            path,
+            [
+                f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); save it as UTF-8"
+            ],
+        ) from None
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise SweepFileError(path, [f"not valid YAML: {exc}"]) from exc
+    except RecursionError:
+        raise SweepFileError(path, ["the YAML is nested too deeply"]) from None
+    problem = _size_problem(raw)
+    if problem:
+        raise SweepFileError(path, [problem])
     if not isinstance(raw, dict):
         raise SweepFileError(path, ["top level must be a mapping with name, seeds, grid, datasets"])
     return raw
+
+
+def _size_problem(value: Any) -> str | None:
+    """Why a loaded YAML value cannot be used: it contains itself (a self-referencing alias), or
+    it expands to more than MAX_VALUES values (aliases repeating large blocks)."""
+    count, on_path = 0, set()
+
+    def walk(node: Any) -> str | None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            return f"the file expands to more than {MAX_VALUES:,} values (YAML aliases repeating large blocks); write the values out"
+        if not isinstance(node, (dict, list)):
+            return None
+        if id(node) in on_path:
+            return "a YAML alias refers to a block that contains it; a sweep file must be a tree"
+        on_path.add(id(node))
+        children = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+        problem = next((p for p in map(walk, children) if p), None)
+        on_path.discard(id(node))
+        return problem
+
+    return walk(value)
 
 
 def read_sweep_dict(path: str | Path) -> dict[str, Any]:
@@ -421,6 +470,20 @@ def combinations(spec: SweepSpec) -> list[Combination]:
     return list(combos.values())
 
 
+def combination_model(spec: SweepSpec, combination: Combination) -> dict[str, Any]:
+    """The model settings of one grid point: the dataset's (defaults merged in) plus the axes."""
+    dataset, position, attention, fusion = combination
+    return {
+        **resolve_specs(spec, dataset)[1],
+        "fusion": fusion.name,
+        "fusion_kwargs": fusion.kwargs,
+        "position": position.name,
+        "position_kwargs": position.kwargs,
+        "attention_position": attention.name,
+        "attention_position_kwargs": attention.kwargs,
+    }
+
+
 def _matches(rule: Rule, values: dict[str, tuple[str, ...]]) -> bool:
     for axis in AXES:
         allowed = getattr(rule, axis)
@@ -440,11 +503,36 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
         problems.append(
             f"baseline: {spec.baseline!r} is not one of the sweep's fusions; allowed: {', '.join(sorted(known['fusions']))}"
         )
-    if not problems and not combinations(spec):
-        problems.append(
-            "grid/include/exclude: the sweep expands to no cells; loosen the exclude rules"
-        )
+    if not problems:
+        combos = combinations(spec)
+        if not combos:
+            problems.append(
+                "grid/include/exclude: the sweep expands to no cells; loosen the exclude rules"
+            )
+        problems += _combination_problems(spec, combos)
     return problems + _resource_problems(spec)
+
+
+def _combination_problems(spec: SweepSpec, combos: list[Combination]) -> list[str]:
+    """Option values of the grid's entries, checked in the model each grid point builds (e.g.
+    gate_cnn's kernel_size), each distinct problem once with the first grid point that has it."""
+    from fusion_ray.model import check_model_spec
+
+    problems: dict[str, str] = {}
+    seen: set[str] = set()
+    for combo in combos:
+        model = combination_model(spec, combo)
+        key = repr(sorted(model.items(), key=lambda kv: kv[0]))
+        if key in seen:
+            continue
+        seen.add(key)
+        where = "grid point " + "/".join([combo[0], *(entry.label for entry in combo[1:])])
+        checked, found = validate_as(ModelSpec, model, where)
+        if checked is not None:
+            found += [f"{where}: {p}" for p in check_model_spec(checked)]
+        for problem in found:
+            problems.setdefault(problem.split(": ", 1)[1], problem)
+    return list(problems.values())
 
 
 def _axis_problems(spec: SweepSpec) -> tuple[list[str], dict[str, set[str]]]:

@@ -10,7 +10,13 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from fusion_ray.config import Named, SweepSpec, combinations, resolve_specs
+from fusion_ray.config import (
+    Combination,
+    SweepSpec,
+    combination_model,
+    combinations,
+    resolve_specs,
+)
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
@@ -93,24 +99,13 @@ _MODEL_SPEC = TypeAdapter(ModelSpec)
 _TRAIN_SPEC = TypeAdapter(TrainSpec)
 
 
-def _trial(
-    spec: SweepSpec, dataset: str, position: Named, attention: Named, fusion: Named
-) -> TrialConfig:
+def _trial(spec: SweepSpec, combination: Combination) -> TrialConfig:
     """The trial of one grid point at seed 0 (cells differ from it only by their seed)."""
-    data, model, train = resolve_specs(spec, dataset)
-    model = {
-        **model,
-        "fusion": fusion.name,
-        "fusion_kwargs": fusion.kwargs,
-        "position": position.name,
-        "position_kwargs": position.kwargs,
-        "attention_position": attention.name,
-        "attention_position_kwargs": attention.kwargs,
-    }
+    data, _, train = resolve_specs(spec, combination[0])
     return TrialConfig(
-        dataset=dataset,
+        dataset=combination[0],
         data=data,
-        model=_MODEL_SPEC.validate_python(model),
+        model=_MODEL_SPEC.validate_python(combination_model(spec, combination)),
         train=_TRAIN_SPEC.validate_python(train),
         seed=0,
     )
@@ -121,8 +116,9 @@ def expand(spec: SweepSpec) -> list[Cell]:
 
     Each grid point is validated and flattened once; a cell is that template with its seed."""
     templates = []
-    for dataset, position, attention, fusion in combinations(spec):
-        trial = _trial(spec, dataset, position, attention, fusion)
+    for combination in combinations(spec):
+        trial = _trial(spec, combination)
+        dataset, position, attention, fusion = combination
         labels = (dataset, position.label, attention.label, fusion.label)
         templates.append((labels, trial, _id_fields(trial)))
     cells = []

@@ -550,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         plan = smoke_plan(plan)
     if args.output:
         plan.output = Path(args.output).resolve()
+    from fusion_ray.orchestrate import preflight
+
+    problems = preflight(plan.spec.storage_path, plan.spec.tracking_uri, remote=not args.dry_run)
+    if problems:
+        print(HpoFileError(plan.path, problems), file=sys.stderr)
+        return 2
     if args.dry_run:
         print_plan(plan)
         return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,85 @@ def init_ray(address: str | None) -> None:
 def storage_uri(storage_path: str) -> str:
     """A storage path as Ray wants it: URIs (``s3://...``) as given, local paths absolute."""
     return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
+
+
+def preflight(
+    storage_path: str, tracking_uri: str, *, remote: bool = True, timeout_s: float = 5.0
+) -> list[str]:
+    """What would fail only after Ray starts: storage that cannot be written, a tracking store
+    that cannot be reached. Leaves nothing behind; a server gets ``timeout_s``. ``remote=False``
+    checks only local paths (a dry run on a machine that cannot reach the cluster's stores)."""
+    problems = _storage_problems(storage_path, remote)
+    return problems + _tracking_problems(tracking_uri, timeout_s, remote)
+
+
+def _writable_dir_problem(path: Path, what: str) -> str | None:
+    target = path.resolve()
+    if target.exists() and not target.is_dir():
+        return f"{what}: {path} is a file, not a folder"
+    existing = next(p for p in [target, *target.parents] if p.exists())
+    try:  # a real write: permission bits say nothing for root, or on read-only mounts
+        os.rmdir(tempfile.mkdtemp(prefix=".fusion-ray-write-test-", dir=existing))
+    except OSError as exc:
+        return f"{what}: {path} cannot be written ({exc.strerror} in {existing}); choose a folder you can write"
+    return None
+
+
+def _storage_problems(storage_path: str, remote: bool) -> list[str]:
+    if "://" not in storage_path:
+        problem = _writable_dir_problem(Path(storage_path), "storage_path")
+        return [problem] if problem else []
+    if not remote:
+        return []
+    import pyarrow.fs
+
+    try:
+        pyarrow.fs.FileSystem.from_uri(storage_path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad URI
+        return [
+            f"storage_path: {storage_path} cannot be opened ({str(exc).splitlines()[0]}); check the URI, the credentials and the network"
+        ]
+    return []
+
+
+def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> list[str]:
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        problem = _writable_dir_problem(db.parent, "tracking_uri")
+        return [problem] if problem else []
+    if not remote or not tracking_uri.startswith(("http://", "https://")):
+        return []
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+            return []
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return [
+            f"tracking_uri: no MLflow server answers at {tracking_uri} within {timeout_s:g} s "
+            f"({reason}); start it (mlflow server ...) or fix the URI"
+        ]
+
+
+def within_storage(path: str, storage_path: str) -> bool:
+    """Whether a checkpoint ``path`` (a local path or URI) lies under the sweep's storage: a
+    checkpoint path read back from the tracking store is trusted only there."""
+    from urllib.parse import urlparse
+
+    if "://" not in storage_path:
+        if "://" in path:
+            return False
+        return Path(path).resolve().is_relative_to(Path(storage_path).resolve())
+    root, where = (
+        urlparse(storage_path),
+        urlparse(path if "://" in path else f"{urlparse(storage_path).scheme}://{path}"),
+    )
+    prefix = f"{root.netloc}/{root.path.strip('/')}".rstrip("/") + "/"
+    return where.scheme == root.scheme and f"{where.netloc}/{where.path.strip('/')}/".startswith(
+        prefix
+    )
 
 
 def trial_resources(res: Resources) -> dict[str, float]:
@@ -110,9 +190,37 @@ def run_cell(config: dict[str, Any]) -> None:
     trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
     res = config["resources"]
     if res["workers"] == 1 and not res["force_trainer"]:
-        run_direct(trial, res, TuneReporter, resume_from=config.get("resume_from"))
+        try:
+            run_direct(trial, res, TuneReporter, resume_from=config.get("resume_from"))
+        except REPEATING_ERRORS as exc:
+            # The same config, data and seed fail the same way every time: end the trial with
+            # the reason (recorded FAILED by the tracking callback) instead of letting Tune retry.
+            from ray import tune
+
+            tune.report({TRIAL_ERROR: _error_summary(exc)})
         return
     _run_trainer(trial, config)
+
+
+REPEATING_ERRORS = (
+    ValueError,
+    TypeError,
+    KeyError,
+    FloatingPointError,
+    FileNotFoundError,
+    ConnectionError,
+)
+"""Errors a trial raises because of its config or data (bad values, a non-finite loss at a given
+seed, a missing file, a dataset that cannot be downloaded): retrying would repeat them."""
+TRIAL_ERROR = "trial_error"
+"""The key of the result a trial reports instead of raising one of REPEATING_ERRORS."""
+
+
+def _error_summary(exc: BaseException) -> str:
+    import traceback
+
+    lines = traceback.format_exception(exc)
+    return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
 def _run_trainer(trial: Any, config: dict[str, Any]) -> None:

@@ -26,7 +26,14 @@ from fusion_ray.config import (
     smoke_version,
 )
 from fusion_ray.grid import Cell, axis_counts, expand
-from fusion_ray.orchestrate import init_ray, run_cell, storage_uri, trial_resources
+from fusion_ray.orchestrate import (
+    init_ray,
+    preflight,
+    run_cell,
+    storage_uri,
+    trial_resources,
+    within_storage,
+)
 from fusion_ray.plan import Plan, plan
 
 log = logging.getLogger("fusion_ray.sweep")
@@ -107,7 +114,7 @@ def _run_cells(
         tracker.end_parent(parent_id, {"cells_finished": len(cells)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    payloads = [_payload(spec, c, _resume_point(c, todo.existing), tune_run) for c in pending]
+    payloads = [_payload(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
     init_ray(address or spec.address)
     callback = MLflowSweepCallback(
         tracker,
@@ -140,12 +147,22 @@ def _run_cells(
     )
 
 
-def _resume_point(cell: Cell, existing: dict[str, Any]) -> str | None:
-    """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists."""
+def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str | None:
+    """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists
+    and lies under this sweep's storage (a path read from the tracking store is trusted only
+    there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""
     from fusion_ray.tracking import checkpoint_exists
 
     prior = existing.get(cell.cell_id)
     resume_from = prior.checkpoint_path if prior is not None else None
+    if resume_from and not within_storage(resume_from, storage_uri(spec.storage_path)):
+        log.warning(
+            "cell %s: its run names checkpoint %s, outside storage_path %s; the cell starts again",
+            cell.cell_id,
+            resume_from,
+            spec.storage_path,
+        )
+        return None
     if resume_from and not checkpoint_exists(resume_from):
         log.warning(
             "cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from
@@ -228,13 +245,15 @@ def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
     print("\n".join(lines))
 
 
-def print_outcome(spec: SweepSpec, outcome: SweepOutcome) -> None:
+def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> None:
+    """What the sweep did; ``note``: also what the experiment holds beyond its cells (the
+    report says it too, so the CLI leaves it to the report when there is one)."""
     print()
     print(
         f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
         f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted"
     )
-    if outcome.other_settings:
+    if note and outcome.other_settings:
         print(f"  note: {outcome.other_settings}")
     for cid, reason in outcome.failed.items():
         print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
@@ -348,6 +367,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.smoke:
         spec = smoke_version(spec)
+    problems = preflight(spec.storage_path, spec.tracking_uri, remote=not args.dry_run)
+    if problems:
+        print(SweepFileError(args.sweep_file, problems), file=sys.stderr)
+        return 2
 
     if args.dry_run:
         from fusion_ray.tracking import Tracker
@@ -371,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     except LeaseHeldError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
-    print_outcome(spec, outcome)
+    print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))

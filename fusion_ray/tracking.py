@@ -25,6 +25,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
+from fusion_ray.orchestrate import TRIAL_ERROR
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
@@ -412,6 +413,8 @@ class MLflowSweepCallback(TrackingCallback):
     ) -> None:
         cid = self.key(trial)
         run_id = self.run_ids[cid]
+        if TRIAL_ERROR in result:
+            return
         if result.get("final"):
             self.tracker.log_final(run_id, result)
         elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
@@ -437,7 +440,13 @@ class MLflowSweepCallback(TrackingCallback):
         if cid in self.failed:  # a tracking error already marked it
             return
         run_id = self.run_ids[cid]
-        if not (trial.last_result or {}).get("final"):
+        last = trial.last_result or {}
+        if TRIAL_ERROR in last:
+            self.tracker.fail(run_id, last[TRIAL_ERROR])
+            self.failed[cid] = last[TRIAL_ERROR]
+            self._progress(cid, "FAILED: " + last[TRIAL_ERROR].splitlines()[-2])
+            return
+        if not last.get("final"):
             reason = "the trial ended without reporting final metrics"
             self.tracker.fail(run_id, reason)
             self.failed[cid] = reason

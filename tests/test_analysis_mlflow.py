@@ -35,7 +35,7 @@ from analysis.paired import (
     register,
     unregister,
 )
-from analysis.pairing import pair_runs
+from analysis.pairing import NothingToCompareError, pair_runs
 from analysis.report import STATS_COLUMNS, ReportOptions, build_report, main
 from analysis.synthetic import (
     SyntheticSweep,
@@ -411,17 +411,16 @@ def test_module_runs_as_a_script():
         assert flag in proc.stdout
 
 
-def test_missing_baseline_still_reports_what_it_can(store, tmp_path):
-    res = build_report(
-        "no_parent",
-        store["uri"],
-        ReportOptions(baseline="gate_mlp", out=tmp_path, lengths=False, make_figures=False),
-    )
-    assert res.comparisons.table.empty
-    assert any("baseline 'gate_mlp' has no FINISHED run" in w for w in res.warnings)
-    md = (tmp_path / "report.md").read_text()
-    assert "No complete pair" in md and "Table 1" in md
-    assert list(pd.read_csv(tmp_path / "stats.csv").columns) == STATS_COLUMNS
+def test_missing_baseline_is_nothing_to_compare(store, tmp_path):
+    with pytest.raises(NothingToCompareError) as err:
+        build_report(
+            "no_parent",
+            store["uri"],
+            ReportOptions(baseline="gate_mlp", out=tmp_path, lengths=False, make_figures=False),
+        )
+    msg = str(err.value)
+    assert "baseline operator 'gate_mlp' has no FINISHED run; operators present: add, concat" in msg
+    assert not (tmp_path / "report.md").exists()
 
 
 def test_operator_filter_shrinks_the_holm_family(store, tmp_path, capsys):

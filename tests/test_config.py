@@ -237,3 +237,77 @@ def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch)
     }
     with pytest.raises(RuntimeError, match="no CUDA: install a CUDA build of torch"):
         run_cell({"trial": dataclasses.asdict(cell.trial), "resources": resources})
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"name: x\nseeds: [0]\na: &a [1, *a]\n", "contains it"),
+        (b"name: caf\xe9\n", "not UTF-8"),
+        (
+            b"a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+            + b"".join(
+                b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n"
+                % ((98 + i, 98 + i) + (97 + i,) * 10)
+                for i in range(8)
+            ),
+            "expands to more than",
+        ),
+        (b"name: x\n" + b"#" * (1 << 20) + b"\n", "at most"),
+        (b"[" * 5000 + b"]" * 5000, "nested too deeply"),
+    ],
+    ids=["self-alias", "non-utf8", "alias-bomb", "too-large", "too-deep"],
+)
+def test_hostile_files_get_one_line_errors_fast(tmp_path, content, message):
+    import time
+
+    path = tmp_path / "hostile.yaml"
+    path.write_bytes(content)
+    started = time.perf_counter()
+    with pytest.raises(SweepFileError, match=message):
+        load_sweep(path)
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize("name", ["..", ".hidden", "-x", "a/b", "x" * 101])
+def test_sweep_names_that_would_escape_or_hide_folders_are_refused(tmp_path, name):
+    msg = _problems(_write(tmp_path, lambda r: r.update(name=name)))
+    assert "name" in msg
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
+def test_non_finite_numbers_are_caught_before_training(tmp_path, value):
+    path = tiny_sweep(tmp_path)
+    path.write_text(path.read_text().replace("lr: 0.001", f"lr: {value}"))
+    assert "train.lr: must be a finite number" in _problems(path)
+
+
+def test_option_values_of_grid_entries_are_checked_in_the_model_they_build(tmp_path):
+    msg = _problems(
+        _write(
+            tmp_path,
+            lambda r: r["grid"].update(fusions=["add", {"name": "gate_cnn", "kernel_size": 4}]),
+        )
+    )
+    assert "gate_cnn(kernel_size=4)" in msg and "positive odd integer" in msg
+
+
+def test_unwritable_storage_is_caught_before_ray_starts(tmp_path, capsys):
+    path = _write(tmp_path, lambda r: r.update(storage_path="/proc/fusion_ray_results"))
+    assert sweep_main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "storage_path: /proc/fusion_ray_results cannot be written" in err
+
+
+def test_an_unreachable_tracking_server_is_one_line_in_seconds(tmp_path, capsys):
+    import socket
+    import time
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = _write(tmp_path, lambda r: r.update(tracking_uri=f"http://127.0.0.1:{port}"))
+    started = time.perf_counter()
+    assert sweep_main([str(path)]) == 2
+    assert time.perf_counter() - started < 15
+    assert f"no MLflow server answers at http://127.0.0.1:{port}" in capsys.readouterr().err

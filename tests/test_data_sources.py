@@ -295,3 +295,46 @@ def test_offline_set_before_import_goes_through_datasets_and_fails_fast(tmp_path
     )
     assert "MESSAGE" in out.stdout, out.stderr[-2000:]
     _assert_helpful_offline_message(out.stdout, "imdb", "stanfordnlp/imdb")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_a_missing_column_is_found_before_any_loading(tmp_path, suffix):
+    train = _write(_frame(TRAIN), tmp_path / f"train{suffix}")
+    test = _write(_frame(TEST, text="txt"), tmp_path / f"test{suffix}")
+    problems = check_data_spec(
+        _spec(tmp_path, train=train, test=test, text_column="body", label_column="topic")
+    )
+    assert any("test" in p and "no column 'body'" in p and "txt" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("content", ["", "body,topic\n"], ids=["no-bytes", "header-only"])
+def test_an_empty_file_is_named_before_any_loading(tmp_path, content):
+    train = _write(_frame(TRAIN), tmp_path / "train.csv")
+    (tmp_path / "test.csv").write_text(content)
+    problems = check_data_spec(
+        _spec(
+            tmp_path,
+            train=train,
+            test=str(tmp_path / "test.csv"),
+            text_column="body",
+            label_column="topic",
+        )
+    )
+    assert any(str(tmp_path / "test.csv") in p for p in problems), problems
+
+
+@pytest.mark.parametrize("unseen", [7, "sports"], ids=["integer", "string"])
+def test_a_test_label_that_no_training_document_has_is_refused(tmp_path, unseen):
+    if isinstance(unseen, int):
+        train_rows = [(t, i % 2) for i, (t, _) in enumerate(TRAIN)]
+        test_rows = [("the cat and the market", 0), ("cold rain today", unseen)]
+    else:
+        train_rows, test_rows = TRAIN, [*TEST, ("a late goal won the cup", unseen)]
+    train = _write(_frame(train_rows), tmp_path / "train.csv")
+    test = _write(_frame(test_rows), tmp_path / "test.csv")
+    spec = _spec(tmp_path, train=train, test=test, text_column="body", label_column="topic")
+    with pytest.raises(
+        ValueError,
+        match=f"test.csv: row {len(test_rows) - 1} of the test split has label {unseen!r}",
+    ):
+        prepare_data(spec)

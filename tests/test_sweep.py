@@ -88,7 +88,7 @@ def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tmp_path, ray_sessio
 
 
 def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_session, data_cache):
-    path = tiny_sweep(tmp_path, name="with_failure", seeds=[0])
+    path = tiny_sweep(tmp_path, name="with_failure", seeds=[0], retries=2)
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["datasets"] = ["short", "diverges"]
     raw["datasets"]["diverges"] = {
@@ -108,6 +108,8 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_s
     for run in by_status["FAILED"]:
         assert "training loss is" in run.data.tags["failure_reason"]
         assert "lower train.lr" in run.data.tags["failure_reason"]
+        # a diverging loss repeats at every attempt at this seed: recorded once, not retried
+        assert "not retried" in run.data.tags["failure_reason"]
 
     # the next run retries the failed cells (and only them), replacing their runs
     again = run_sweep(load_sweep(path), str(path), verbose=0)

@@ -112,3 +112,46 @@ def test_two_drivers_on_one_sweep_file_run_every_cell_once(tmp_path, data_cache)
     _, trials = _experiment_runs(spec, "trial")
     assert sorted(r.info.status for r in trials) == ["FINISHED", "FINISHED"]
     assert len({r.data.tags["cell_id"] for r in trials}) == 2
+
+
+@pytest.mark.parametrize(
+    "path, storage, inside",
+    [
+        ("{tmp}/results/run/checkpoint_000001", "{tmp}/results", True),
+        ("{tmp}/results/../elsewhere/checkpoint", "{tmp}/results", False),
+        ("/etc/evil", "{tmp}/results", False),
+        ("s3://bucket/prefix/run/checkpoint", "s3://bucket/prefix", True),
+        (
+            "bucket/prefix/run/checkpoint",
+            "s3://bucket/prefix?endpoint_override=http://minio:9000",
+            True,
+        ),
+        ("s3://bucket/prefix2/run", "s3://bucket/prefix", False),
+        ("s3://other/prefix/run", "s3://bucket/prefix", False),
+        ("{tmp}/results/run", "s3://bucket/prefix", False),
+    ],
+)
+def test_a_checkpoint_path_from_the_tracking_store_is_trusted_only_under_storage(
+    tmp_path, path, storage, inside
+):
+    from fusion_ray.orchestrate import within_storage
+
+    assert within_storage(path.format(tmp=tmp_path), storage.format(tmp=tmp_path)) is inside
+
+
+def test_a_run_naming_a_checkpoint_outside_storage_starts_again(tmp_path, caplog):
+    from fusion_ray.grid import expand
+    from fusion_ray.sweep import _resume_point
+    from fusion_ray.tracking import CellRun
+
+    spec = load_sweep(tiny_sweep(tmp_path))
+    cell = expand(spec)[0]
+    outside = tmp_path / "planted"
+    (outside / "checkpoint").mkdir(parents=True)
+    existing = {cell.cell_id: CellRun("run", "KILLED", str(outside / "checkpoint"))}
+    assert _resume_point(spec, cell, existing) is None
+    assert "outside storage_path" in caplog.text
+    inside = tmp_path / "ray_results" / "run" / "checkpoint"
+    inside.mkdir(parents=True)
+    existing = {cell.cell_id: CellRun("run", "KILLED", str(inside))}
+    assert _resume_point(spec, cell, existing) == str(inside)

@@ -224,6 +224,31 @@ def _label_index(split_name: str, raw: RawSplit, num_classes: int | None) -> np.
     return out
 
 
+def check_labels_seen_in_train(raw: RawDataset) -> None:
+    """A validation or test label that no training document has: the model can never predict it
+    and the class count would silently grow. ValueError naming the origin, split, row and value."""
+
+    def plain(value: Any) -> Any:
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    train = raw.splits.get("train")
+    if train is None:
+        return
+    seen = {plain(v) for v in train.labels}
+    for name in ("validation", "test"):
+        split = raw.splits.get(name)
+        for i, value in enumerate(split.labels if split is not None else []):
+            if plain(value) in seen:
+                continue
+            names = raw.label_names
+            shown = names[value] if names and is_int(value) and 0 <= value < len(names) else value
+            raise ValueError(
+                f"{split.origin}: row {int(split.rows[i])} of the {name} split has label "
+                f"{shown!r}, which no training document has; fix or remove that row (or, if the "
+                "dataset really has a class the training split lacks, set data.num_classes)"
+            )
+
+
 def _seeded_rng(split_seed: int, stream: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([split_seed, stream])))
 
@@ -305,6 +330,8 @@ def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, 
         raise ValueError(
             f"cannot tell the number of classes of the {spec.source} source; set data.num_classes"
         )
+    if spec.num_classes is None:
+        check_labels_seen_in_train(raw)
     docs = split_documents(raw, spec, num_classes)
 
     tokenizer = TOKENIZERS.get(spec.tokenizer)(**spec.tokenizer_kwargs)

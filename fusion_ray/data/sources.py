@@ -112,6 +112,47 @@ def _missing_column(path: Path, column: str, role: str, columns: list[str]) -> V
     )
 
 
+def table_problems(path: str | Path, text_column: str, label_column: str) -> list[str]:
+    """What would stop ``read_table`` on this file, found by reading only its head: an unreadable
+    or empty file, a missing text or label column. Cheap enough to run before Ray starts."""
+    import pandas as pd
+
+    path = Path(path)
+    fmt = file_format(path)
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.read_metadata(path)
+            columns, rows = list(meta.schema.names), meta.num_rows
+        elif fmt in ("csv", "tsv"):
+            head = pd.read_csv(
+                path, sep="," if fmt == "csv" else "\t", nrows=1, encoding_errors="replace"
+            )
+            columns, rows = list(head.columns), len(head)
+        else:  # jsonl / json: the first record says which columns there are
+            with open(path, encoding="utf-8", errors="replace") as f:
+                first = next((line for line in f if line.strip()), None)
+            if first is not None and first.lstrip().startswith("["):
+                return []  # a JSON array: checked when read
+            record = json.loads(first) if first is not None else {}
+            columns, rows = (
+                (sorted(record) if isinstance(record, dict) else []),
+                int(first is not None),
+            )
+    except Exception as exc:  # noqa: BLE001 - any reader error becomes one line naming the file
+        return [
+            f"{path}: cannot be read as {fmt} ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        ]
+    if rows == 0:
+        return [f"{path}: has no rows; it needs at least one document"]
+    return [
+        str(_missing_column(path, column, role, columns))
+        for role, column in (("text_column", text_column), ("label_column", label_column))
+        if column not in columns
+    ]
+
+
 def read_table(path: str | Path, text_column: str, label_column: str) -> tuple[list, list]:
     """Texts and raw labels from one csv/tsv/jsonl/json/parquet file."""
     import pandas as pd
@@ -423,6 +464,9 @@ class LocalSource:
                     f"data.source_kwargs.{split}: {path} has unsupported type {path.suffix!r}; "
                     f"use one of {', '.join(FORMATS)}"
                 )
+            else:
+                found = table_problems(path, self.text_column, self.label_column)
+                problems += [f"data.source_kwargs.{split}: {p}" for p in found]
         return problems
 
     def fingerprint(self) -> dict[str, Any]:

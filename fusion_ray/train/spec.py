@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -69,6 +70,12 @@ def check_train_spec(spec: TrainSpec) -> list[str]:
     """Every value of ``spec`` that would fail or mislead only after training started, as
     ``field: problem`` messages (types are checked by the schema before this runs)."""
     problems = []
+    for name in ("lr", "weight_decay", "grad_clip"):
+        value = getattr(spec, name)
+        if value is not None and not math.isfinite(value):
+            problems.append(f"{name}: must be a finite number (got {value})")
+    if problems:
+        return problems
     for name in ("lr", "batch_size", "epochs", "eval_batch_size"):
         if getattr(spec, name) <= 0:
             problems.append(f"{name}: must be > 0 (got {getattr(spec, name)})")
