@@ -330,6 +330,7 @@ def load_experiment(
     from mlflow import MlflowClient
 
     uri = tracking_uri or mlflow.get_tracking_uri()
+    _require_store(uri)
     client = MlflowClient(uri)
     exp = _find_experiment(client, name, uri)
     if method not in LOAD_METHODS:
@@ -354,6 +355,18 @@ def load_experiment(
         sweep_cells=cells,
         other_runs=integer_counts(other),
     )
+
+
+def _require_store(uri: str) -> None:
+    """A sqlite store that does not exist is a mistyped path: say so instead of letting MLflow
+    create an empty database there."""
+    if _is_sqlite(uri) and "///" in uri:
+        path = Path(uri.split("///", 1)[1])
+        if not path.is_file():
+            raise ExperimentNotFoundError(
+                f"no MLflow store at {path} (tracking URI {uri!r}); pass the store the sweep "
+                "logged to with --tracking-uri (or MLFLOW_TRACKING_URI)"
+            )
 
 
 def _find_experiment(client: Any, name: str, uri: str) -> Any:

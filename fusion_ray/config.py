@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
@@ -161,7 +169,7 @@ class SweepSpec(Strict):
     description: str = ""
     extends: list[str] = Field(default_factory=list)
     """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
-    seeds: list[int] = Field(min_length=1)
+    seeds: list[StrictInt] = Field(min_length=1)
     """Every cell runs once per seed; seeds are never sampled."""
     grid: Grid
     include: list[SubGrid] = Field(default_factory=list)
@@ -322,8 +330,13 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
 
 
 def pydantic_problems(exc: ValidationError) -> list[str]:
+    """Each error of ``exc`` as ``field.path: problem`` for the user."""
+    return _error_lines(exc.errors())
+
+
+def _error_lines(errors: list[Any]) -> list[str]:
     problems = []
-    for err in exc.errors():
+    for err in errors:
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             problems.append(f"{where}: unknown key; remove it or check its spelling")
@@ -339,12 +352,17 @@ def validate_collecting(model: type[BaseModel], raw: dict[str, Any]) -> tuple[An
     the offending values are dropped (their defaults apply) and the rest is validated again, so
     one bad value does not hide the others. Returns (the model or None, the problems)."""
     problems: list[str] = []
+    reported: set[tuple] = set()  # a dropped bad value is then "missing": say it once
     attempt = copy.deepcopy(raw)
     for _ in range(8):
         try:
             return model.model_validate(attempt), problems
         except ValidationError as exc:
-            problems += [p for p in pydantic_problems(exc) if p not in problems]
+            fresh = [
+                e for e in exc.errors() if not (e["type"] == "missing" and e["loc"] in reported)
+            ]
+            reported |= {e["loc"] for e in exc.errors()}
+            problems += [p for p in _error_lines(fresh) if p not in problems]
             if not _drop_invalid(attempt, exc):
                 break
     return None, problems

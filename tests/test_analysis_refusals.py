@@ -177,3 +177,13 @@ def test_only_the_impossible_finished_run_is_named():
         check_metrics(frame, "x")
     assert "run r5 " in str(err.value) and "run r4 " not in str(err.value)
     check_metrics(frame.iloc[:5], "x")  # the rest passes
+
+
+def test_a_mistyped_sqlite_path_is_an_error_and_creates_no_database(tmp_path, capsys):
+    from analysis.report import main as report_main
+
+    missing = tmp_path / "typo.db"
+    code = report_main(["--experiment", "x", "--tracking-uri", f"sqlite:///{missing}", "--no-log"])
+    assert code == 2
+    assert f"no MLflow store at {missing}" in capsys.readouterr().err
+    assert not missing.exists()

@@ -311,3 +311,17 @@ def test_an_unreachable_tracking_server_is_one_line_in_seconds(tmp_path, capsys)
     assert sweep_main([str(path)]) == 2
     assert time.perf_counter() - started < 15
     assert f"no MLflow server answers at http://127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_a_boolean_seed_is_a_type_error_not_a_duplicate(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(seeds=[True, 1])))
+    assert "seeds.0: Input should be a valid integer" in msg and "duplicate" not in msg
+
+
+def test_a_bad_value_of_a_required_field_is_reported_once(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(name=5, seeds="x")))
+    assert (
+        "name: Input should be a valid string" in msg
+        and "seeds: Input should be a valid list" in msg
+    )
+    assert "required field is missing" not in msg

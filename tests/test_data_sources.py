@@ -338,3 +338,14 @@ def test_a_test_label_that_no_training_document_has_is_refused(tmp_path, unseen)
         match=f"test.csv: row {len(test_rows) - 1} of the test split has label {unseen!r}",
     ):
         prepare_data(spec)
+
+
+def test_a_list_valued_text_column_is_refused_not_stringified(tmp_path):
+    frame = pd.DataFrame({"body": [["the", "cat"], ["a", "dog"]] * 6, "topic": ["a", "b"] * 6})
+    train = _write(frame, tmp_path / "train.parquet")
+    test = _write(frame.head(2), tmp_path / "test.parquet")
+    spec = _spec(tmp_path, train=train, test=test, text_column="body", label_column="topic")
+    with pytest.raises(
+        ValueError, match="train.parquet: row 0 of column 'body' is a ndarray, not text"
+    ):
+        prepare_data(spec)

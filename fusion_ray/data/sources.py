@@ -123,8 +123,7 @@ def table_problems(path: str | Path, text_column: str, label_column: str) -> lis
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            meta = pq.read_metadata(path)
-            columns, rows = list(meta.schema.names), meta.num_rows
+            columns, rows = pq.read_schema(path).names, pq.read_metadata(path).num_rows
         elif fmt in ("csv", "tsv"):
             head = pd.read_csv(
                 path, sep="," if fmt == "csv" else "\t", nrows=1, encoding_errors="replace"
@@ -202,6 +201,12 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> tuple[l
         raise ValueError(
             f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FORMATS)}"
         )
+    for row, t in enumerate(texts):
+        if isinstance(t, (list, tuple, dict, set, np.ndarray)):
+            raise ValueError(
+                f"{path}: row {row} of column {text_column!r} is a {type(t).__name__}, not text; "
+                "the text column must hold strings (join list columns into one string first)"
+            )
     texts = [
         t if isinstance(t, str) else (None if t is None or _is_nan(t) else str(t)) for t in texts
     ]
