@@ -58,3 +58,24 @@ PREDICTION_COLUMNS = ("length", "label", "pred")
 #: Params are the trial's config flattened with dots; these say which operator a run used.
 OPERATOR_PARAM = "model.fusion"
 OPERATOR_KWARGS_PREFIX = "model.fusion_kwargs."
+
+#: Grid axes beyond datasets, positions, attention_positions and fusions (any dotted setting such
+#: as ``model.scale_embeddings``). Each trial run carries the tag ``axis.<dotted key>`` with the
+#: value as text (``true``/``false``, numbers as written in the sweep file); analysis pairs runs
+#: within each combination of these axes.
+AXIS_TAG_PREFIX = "axis."
+#: On a sweep's parent run: JSON ``{dotted key: [value texts in the sweep file's order]}``; the
+#: first value of an axis is its reference level in interaction tests.
+GRID_AXES_TAG = "grid_axes"
+
+#: Measured on the model as initialised, before any training step: the RMS over the vocabulary of
+#: the token embeddings as they enter the fusion (times sqrt(d_model) when scale_embeddings is
+#: true), and the RMS of the input-level position signal P over positions 0..max_length-1 (0 when
+#: the input carries no position signal). Logged once, with the final metrics.
+INIT_METRICS = ("init_token_rms", "init_position_rms")
+
+#: Gated operators (H = g * E + (1 - g) * P): at the best validation epoch, the gate g on the test
+#: split averaged by position bucket, one row per bucket. ``gate_mean`` is the mean weight on E
+#: over the bucket's non-padding tokens (and features, for feature-wise gates).
+GATES_FILE = "gate_by_position.parquet"
+GATE_COLUMNS = ("bucket_start", "bucket_end", "tokens", "gate_mean", "gate_std")

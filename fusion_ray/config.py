@@ -8,6 +8,7 @@ merged under the file itself.
 
 from __future__ import annotations
 
+import collections
 import copy
 import itertools
 import os
@@ -193,7 +194,7 @@ class SweepSpec(Strict):
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
-        dupes = sorted({s for s in seeds if seeds.count(s) > 1})
+        dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
         if dupes:
             raise ValueError(f"duplicate seeds {dupes}; list each seed once")
         if any(s < 0 for s in seeds):

@@ -100,11 +100,19 @@ def run_sweep(
             raise
 
 
+TUNE_RUN_CELLS = 200
+"""Cells per Ray Tune run. Tune's bookkeeping grows with the trials of one run (it rewrites its
+experiment state after checkpoints and keeps every trial in memory), so a large sweep runs as
+consecutive Tune runs of at most this many cells, seed-major as always: the driver's per-trial
+overhead and memory stay flat (bench/scale.py, bench/RESULTS.md)."""
+
+
 def _run_cells(
     spec: SweepSpec, tracker: Any, todo: Plan, parent_id: str, address: str | None, verbose: int
 ) -> SweepOutcome:
     from fusion_ray.tracking import MLflowSweepCallback
 
+    _finish_ended_trials(spec, tracker, todo)
     cells, done, pending = todo.cells, todo.done, todo.pending
     note = todo.other_settings_note(spec.name)
     if not pending:
@@ -113,8 +121,6 @@ def _run_cells(
         )
         tracker.end_parent(parent_id, {"cells_finished": len(cells)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
-    tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    payloads = [_payload(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
     init_ray(address or spec.address)
     callback = MLflowSweepCallback(
         tracker,
@@ -123,9 +129,15 @@ def _run_cells(
         parent_id,
         storage_uri(spec.storage_path),
     )
-    tuner = _tuner(spec, pending, payloads, callback, tune_run, verbose)
+    tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
     try:
-        tuner.fit()
+        for number, part in enumerate(parts, start=1):
+            name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
+            payloads = [
+                _payload(spec, c, _resume_point(spec, c, todo.existing), name) for c in part
+            ]
+            _tuner(spec, part, payloads, callback, name, verbose).fit()
     finally:
         interrupted = callback.close_unfinished()
     tracker.end_parent(
@@ -145,6 +157,25 @@ def _run_cells(
         interrupted,
         note,
     )
+
+
+def _finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
+    """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
+    storage) but whose run was never marked FINISHED, because the driver died in between: finish
+    their runs from storage instead of training them again."""
+    from fusion_ray.tracking import checkpoint_exists
+
+    for cid, run in todo.existing.items():
+        path = run.checkpoint_path
+        if run.status == "FINISHED" or not run.has_final or not path:
+            continue
+        if not within_storage(path, storage_uri(spec.storage_path)) or not checkpoint_exists(path):
+            continue
+        if tracker.log_predictions(run.run_id, path):
+            tracker.finish(run.run_id)
+            run.status = "FINISHED"
+            todo.done.add(cid)
+            log.info("cell %s: its trial had ended; its run is finished from storage", cid)
 
 
 def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str | None:
@@ -221,6 +252,17 @@ def _trial_name(cell: Cell) -> str:
 
 
 # ----------------------------------------------------------------------------- output
+
+
+def _existing_tracker(spec: SweepSpec) -> Any:
+    """The sweep's tracker if its store and experiment exist (None, without importing MLflow,
+    when a local store is not there yet)."""
+    if spec.tracking_uri.startswith("sqlite:///"):
+        if not Path(spec.tracking_uri.removeprefix("sqlite:///")).is_file():
+            return None
+    from fusion_ray.tracking import Tracker
+
+    return Tracker.existing(spec.tracking_uri, spec.name)
 
 
 def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
@@ -373,9 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.dry_run:
-        from fusion_ray.tracking import Tracker
-
-        print_dry_run(spec, plan(spec, Tracker.existing(spec.tracking_uri, spec.name)))
+        print_dry_run(spec, plan(spec, _existing_tracker(spec)))
         return 0
 
     from fusion_ray.lease import LeaseHeldError

@@ -90,6 +90,8 @@ class CellRun:
     run_id: str
     status: str
     checkpoint_path: str | None
+    has_final: bool = False
+    """The run already holds the trial's final metrics (its trial ended; maybe not its run)."""
 
 
 def _now_ms() -> int:
@@ -154,7 +156,10 @@ class Tracker:
             cid = run.data.tags.get("cell_id")
             if cid and cid not in best:
                 best[cid] = CellRun(
-                    run.info.run_id, run.info.status, run.data.tags.get(CHECKPOINT_TAG)
+                    run.info.run_id,
+                    run.info.status,
+                    run.data.tags.get(CHECKPOINT_TAG),
+                    "test_acc" in run.data.metrics,
                 )
         return best
 
@@ -416,7 +421,11 @@ class MLflowSweepCallback(TrackingCallback):
         if TRIAL_ERROR in result:
             return
         if result.get("final"):
-            self.tracker.log_final(run_id, result)
+            prior = self.existing.get(cid)
+            if not (prior is not None and prior.run_id == run_id and prior.has_final):
+                # a run that already holds its final metrics (its trial ended before the driver
+                # died) is only re-tested on resume, with the same weights: log them once
+                self.tracker.log_final(run_id, result)
         elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
             self.tracker.log_epoch(run_id, result)
             self.logged_until[cid] = int(result["epoch"])
