@@ -4,6 +4,10 @@ positions (the axis orthogonal to the input-level signal P).
 An attention-level position acts inside attention only: ``rope`` rotates q and k; ``alibi`` and
 ``t5_bias`` add a [heads, L, L] bias to the attention scores. When there is neither padding nor a
 bias, attention runs with ``attn_mask=None``, so on a GPU it can take the flash kernel.
+
+Score biases stay in float32 under bf16 autocast: they are built with autocast off, and an
+attention call with a float bias runs in float32 (see ``biased_attention``). In bf16, ALiBi's
+smallest slope at L = 4096 would map the distances 1000..4095 to only 263 distinct values.
 """
 
 from __future__ import annotations
@@ -177,6 +181,24 @@ def build_attention_mask(
     return bias[None].masked_fill(~keep[:, None, None, :], float("-inf"))  # [B, H, L, L]
 
 
+def biased_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout_p: float
+) -> torch.Tensor:
+    """SDPA with an additive float mask [B or 1, H, L, L], computed in at least float32.
+
+    SDPA needs a float mask in the dtype of q, so under bf16 autocast the bias (and the scores
+    it is added to) would be rounded to bf16, whose 8 significant bits cannot tell apart large
+    ALiBi distances. Here q, k, v and the mask are upcast to float32 (float64 stays float64) and
+    autocast is off for the call; the output returns in the dtype of q.
+    """
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    with torch.autocast(device_type=q.device.type, enabled=False):
+        y = F.scaled_dot_product_attention(
+            q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask.to(dtype), dropout_p=dropout_p
+        )
+    return y.to(q.dtype)
+
+
 class SelfAttention(nn.Module):
     """Multi-head self-attention: fused qkv projection, SDPA, output projection."""
 
@@ -199,11 +221,13 @@ class SelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, Dh]
         q, k = position.rotate(q, k)
-        if mask is not None and mask.dtype != torch.bool:
-            mask = mask.to(q.dtype)  # SDPA wants a float mask in the dtype of q (bf16 autocast)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0
-        )  # [B, H, L, Dh]
+        dropout_p = self.dropout if self.training else 0.0
+        if mask is not None and mask.is_floating_point():
+            y = biased_attention(q, k, v, mask, dropout_p)  # [B, H, L, Dh]
+        else:  # None or a bool padding mask: bf16 stays, flash/efficient kernels stay eligible
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p
+            )  # [B, H, L, Dh]
         y = y.transpose(1, 2).reshape(B, L, d)  # [B, L, H * Dh]
         return self.out(y)
 
@@ -262,8 +286,10 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, L, d], keep [B, L] bool (True = real token) or None (no padding) -> [B, L, d]."""
-        bias = self.attention_position.bias(x.size(1), x.device)  # [H, L, L] or None
-        mask = build_attention_mask(keep, bias)  # computed once, shared by all layers
+        # Autocast off: the bias and the mask are built in the position module's dtype (float32).
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            bias = self.attention_position.bias(x.size(1), x.device)  # [H, L, L] or None
+            mask = build_attention_mask(keep, bias)  # computed once, shared by all layers
         for block in self.blocks:
             x = block(x, mask, self.attention_position)
         return self.final_norm(x)
