@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import collections
 import copy
+import dataclasses
+import functools
 import itertools
+import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import (
@@ -78,14 +81,26 @@ class Grid(Strict):
     fusions: list[Named] = Field(min_length=1)
     """Fusion operators (fusion_ray.model.FUSIONS); the first is the default baseline."""
 
+    # Any other key is a setting axis: a dotted setting with a list of values, e.g.
+    # ``model.scale_embeddings: [true, false]`` (checked by ``setting_axis_problems``).
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
     @field_validator("positions", "attention_positions", "fusions", mode="before")
     @classmethod
     def _accept_bare_names(cls, value: Any) -> Any:
         return bare_names(value)
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The setting axes: dotted key -> list of values, in file order."""
+        return dict(self.model_extra or {})
+
 
 class SubGrid(Strict):
-    """Extra cells beyond the grid (e.g. gate_cnn on arxiv only); axes left out take the grid's values."""
+    """Extra cells beyond the grid (e.g. gate_cnn on arxiv only); axes left out take the grid's
+    values. Setting axes of the grid may be narrowed too (``model.scale_embeddings: [true]``)."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     datasets: list[str] | None = None
     positions: list[Named] | None = None
@@ -97,15 +112,26 @@ class SubGrid(Strict):
     def _accept_bare_names(cls, value: Any) -> Any:
         return bare_names(value)
 
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
 
 class Rule(Strict):
-    """Selects cells: a cell matches when, for every axis given, its value is in the list."""
+    """Selects cells: a cell matches when, for every axis given, its value is in the list
+    (setting axes too: ``{fusions: [add], model.scale_embeddings: [false]}``)."""
+
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     datasets: list[str] | None = None
     positions: list[str] | None = None
     attention_positions: list[str] | None = None
     fusions: list[str] | None = None
     """Operator names (or labels such as ``gate_cnn(kernel_size=9)``)."""
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
 
 class Defaults(Strict):
@@ -459,54 +485,121 @@ GRID_AXIS_MODEL_FIELDS = frozenset(
     }
 )
 
-Combination = tuple[str, Named, Named, Named]
-"""(dataset, position, attention position, fusion): one point of the crossed grid."""
+
+class Combination(NamedTuple):
+    """One point of the crossed grid: its registry entries and its setting-axis values."""
+
+    dataset: str
+    position: Named
+    attention: Named
+    fusion: Named
+    settings: tuple[tuple[str, Any], ...] = ()
+    """(dotted key, value) of every setting axis of the grid, in the grid's order."""
+
+    @property
+    def where(self) -> str:
+        """How error messages name this grid point."""
+        parts = [self.dataset, self.position.label, self.attention.label, self.fusion.label]
+        parts += [f"{key}={axis_text(value)}" for key, value in self.settings]
+        return "grid point " + "/".join(parts)
+
+
+def axis_text(value: Any) -> str:
+    """A setting-axis value as text (MLflow tags, exclude rules, messages): ``true``/``false``,
+    numbers and strings as written, anything else as JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
+
+def _setting_values(grid: Grid | SubGrid, spec: SweepSpec) -> list[list[tuple[str, Any]]]:
+    """Per setting axis of the sweep's grid, the (key, value) pairs this (sub-)grid crosses."""
+    own = grid.settings
+    return [
+        [(key, value) for value in own.get(key, values)]
+        for key, values in spec.grid.settings.items()
+    ]
 
 
 def combinations(spec: SweepSpec) -> list[Combination]:
     """The distinct grid points of the sweep (grid and includes, minus excludes), in file order."""
     grids: list[Grid | SubGrid] = [spec.grid, *spec.include]
-    combos: dict[tuple[str, str, str, str], Combination] = {}
+    combos: dict[tuple, Combination] = {}
     for grid in grids:
-        for dataset, position, attention, fusion in itertools.product(
+        for dataset, position, attention, fusion, *settings in itertools.product(
             grid.datasets or spec.grid.datasets,
             grid.positions or spec.grid.positions,
             grid.attention_positions or spec.grid.attention_positions,
             grid.fusions or spec.grid.fusions,
+            *_setting_values(grid, spec),
         ):
-            values = {
-                "datasets": (dataset,),
-                "positions": (position.name, position.label),
-                "attention_positions": (attention.name, attention.label),
-                "fusions": (fusion.name, fusion.label),
-            }
-            if any(_matches(rule, values) for rule in spec.exclude):
+            combo = Combination(dataset, position, attention, fusion, tuple(settings))
+            if any(_matches(rule, combo) for rule in spec.exclude):
                 continue
-            combos.setdefault(
-                (dataset, position.label, attention.label, fusion.label),
-                (dataset, position, attention, fusion),
-            )
+            key = (dataset, position.label, attention.label, fusion.label)
+            key += tuple(axis_text(value) for _, value in settings)
+            combos.setdefault(key, combo)
     return list(combos.values())
 
 
-def combination_model(spec: SweepSpec, combination: Combination) -> dict[str, Any]:
-    """The model settings of one grid point: the dataset's (defaults merged in) plus the axes."""
-    dataset, position, attention, fusion = combination
-    return {
-        **resolve_specs(spec, dataset)[1],
-        "fusion": fusion.name,
-        "fusion_kwargs": fusion.kwargs,
-        "position": position.name,
-        "position_kwargs": position.kwargs,
-        "attention_position": attention.name,
-        "attention_position_kwargs": attention.kwargs,
+def set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
+    """``target["a"]["b"] = value`` for ``dotted`` "a.b", creating inner mappings on the way."""
+    *path, last = dotted.split(".")
+    for key in path:
+        inner = target.get(key)
+        target[key] = inner = dict(inner) if isinstance(inner, dict) else {}
+        target = inner
+    target[last] = value
+
+
+def combination_settings(
+    spec: SweepSpec, combination: Combination
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The data, model and train settings of one grid point: the dataset's preset (defaults
+    merged in), the registry axes, then the setting axes on top."""
+    data, model, train = resolve_specs(spec, combination.dataset)
+    sections = {
+        "data": dataclasses.asdict(data),
+        "model": {
+            **model,
+            "fusion": combination.fusion.name,
+            "fusion_kwargs": combination.fusion.kwargs,
+            "position": combination.position.name,
+            "position_kwargs": combination.position.kwargs,
+            "attention_position": combination.attention.name,
+            "attention_position_kwargs": combination.attention.kwargs,
+        },
+        "train": copy.deepcopy(train),
     }
+    for dotted, value in combination.settings:
+        section, rest = dotted.split(".", 1)
+        set_dotted(sections[section], rest, value)
+    return sections["data"], sections["model"], sections["train"]
 
 
-def _matches(rule: Rule, values: dict[str, tuple[str, ...]]) -> bool:
+def combination_model(spec: SweepSpec, combination: Combination) -> dict[str, Any]:
+    """The model settings of one grid point (see ``combination_settings``)."""
+    return combination_settings(spec, combination)[1]
+
+
+def _matches(rule: Rule, combo: Combination) -> bool:
+    values = {
+        "datasets": {combo.dataset},
+        "positions": {combo.position.name, combo.position.label},
+        "attention_positions": {combo.attention.name, combo.attention.label},
+        "fusions": {combo.fusion.name, combo.fusion.label},
+    }
     for axis in AXES:
         allowed = getattr(rule, axis)
-        if allowed is not None and not set(values[axis]) & set(allowed):
+        if allowed is not None and not values[axis] & set(allowed):
+            return False
+    settings = {key: axis_text(value) for key, value in combo.settings}
+    for key, allowed in rule.settings.items():
+        if settings.get(key) not in {axis_text(v) for v in allowed}:
             return False
     return True
 
@@ -514,6 +607,7 @@ def _matches(rule: Rule, values: dict[str, tuple[str, ...]]) -> bool:
 def semantic_problems(spec: SweepSpec) -> list[str]:
     """Problems the schema cannot see: unknown registry names, options, presets, resources."""
     problems, known = _axis_problems(spec)
+    problems += _setting_axis_problems(spec)
     problems += _exclude_problems(spec, known)
     problems += _grid_owned_problems(spec)
     for name, preset in spec.datasets.items():
@@ -533,25 +627,177 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
 
 
 def _combination_problems(spec: SweepSpec, combos: list[Combination]) -> list[str]:
-    """Option values of the grid's entries, checked in the model each grid point builds (e.g.
-    gate_cnn's kernel_size), each distinct problem once with the first grid point that has it."""
+    """Every grid point's settings checked as the trial will build them (e.g. gate_cnn's
+    kernel_size, a setting axis's value of the wrong type), each distinct problem once with the
+    first grid point that has it. Data, model and train settings shared by grid points are
+    checked once."""
+    problems: dict[str, str] = {}
+    checked: dict[str, tuple[Any, list[str]]] = {}
+
+    def check(section: str, settings: dict[str, Any], workers: int) -> tuple[Any, list[str]]:
+        key = f"{section}:{workers}:{settings!r}"
+        if key not in checked:
+            checked[key] = _section_problems(section, settings, workers)
+        return checked[key]
+
+    for combo in combos:
+        workers = resources_for(spec, combo.dataset).workers
+        data, model, train = combination_settings(spec, combo)
+        data_spec, found = check("data", data, workers)
+        model_spec, more = check("model", model, workers)
+        found = found + more + check("train", train, workers)[1]
+        if data_spec is not None and model_spec is not None:
+            if model_spec.max_len < data_spec.max_length:
+                found.append(
+                    f"model.max_len: {model_spec.max_len} is shorter than data.max_length "
+                    f"{data_spec.max_length}; set model.max_len >= {data_spec.max_length}"
+                )
+        for problem in found:
+            problems.setdefault(problem, f"{combo.where}: {problem}")
+    return list(problems.values())
+
+
+def _section_problems(
+    section: str, settings: dict[str, Any], workers: int
+) -> tuple[Any, list[str]]:
+    """One trial's data, model or train settings validated: (the spec or None, the problems)."""
+    from fusion_ray.data import check_data_spec
     from fusion_ray.model import check_model_spec
 
-    problems: dict[str, str] = {}
-    seen: set[str] = set()
-    for combo in combos:
-        model = combination_model(spec, combo)
-        key = repr(sorted(model.items(), key=lambda kv: kv[0]))
-        if key in seen:
+    value, problems = validate_as(_SECTIONS[section], settings, section)
+    problems = [p.replace(f"{section}: ", f"{section}.", 1) for p in problems]
+    if value is None:
+        return None, problems
+    if section == "data":
+        problems += check_data_spec(value)  # its messages name data.<field> already
+    elif section == "model":
+        problems += [f"model: {p}" for p in check_model_spec(value)]
+    else:
+        problems += [f"train.{p}" for p in check_train_spec(value)]
+        if value.batch_size < workers:
+            problems.append(
+                f"train.batch_size: {value.batch_size} is smaller than resources.workers "
+                f"{workers}; each worker needs at least one document per step"
+            )
+    return value, problems
+
+
+_SECTIONS: dict[str, type] = {"data": DataSpec, "model": ModelSpec, "train": TrainSpec}
+#: Settings a setting axis may not vary: the registry axes own the model's entries, and where
+#: the cache lives is not an experimental factor.
+_NOT_AXES = {f"model.{f}" for f in GRID_AXIS_MODEL_FIELDS} | {"data.cache_dir"}
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _setting_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a setting axis, or None."""
+    hint = (
+        "a grid axis is datasets, positions, attention_positions, fusions, or a dotted setting "
+        "under data., model. or train. with a list of values (e.g. model.scale_embeddings: [true, false])"
+    )
+    if not _DOTTED.fullmatch(key) or key.split(".")[0] not in _SECTIONS:
+        return f"unknown key; {hint}"
+    section, field, *inner = key.split(".")
+    fields = {f.name for f in dataclasses.fields(_SECTIONS[section])}
+    if field not in fields:
+        allowed = sorted(f for f in fields if f"{section}.{f}" not in _NOT_AXES)
+        return f"{section}.{field} is not a {section} setting; allowed: {', '.join(allowed)}"
+    if key in _NOT_AXES or f"{section}.{field}" in _NOT_AXES:
+        owner = {
+            "fusion": "fusions",
+            "position": "positions",
+            "attention_position": "attention_positions",
+        }
+        axis = owner.get(field.removesuffix("_kwargs"))
+        if axis:
+            return f"set by grid.{axis}, not a setting axis; list the entries (with options) there"
+        return "not an experimental setting; it cannot be a grid axis"
+    if inner and not field.endswith("_kwargs"):
+        return f"{section}.{field} has no inner settings; use {section}.{field} itself"
+    return None
+
+
+def _setting_axis_problems(spec: SweepSpec) -> list[str]:
+    """Setting axes: known dotted settings with distinct values, not pinned elsewhere; include
+    sub-grids and exclude rules may name only the grid's setting axes."""
+    problems = []
+    axes = spec.grid.settings
+    for key, values in axes.items():
+        where = f"grid.{key}"
+        problem = _setting_key_problem(key)
+        if problem:
+            problems.append(f"{where}: {problem}")
             continue
-        seen.add(key)
-        where = "grid point " + "/".join([combo[0], *(entry.label for entry in combo[1:])])
-        checked, found = validate_as(ModelSpec, model, where)
-        if checked is not None:
-            found += [f"{where}: {p}" for p in check_model_spec(checked)]
-        for problem in found:
-            problems.setdefault(problem.split(": ", 1)[1], problem)
-    return list(problems.values())
+        problems += _values_problems(where, values)
+        problems += [
+            f"{p}: varied by the grid axis {key}; remove it here" for p in _pins(spec, key)
+        ]
+    owners: list[tuple[str, dict[str, Any]]] = [
+        (f"include[{i}]", sub.settings) for i, sub in enumerate(spec.include)
+    ]
+    owners += [(f"exclude[{i}]", rule.settings) for i, rule in enumerate(spec.exclude)]
+    for where, settings in owners:
+        for key, values in settings.items():
+            if key not in axes:
+                known = ", ".join(axes) or "none"
+                problems.append(
+                    f"{where}.{key}: not a setting axis of grid:; add it to grid: first (setting axes: {known})"
+                )
+            elif where.startswith("include"):
+                problems += _values_problems(f"{where}.{key}", values)
+            else:
+                allowed = (
+                    {axis_text(v) for v in axes[key]} if isinstance(axes[key], list) else set()
+                )
+                for value in values if isinstance(values, list) else [values]:
+                    if axis_text(value) not in allowed:
+                        problems.append(
+                            f"{where}.{key}: {axis_text(value)!r} is not a value of the axis; "
+                            f"allowed: {', '.join(sorted(allowed))}"
+                        )
+    return problems
+
+
+def _values_problems(where: str, values: Any) -> list[str]:
+    if not isinstance(values, list) or not values:
+        return [f"{where}: must be a non-empty list of values (e.g. [true, false])"]
+    texts = [axis_text(v) for v in values]
+    dupes = sorted({t for t in texts if texts.count(t) > 1})
+    return [f"{where}: {d!r} is listed twice" for d in dupes]
+
+
+def _pins(spec: SweepSpec, key: str) -> list[str]:
+    """Places other than the grid that fix the setting ``key`` (they would be silently overridden)."""
+    section, rest = key.split(".", 1)
+    places: list[tuple[str, Any]] = []
+    if section in ("model", "train"):
+        places.append((f"defaults.{section}", getattr(spec.defaults, section)))
+        places += [
+            (f"datasets.{n}.{section}", getattr(p, section)) for n, p in spec.datasets.items()
+        ]
+    else:  # a data spec is a whole value: a setting differing from its default is pinned
+        default = dataclasses.asdict(DataSpec())
+        places += [
+            (f"datasets.{n}.data", dataclasses.asdict(p.data))
+            for n, p in spec.datasets.items()
+            if _dotted_get(dataclasses.asdict(p.data), rest) != _dotted_get(default, rest)
+        ]
+    return [
+        f"{where}.{rest}"
+        for where, settings in places
+        if _dotted_get(settings, rest) is not _MISSING
+    ]
+
+
+_MISSING = object()
+
+
+def _dotted_get(mapping: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        if not isinstance(mapping, dict) or key not in mapping:
+            return _MISSING
+        mapping = mapping[key]
+    return mapping
 
 
 def _axis_problems(spec: SweepSpec) -> tuple[list[str], dict[str, set[str]]]:
@@ -669,11 +915,16 @@ def _resource_problems(spec: SweepSpec) -> list[str]:
     return problems
 
 
+@functools.cache
+def _adapter(cls: Any) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
 def validate_as(cls: Any, raw: Any, where: str) -> tuple[Any, list[str]]:
     """``raw`` validated as ``cls`` (a pydantic-validatable type): (the value, []) or (None,
     every problem prefixed with ``where``)."""
     try:
-        return TypeAdapter(cls).validate_python(raw), []
+        return _adapter(cls).validate_python(raw), []
     except ValidationError as exc:
         return None, [f"{where}: {p}" for p in pydantic_problems(exc)]
 

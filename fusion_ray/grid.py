@@ -1,4 +1,5 @@
-"""Expand a sweep into cells: one trial config per (dataset, position, attention position, fusion, seed)."""
+"""Expand a sweep into cells: one trial config per (dataset, position, attention position, fusion,
+setting-axis values, seed)."""
 
 from __future__ import annotations
 
@@ -13,11 +14,14 @@ from pydantic import TypeAdapter
 from fusion_ray.config import (
     Combination,
     SweepSpec,
-    combination_model,
+    axis_text,
+    combination_settings,
     combinations,
-    resolve_specs,
 )
+from fusion_ray.data.spec import DataSpec
+from fusion_ray.model.positions import POSITIONS
 from fusion_ray.model.spec import ModelSpec
+from fusion_ray.schema import AXIS_TAG_PREFIX, POSITION_ALIAS_TAG
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
 # Settings that say where things live, not what is computed: they never change a cell's id.
@@ -71,10 +75,17 @@ class Cell:
     fusion: str
     seed: int
     trial: TrialConfig
+    axes: tuple[tuple[str, str], ...] = ()
+    """(dotted key, value as text) of every setting axis of the grid."""
 
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
-        """The MLflow tags of this cell's run (DESIGN.md schema)."""
-        return {
+        """The MLflow tags of this cell's run (DESIGN.md schema): one per setting axis too, and
+        the alias tag when the input position is another registry entry under a second name."""
+        tags = {f"{AXIS_TAG_PREFIX}{key}": text for key, text in self.axes}
+        same_as = POSITIONS.same_as(self.trial.model.position)
+        if same_as is not None:
+            tags[POSITION_ALIAS_TAG] = same_as
+        return tags | {
             "cell_id": self.cell_id,
             "dataset": self.dataset,
             "position": self.position,
@@ -95,17 +106,18 @@ class Cell:
         }
 
 
+_DATA_SPEC = TypeAdapter(DataSpec)
 _MODEL_SPEC = TypeAdapter(ModelSpec)
 _TRAIN_SPEC = TypeAdapter(TrainSpec)
 
 
 def _trial(spec: SweepSpec, combination: Combination) -> TrialConfig:
     """The trial of one grid point at seed 0 (cells differ from it only by their seed)."""
-    data, _, train = resolve_specs(spec, combination[0])
+    data, model, train = combination_settings(spec, combination)
     return TrialConfig(
-        dataset=combination[0],
-        data=data,
-        model=_MODEL_SPEC.validate_python(combination_model(spec, combination)),
+        dataset=combination.dataset,
+        data=_DATA_SPEC.validate_python(data),
+        model=_MODEL_SPEC.validate_python(model),
         train=_TRAIN_SPEC.validate_python(train),
         seed=0,
     )
@@ -118,21 +130,21 @@ def expand(spec: SweepSpec) -> list[Cell]:
     templates = []
     for combination in combinations(spec):
         trial = _trial(spec, combination)
-        dataset, position, attention, fusion = combination
-        labels = (dataset, position.label, attention.label, fusion.label)
-        templates.append((labels, trial, _id_fields(trial)))
+        axes = tuple((key, axis_text(value)) for key, value in combination.settings)
+        templates.append((combination, axes, trial, _id_fields(trial)))
     cells = []
     for seed in spec.seeds:
-        for (dataset, position, attention, fusion), template, fields in templates:
+        for combination, axes, template, fields in templates:
             cells.append(
                 Cell(
                     cell_id=_hash_config({**fields, "seed": seed}),
-                    dataset=dataset,
-                    position=position,
-                    attention_position=attention,
-                    fusion=fusion,
+                    dataset=combination.dataset,
+                    position=combination.position.label,
+                    attention_position=combination.attention.label,
+                    fusion=combination.fusion.label,
                     seed=seed,
                     trial=dataclasses.replace(template, seed=seed),
+                    axes=axes,
                 )
             )
     return cells
@@ -147,4 +159,8 @@ def axis_counts(cells: list[Cell]) -> dict[str, dict[str, int]]:
             key = str(getattr(cell, axis))
             per[key] = per.get(key, 0) + 1
         counts[axis] = per
+    for cell in cells:
+        for key, text in cell.axes:
+            per = counts.setdefault(key, {})
+            per[text] = per.get(text, 0) + 1
     return counts

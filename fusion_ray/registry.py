@@ -20,15 +20,28 @@ class Registry(Generic[T]):
     def __init__(self, family: str) -> None:
         self.family = family
         self._entries: dict[str, T] = {}
+        self._same_as: dict[str, str] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, *, same_as: str | None = None) -> Callable[[T], T]:
+        """Register an entry under ``name``. ``same_as`` names an entry that this one equals
+        (same initial values, same forward; a contract test holds it to that): the study's name
+        for a model that another entry already is."""
+
         def decorator(entry: T) -> T:
             if name in self._entries:
                 raise ValueError(f"{self.family} {name!r} is registered twice")
+            if same_as is not None and same_as not in self._entries:
+                raise ValueError(f"{self.family} {name!r}: same_as {same_as!r} is not registered")
             self._entries[name] = entry
+            if same_as is not None:
+                self._same_as[name] = same_as
             return entry
 
         return decorator
+
+    def same_as(self, name: str) -> str | None:
+        """The entry that ``name`` is another name for, or None."""
+        return self._same_as.get(name)
 
     def names(self) -> list[str]:
         return list(self._entries)

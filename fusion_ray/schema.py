@@ -79,3 +79,14 @@ INIT_METRICS = ("init_token_rms", "init_position_rms")
 #: over the bucket's non-padding tokens (and features, for feature-wise gates).
 GATES_FILE = "gate_by_position.parquet"
 GATE_COLUMNS = ("bucket_start", "bucket_end", "tokens", "gate_mean", "gate_std")
+
+#: Trial runs whose input-level position is another registry entry under a second name (the same
+#: initial values and the same forward, e.g. ``relative_table`` is ``learned``) carry this tag with
+#: that entry's name; the report tests each distinct model once.
+POSITION_ALIAS_TAG = "position_alias_of"
+
+#: Inference latency of the trial's model over that of the sweep's baseline operator built with
+#: the same settings, both timed in the trial's process after training, interleaved on the same
+#: batches (so the ratio does not depend on which trials shared the device). Logged once, with
+#: the final metrics, when the trial's operator is not the baseline (1.0 when it is).
+LATENCY_RATIO_METRIC = "latency_ratio_to_baseline"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -21,6 +22,7 @@ from typing import Any
 from fusion_ray.config import (
     SweepFileError,
     SweepSpec,
+    axis_text,
     load_sweep,
     resources_for,
     smoke_version,
@@ -35,6 +37,7 @@ from fusion_ray.orchestrate import (
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
+from fusion_ray.schema import GRID_AXES_TAG
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -48,8 +51,17 @@ def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str
         "trial": dataclasses.asdict(cell.trial),
         "resources": resources_for(spec, cell.dataset).model_dump(),
         "resume_from": resume_from,
+        "latency_baseline": _latency_baseline(spec),
         "train_storage_path": f"{storage.rstrip('/')}/{spec.name}-train",
     }
+
+
+def _latency_baseline(spec: SweepSpec) -> dict[str, Any]:
+    """The operator every trial times itself against (the report's baseline)."""
+    label = spec.baseline or spec.grid.fusions[0].label
+    entries = [spec.grid.fusions, *(sub.fusions or [] for sub in spec.include)]
+    entry = next(e for group in entries for e in group if label in (e.name, e.label))
+    return {"name": entry.name, "kwargs": entry.kwargs}
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -86,9 +98,11 @@ def run_sweep(
     tracker = Tracker(spec.tracking_uri, spec.name)
     with SweepLease(tracker.client, spec.name, take_over=take_over):
         todo = plan(spec, tracker)
-        parent_id = tracker.parent_run(
-            sweep_file, params={"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+        parent_tags = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+        parent_tags[GRID_AXES_TAG] = json.dumps(
+            {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
         )
+        parent_id = tracker.parent_run(sweep_file, params=parent_tags)
         tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
         try:
             return _run_cells(spec, tracker, todo, parent_id, address, verbose)
@@ -275,14 +289,15 @@ def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
     note = todo.other_settings_note(spec.name)
     if note:
         print(f"  note: {note}")
-    print(
-        f"  {'seed-major order':<19} (seed, dataset, position, attention_position, fusion, status, cell_id):"
-    )
+    axes = list(spec.grid.settings)
+    columns = ", ".join(["seed", "dataset", "position", "attention_position", "fusion", *axes])
+    print(f"  {'seed-major order':<19} ({columns}, status, cell_id):")
     lines = []
     for cell in cells:
         status = "FINISHED" if cell.cell_id in done else "pending"
+        settings = "".join(f"{text:<8} " for _, text in cell.axes)
         lines.append(
-            f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {status:<8} {cell.cell_id}"
+            f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {settings}{status:<8} {cell.cell_id}"
         )
     print("\n".join(lines))
 

@@ -107,12 +107,13 @@ class RotaryFeatures(PositionSignal):
         return self.table[:seq_len]
 
 
-@POSITIONS.register("relative_table")
+@POSITIONS.register("relative_table", same_as="learned")
 class RelativeTable(PositionSignal):
     """P[p] = row p of a learned [max_len, d] parameter, N(0, 1) init.
 
-    The study's "Relative" row: despite the name it is indexed by absolute position, so it is
-    the same model family as ``learned`` (a different parameter, drawn from the same N(0, 1)).
+    The study's "Relative" row: despite the name it is indexed by absolute position. It is the
+    same model as ``learned``: the same initial values for a seed and the same forward (the
+    registry records it, and the report tests it once).
     """
 
     def __init__(self, d_model: int, max_len: int) -> None:
