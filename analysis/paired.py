@@ -11,8 +11,10 @@ here is what they lack:
   (scipy's exact method assumes neither; its permutation method enumerates 2^n sign vectors,
   seconds per comparison at n = 16); a shift-algorithm over doubled mid-ranks gives the same
   p-values in microseconds and is tested against scipy's permutation method;
-- the Hodges-Lehmann estimate with its exact confidence interval from Walsh averages;
-- the attainable-significance guard.
+- the Hodges-Lehmann estimate with its order-statistic confidence interval from Walsh averages,
+  labelled exact or approximate from the data (``hl_ci_method``);
+- the attainable-significance guard, counting only the non-zero deltas, whose signs are all
+  the exact test permutes, and Holm's correction over comparisons with different floors.
 
 Every statistic of a comparison is an entry of the registry ``STATISTICS`` (a ``Statistic``:
 the function computing its columns from the paired deltas, its stats.csv columns, its words in
@@ -186,22 +188,42 @@ class HodgesLehmann:
     low: float
     high: float
     confidence: float
-    """Achieved confidence of [low, high] (discrete: at least the requested level if n allows)."""
+    """Confidence of [low, high] under the untied signed-rank distribution (discrete: at least
+    the requested level if n allows); the achieved coverage where ``method`` is exact."""
+    method: str
+    """exact (no zero, no tied |delta|), approximate (see ``hl_interval_method``) or none."""
+
+
+def hl_interval_method(d: Sequence[float] | np.ndarray) -> str:
+    """Whether the Hodges-Lehmann interval of ``d`` is exact: "exact" or "approximate".
+
+    The interval's rank k comes from the untied signed-rank distribution, which is the null
+    distribution only when no difference is zero and no two share their absolute value. That is
+    R's condition too: ``wilcox.test(conf.int = TRUE)`` uses the exact interval only then (and
+    a normal approximation otherwise). Zeros or tied |d| make the coverage approximate.
+    """
+    d = np.asarray(d)
+    if len(d) == 0:
+        raise ValueError("hl_interval_method needs at least one difference; got none")
+    has_zero = bool((d == 0).any())
+    has_tie = len(np.unique(np.abs(d))) < len(d)
+    return "approximate" if has_zero or has_tie else "exact"
 
 
 def hodges_lehmann(d: Sequence[float] | np.ndarray, confidence: float = 0.95) -> HodgesLehmann:
-    """Hodges-Lehmann shift (median of Walsh averages) with its exact interval.
+    """Hodges-Lehmann shift (median of Walsh averages) with its order-statistic interval.
 
     The interval is [W_(k), W_(N+1-k)] over the N = n(n+1)/2 sorted Walsh averages, k from the
-    exact signed-rank distribution, exactly as R's ``wilcox.test(conf.int = TRUE)`` computes it
+    untied signed-rank distribution, exactly as R's ``wilcox.test(conf.int = TRUE)`` computes it
     when exact. When even k = 1 cannot reach the requested level (n <= 5 at 95 %), the interval
-    is [min, max] and ``confidence`` says what it achieves. With tied deltas the order-statistic
-    interval is kept (R switches to a normal approximation); its coverage is then approximate.
+    is [min, max] and ``confidence`` says what it achieves. With zeros or tied |deltas| the same
+    interval is kept (R switches to a normal approximation) and ``method`` is "approximate":
+    its coverage is then only approximately ``confidence``.
     """
     d = np.asarray(d, dtype=float)
     n = len(d)
     if n == 0:
-        return HodgesLehmann(math.nan, math.nan, math.nan, math.nan)
+        return HodgesLehmann(math.nan, math.nan, math.nan, math.nan, "none")
     i, j = np.triu_indices(n)
     walsh = np.sort((d[i] + d[j]) / 2.0)
     estimate = float(np.median(walsh))
@@ -211,26 +233,62 @@ def hodges_lehmann(d: Sequence[float] | np.ndarray, confidence: float = 0.95) ->
     qu = max(qu, 1)
     big_n = n * (n + 1) // 2
     achieved = 1.0 - 2.0 * float(cdf[qu - 1])
-    return HodgesLehmann(estimate, float(walsh[qu - 1]), float(walsh[big_n - qu]), achieved)
+    return HodgesLehmann(
+        estimate,
+        float(walsh[qu - 1]),
+        float(walsh[big_n - qu]),
+        achieved,
+        hl_interval_method(d),
+    )
 
 
 def min_attainable_p(n: int, alternative: str = "two-sided") -> float:
-    """Smallest p-value an exact signed-rank (or sign) test can give with n pairs."""
+    """Smallest p-value an exact signed-rank (or sign) test can give with n non-zero deltas.
+
+    Pass the number of non-zero deltas, not of pairs: under every zero policy (wilcox drops the
+    zeros, pratt drops their ranks, zsplit splits their ranks evenly) and in the sign test, only
+    the signs of the non-zero deltas are random under H0, so all of them on one side is the most
+    extreme outcome, with probability 1/2^n.
+    """
     if n <= 0:
         return 1.0
     return min(1.0, (2.0 if alternative == "two-sided" else 1.0) / 2.0**n)
 
 
 def seeds_needed(alpha: float, m: int = 1, alternative: str = "two-sided") -> int:
-    """Fewest paired seeds with which one of m Holm-corrected comparisons can reach alpha.
+    """Fewest paired seeds with a non-zero delta that let each of m Holm-corrected comparisons
+    reach alpha when all m have that many.
 
-    Holm's smallest adjusted p-value is m times the smallest raw one, so this is the least n
-    with m * min_attainable_p(n) <= alpha.
+    With equal floors, Holm's smallest adjusted p-value is m times the floor, so this is the
+    least n with m * min_attainable_p(n) <= alpha. Seeds whose delta is zero do not count.
     """
     n = 1
     while max(1, m) * min_attainable_p(n, alternative) > alpha:
         n += 1
     return n
+
+
+def holm_min_attainable_p(floors: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Smallest Holm-adjusted p-value each comparison of a family can reach, from every
+    comparison's smallest raw p-value (its floor, ``min_attainable_p``).
+
+    A comparison's adjusted p is smallest with its own p at its floor and the s lowest of the
+    other floors ranked before it, also at their floors: max(max_{r <= s} (m - r + 1) g_(r),
+    (m - s) f) over the sorted other floors g. This takes the least over s = 0..(number of
+    lower floors). With equal floors (equal numbers of non-zero deltas) it is m * f; with
+    unequal ones it can be lower, e.g. floors (0.001, 0.04) give (0.002, 0.04), not 0.08.
+    """
+    f = np.asarray(floors, dtype=float)
+    m = len(f)
+    out = np.empty(m)
+    for k in range(m):
+        others = np.delete(f, k)
+        lower = np.sort(others[others < f[k]])
+        s = np.arange(len(lower) + 1)
+        # steps[s] = largest adjusted p among the s comparisons ranked before this one
+        steps = np.concatenate(([0.0], np.maximum.accumulate((m - s[1:] + 1) * lower)))
+        out[k] = min(1.0, float(np.maximum(steps, (m - s) * f[k]).min()))
+    return out
 
 
 def holm(pvalues: Sequence[float], alpha: float = 0.05) -> np.ndarray:
@@ -389,6 +447,8 @@ def _hodges_lehmann(d: PairedDeltas) -> dict[str, Any]:
         "hl_ci_low": hl.low,
         "hl_ci_high": hl.high,
         "hl_confidence": hl.confidence,
+        # from the integers, so float round-off can neither create nor break a tie
+        "hl_ci_method": hl_interval_method(d.num) if d.n else "none",
     }
 
 
@@ -402,18 +462,29 @@ def _d_z(d: PairedDeltas) -> dict[str, Any]:
 
 
 def _attainable(d: PairedDeltas) -> dict[str, Any]:
-    return {"min_attainable_p": min_attainable_p(d.n, d.settings.alternative)}
+    n_nonzero = int(np.count_nonzero(d.num))
+    return {
+        "n_nonzero": n_nonzero,
+        "min_attainable_p": min_attainable_p(n_nonzero, d.settings.alternative),
+    }
 
 
 def _attainable_family(table: pd.DataFrame, settings: StatsSettings) -> None:
     m = len(table)
-    table["min_attainable_p_holm"] = np.minimum(1.0, m * table["min_attainable_p"].to_numpy())
+    table["min_attainable_p_holm"] = holm_min_attainable_p(table["min_attainable_p"].to_numpy())
     table["can_reach_alpha"] = table["min_attainable_p_holm"] <= settings.alpha
     table["seeds_needed"] = seeds_needed(settings.alpha, m, settings.alternative)
 
 
 def _interval(estimate: float, low: float, high: float) -> str:
     return f"{estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def _hl_cells(r: pd.Series, rec: Mapping[str, Any]) -> dict[str, str]:
+    text = _interval(r["hl_estimate"], r["hl_ci_low"], r["hl_ci_high"])
+    if r["hl_ci_method"] != "exact":
+        text += " (approx.)"
+    return {f"HL [{rec.get('confidence', 0.95):.0%} CI]": text}
 
 
 STATISTICS: list[Statistic] = [
@@ -483,17 +554,22 @@ STATISTICS: list[Statistic] = [
     ),
     Statistic(
         name="hodges_lehmann",
-        columns=("hl_estimate", "hl_ci_low", "hl_ci_high", "hl_confidence"),
+        columns=("hl_estimate", "hl_ci_low", "hl_ci_high", "hl_confidence", "hl_ci_method"),
         compute=_hodges_lehmann,
         headline=("hl_estimate",),
         record={
-            "hodges_lehmann": "median of Walsh averages; exact order-statistic interval (two-sided)"
+            "hodges_lehmann": "median of Walsh averages; order-statistic interval (two-sided) "
+            "[W_(k), W_(N+1-k)], k from the untied signed-rank distribution",
+            "hl_ci_method": "exact where a comparison's deltas have no zero and no tied |delta| "
+            "(R's wilcox.test condition for its exact interval); otherwise approximate: the "
+            "untied distribution that sets k is then not the null distribution of the data, so "
+            "the coverage only approximates hl_confidence (R uses a normal approximation there)",
         },
         method="**Hodges-Lehmann** shift with a {confidence:.0%} interval: {hodges_lehmann}; "
-        "with few pairs the interval is [min, max] at the level in hl_confidence.",
-        cells=lambda r, rec: {
-            "HL [exact CI]": _interval(r["hl_estimate"], r["hl_ci_low"], r["hl_ci_high"])
-        },
+        "with few pairs the interval is [min, max] at the level in hl_confidence. Exact or "
+        "approximate per comparison (column hl_ci_method; `(approx.)` in the table): "
+        "{hl_ci_method}.",
+        cells=_hl_cells,
         leads_table=True,
     ),
     Statistic(
@@ -519,16 +595,19 @@ STATISTICS: list[Statistic] = [
     ),
     Statistic(
         name="attainable_p",
-        columns=("min_attainable_p",),
+        columns=("n_nonzero", "min_attainable_p"),
         compute=_attainable,
         headline=("min_attainable_p",),
         record={
-            "guard": "min_attainable_p = 2/2^n (two-sided) or 1/2^n (one-sided); "
-            "min_attainable_p_holm = m * min_attainable_p"
+            "guard": "min_attainable_p = 2/2^n (two-sided) or 1/2^n (one-sided), n = n_nonzero, "
+            "the number of non-zero deltas (only their signs are random under H0, whatever "
+            "zero_method); min_attainable_p_holm = the smallest Holm-adjusted p the comparison "
+            "can reach, with every comparison of the family at its floor (m * min_attainable_p "
+            "when all floors are equal)"
         },
-        method="**Attainable significance**: an exact test on n pairs cannot go below "
-        "{guard}. `min p (Holm)` shows that floor; comparisons whose floor exceeds alpha = "
-        "{alpha} are named in the warnings with the seeds needed.",
+        method="**Attainable significance**: an exact test on n non-zero deltas cannot go "
+        "below {guard}. `min p (Holm)` shows that floor; comparisons whose floor exceeds "
+        "alpha = {alpha} are named in the warnings with the seeds needed.",
         cells=lambda r, rec: {"min p (Holm)": f"{r['min_attainable_p_holm']:.3g}"},
         family=_attainable_family,
         family_columns=("min_attainable_p_holm", "can_reach_alpha", "seeds_needed"),
@@ -723,7 +802,8 @@ def finish_family(
         warns.append(
             f"{family}: {k} comparison(s) have zero deltas (equal correct counts); "
             "zero_method=wilcox drops them from the signed-rank test, which then uses fewer "
-            "pairs than n_pairs (column n_zeros)."
+            "pairs than n_pairs (column n_zeros); its floor min_attainable_p counts only the "
+            "non-zero deltas (column n_nonzero)."
         )
     if cautions:
         warns += _small_n_cautions(table, settings)
@@ -731,25 +811,35 @@ def finish_family(
 
 
 def _guard_warnings(table: pd.DataFrame, settings: StatsSettings, family: str) -> list[str]:
-    """The comparisons that cannot reach alpha whatever the data, and the seeds needed."""
+    """The comparisons that cannot reach alpha whatever the data, and the seeds needed.
+
+    Floors count the non-zero deltas only (column n_nonzero): a zero delta adds a pair but no
+    sign, so it cannot make a p-value smaller.
+    """
     blocked = table[~table["can_reach_alpha"]]
     if not len(blocked):
         return []
     m, alt = len(table), settings.alternative
     side = "two-sided" if alt == "two-sided" else "one-sided"
+    # equal n_nonzero => equal floor => equal Holm floor within a family
+    by_n = blocked.groupby("n_nonzero")[["min_attainable_p", "min_attainable_p_holm"]].min()
     floors = ", ".join(
-        f"n = {int(n)}: {min_attainable_p(int(n), alt):.4g}"
-        + (f" ({min(1.0, m * min_attainable_p(int(n), alt)):.4g} after Holm)" if m > 1 else "")
-        for n in sorted(set(blocked["n_pairs"]))
+        f"n = {int(n)}: {r['min_attainable_p']:.4g}"
+        + (f" ({r['min_attainable_p_holm']:.4g} after Holm)" if m > 1 else "")
+        for n, r in by_n.iterrows()
     )
     alone = seeds_needed(settings.alpha, 1, alt)
     need = seeds_needed(settings.alpha, m, alt)
     return [
         f"{family}: {len(blocked)} of {m} comparison(s) cannot reach alpha = "
         f"{settings.alpha} whatever the data. Smallest exact {side} Wilcoxon p-value "
-        f"with {floors}"
-        + (f"; Holm over m = {m} multiplies the smallest p by m" if m > 1 else "")
-        + f". Seeds needed: {alone} for a single comparison"
+        f"with n non-zero deltas (zero deltas carry no sign; column n_nonzero): {floors}"
+        + (
+            f"; after Holm over m = {m}, the smallest adjusted p with every comparison at its floor"
+            if m > 1
+            else ""
+        )
+        + f". Seeds with a non-zero delta needed: {alone} for a single comparison"
         + (f", {need} with Holm over m = {m}." if m > 1 else ".")
     ]
 
@@ -760,7 +850,16 @@ def _small_n_cautions(table: pd.DataFrame, settings: StatsSettings) -> list[str]
         warns.append(
             f"{int((table['n_pairs'] <= 6).sum())} comparison(s) have n <= 6 paired seeds: "
             "percentile bootstrap intervals of the mean delta under-cover badly at such n; "
-            "read them as descriptive (the Hodges-Lehmann interval is exact)."
+            "read them as descriptive (the Hodges-Lehmann interval is exact where "
+            "hl_ci_method = exact)."
+        )
+    approximate = table["hl_ci_method"] == "approximate"
+    if approximate.any():
+        warns.append(
+            f"{int(approximate.sum())} Hodges-Lehmann interval(s) are approximate "
+            "(hl_ci_method): their deltas contain a zero or a tied |delta| (columns n_zeros, "
+            "n_tied), so the untied signed-rank distribution that sets the interval's rank is "
+            "not their null distribution and the coverage only approximates hl_confidence."
         )
     low_level = table["hl_confidence"] < settings.confidence - 1e-9
     if low_level.any():

@@ -14,13 +14,18 @@ from analysis.paired import (
     StatsSettings,
     describe_deltas,
     finish_family,
+    hl_interval_method,
     hodges_lehmann,
     holm,
+    holm_min_attainable_p,
     integer_deltas,
+    method_lines,
     min_attainable_p,
     seeds_needed,
+    settings_record,
     sign_test,
     signed_rank_null_cdf,
+    summary_cells,
     wilcoxon_signed_rank,
 )
 
@@ -169,6 +174,158 @@ def test_guard_accounts_for_holm():
     assert table["min_attainable_p_holm"].iloc[0] == pytest.approx(3 * 0.03125)
     assert table["p_holm"].iloc[0] == pytest.approx(3 * 0.03125)
     assert "7 with Holm over m = 3" in " ".join(warns)
+
+
+def _smallest_p_over_signs(d: np.ndarray, alternative: str, zero_method: str) -> float:
+    """The smallest signed-rank p-value over every sign pattern of the non-zero deltas."""
+    mags = np.abs(d[d != 0])
+    zeros = np.zeros(int((d == 0).sum()), dtype=d.dtype)
+    return min(
+        wilcoxon_signed_rank(
+            np.concatenate([mags * np.array(signs), zeros]), alternative, zero_method
+        ).pvalue
+        for signs in itertools.product((1, -1), repeat=len(mags))
+    )
+
+
+@pytest.mark.parametrize("zero_method", ["wilcox", "pratt", "zsplit"])
+@pytest.mark.parametrize("alternative", ["two-sided", "greater"])
+def test_guard_floor_counts_only_non_zero_deltas(zero_method, alternative):
+    """Three zero deltas add pairs but no signs: the floor is the one of 5 pairs, not of 8."""
+    d = np.array([1, 2, 3, 4, 5, 0, 0, 0])
+    settings = StatsSettings(alternative=alternative, zero_method=zero_method)
+    floor = 2 / 2**5 if alternative == "two-sided" else 1 / 2**5
+    # the floor is what the test itself reaches at the most extreme data, and never less
+    assert _smallest_p_over_signs(d, alternative, zero_method) == pytest.approx(floor)
+    ref = stats.wilcoxon(
+        d,
+        alternative=alternative,
+        zero_method=zero_method,
+        method=stats.PermutationMethod(n_resamples=10_000),
+    )
+    assert ref.pvalue == pytest.approx(floor)
+
+    table = pd.DataFrame([describe_deltas(d, 100, settings, "zeros")])
+    warns = finish_family(table, settings, "zeros family")
+    row = table.loc[0]
+    assert (row["n_pairs"], row["n_nonzero"], row["n_zeros"]) == (8, 5, 3)
+    assert row["min_attainable_p"] == pytest.approx(floor)
+    assert row["p_wilcoxon"] == pytest.approx(floor)  # all positive: the floor is reached
+    assert row["min_attainable_p_holm"] == pytest.approx(floor)  # m = 1
+    reachable = floor <= 0.05
+    assert bool(row["can_reach_alpha"]) is reachable
+    guard = [w for w in warns if "cannot reach" in w]
+    if alternative == "two-sided":
+        assert not reachable and guard and "n = 5: 0.0625" in guard[0]
+        assert "6 for a single comparison" in guard[0]
+    else:
+        assert reachable and not guard
+
+
+def test_guard_floor_without_zeros_is_two_over_two_to_the_n():
+    d = np.arange(1, 9)
+    assert min_attainable_p(8) == 2 / 2**8
+    assert stats.wilcoxon(d, method="exact").pvalue == pytest.approx(2 / 2**8)
+    assert _smallest_p_over_signs(d, "two-sided", "wilcox") == pytest.approx(2 / 2**8)
+    table = pd.DataFrame([describe_deltas(d, 100, StatsSettings(), "no zeros")])
+    warns = finish_family(table, StatsSettings(), "no zeros")
+    assert table.loc[0, "n_nonzero"] == 8
+    assert table.loc[0, "min_attainable_p"] == pytest.approx(2 / 2**8)
+    assert table.loc[0, "can_reach_alpha"]
+    assert not [w for w in warns if "cannot reach" in w]
+
+
+def test_holm_floor_is_the_smallest_adjusted_p_any_data_can_give():
+    """Brute force over every attainable p-value of three comparisons whose floors differ
+    because of zero deltas: the Holm floor is exactly the least adjusted p each can reach."""
+    bases = [np.array([1, 2, 3, 4, 5, 6, 0, 0]), np.array([1, 2, 3, 4, 0]), np.arange(1, 6)]
+    attainable = []
+    for d in bases:
+        mags, zeros = d[d != 0], d[d == 0]
+        attainable.append(
+            sorted(
+                {
+                    wilcoxon_signed_rank(np.concatenate([mags * np.array(signs), zeros])).pvalue
+                    for signs in itertools.product((1, -1), repeat=len(mags))
+                }
+            )
+        )
+    floors = np.array([min_attainable_p(int(np.count_nonzero(d))) for d in bases])
+    np.testing.assert_allclose(floors, [p[0] for p in attainable])
+    combos = np.array(list(itertools.product(*attainable)))  # one family per row
+    # Holm step-down per row, vectorised (statsmodels' multipletests takes ~50 ms a call)
+    order = np.argsort(combos, axis=1, kind="stable")
+    steps = np.take_along_axis(combos, order, axis=1) * np.arange(3, 0, -1)
+    adjusted = np.empty_like(combos)
+    np.put_along_axis(
+        adjusted, order, np.minimum(1.0, np.maximum.accumulate(steps, axis=1)), axis=1
+    )
+    for row in (0, len(combos) // 2, len(combos) - 1):
+        np.testing.assert_allclose(adjusted[row], holm(combos[row]))
+    brute = adjusted.min(axis=0)
+    ours = holm_min_attainable_p(floors)
+    np.testing.assert_allclose(ours, brute)
+    np.testing.assert_allclose(ours, [3 * 2 / 64, 2 / 16, 2 / 16])
+    # m times the own floor would overstate the two comparisons with fewer non-zero deltas
+    assert (ours < 3 * floors).sum() == 2
+    # equal floors: Holm's floor is m times the floor
+    np.testing.assert_allclose(holm_min_attainable_p([0.0625] * 4), [0.25] * 4)
+
+
+def test_guard_in_a_family_names_the_comparison_with_zeros():
+    s = StatsSettings()
+    rows = [
+        describe_deltas(np.arange(1, 9), 100, s, "eight"),
+        describe_deltas(np.array([1, 2, 3, 4, 5, 6, 7, 0]), 100, s, "seven"),
+        describe_deltas(np.array([1, 2, 3, 4, 5, 0, 0, 0]), 100, s, "five"),
+    ]
+    table = pd.DataFrame(rows)
+    warns = finish_family(table, s, "mixed")
+    assert list(table["n_nonzero"]) == [8, 7, 5]
+    # floors 2/256, 2/128, 2/32; Holm floors 3 * 2/256, 2 * 2/128, 2/32
+    np.testing.assert_allclose(table["min_attainable_p_holm"], [6 / 256, 4 / 128, 2 / 32])
+    assert list(table["can_reach_alpha"]) == [True, True, False]
+    guard = [w for w in warns if "cannot reach" in w]
+    assert len(guard) == 1 and "1 of 3" in guard[0]
+    assert "n = 5: 0.0625 (0.0625 after Holm)" in guard[0]
+    assert any("n_nonzero" in w for w in warns if "zero deltas" in w)
+
+
+@pytest.mark.parametrize(
+    ("d", "expected"),
+    [
+        ([1, 2, 3, 4, 5, 6], "exact"),
+        ([-3, 1, 2, 4, 5, 7], "exact"),
+        ([1, 2, 2, 4, 5, 6], "approximate"),  # tied delta
+        ([1, -2, 2, 4, 5, 6], "approximate"),  # tied |delta|
+        ([0, 1, 2, 3, 4, 5], "approximate"),  # a zero
+    ],
+)
+def test_hodges_lehmann_interval_is_exact_only_without_ties_and_zeros(d, expected):
+    assert hl_interval_method(d) == expected
+    assert hodges_lehmann(np.asarray(d, dtype=float)).method == expected
+    out = describe_deltas(np.asarray(d), 100, StatsSettings(), "hl")
+    assert out["hl_ci_method"] == expected
+
+
+def test_hodges_lehmann_label_reaches_the_table_and_the_warnings():
+    s = StatsSettings()
+    table = pd.DataFrame(
+        [
+            describe_deltas(np.arange(1, 7), 100, s, "distinct"),
+            describe_deltas(np.array([1, 2, 2, 3, 4, 5]), 100, s, "tied"),
+            describe_deltas(np.array([0, 1, 2, 3, 4, 5]), 100, s, "zero"),
+        ]
+    )
+    warns = finish_family(table, s, "hl family")
+    assert list(table["hl_ci_method"]) == ["exact", "approximate", "approximate"]
+    assert any("2 Hodges-Lehmann interval(s) are approximate" in w for w in warns)
+    record = settings_record(s, len(table))
+    cells = [summary_cells(r, record)["HL [95% CI]"] for _, r in table.iterrows()]
+    assert not cells[0].endswith("(approx.)")
+    assert cells[1].endswith("(approx.)") and cells[2].endswith("(approx.)")
+    hl_line = next(line for line in method_lines(record) if "Hodges-Lehmann" in line)
+    assert "hl_ci_method" in hl_line and "no tied |delta|" in hl_line
 
 
 def test_describe_deltas_effect_sizes_and_sign_test():
