@@ -167,20 +167,31 @@ def trial_device(res: dict[str, Any]) -> Any:
     )
 
 
-def run_direct(trial: Any, res: dict[str, Any], reporter_cls: Any, **reporter_options: Any) -> None:
-    """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``."""
+def run_direct(
+    trial: Any,
+    res: dict[str, Any],
+    reporter_cls: Any,
+    *,
+    latency_baseline: dict[str, Any] | None = None,
+    **reporter_options: Any,
+) -> None:
+    """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
+    ``latency_baseline`` (the sweep's baseline operator, or None) as in ``run_trial``."""
     import torch
 
     from fusion_ray.train.loop import run_trial
 
     torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
-    run_trial(trial, reporter_cls(device=trial_device(res), **reporter_options))
+    reporter = reporter_cls(device=trial_device(res), **reporter_options)
+    run_trial(trial, reporter, latency_baseline=latency_baseline)
 
 
 def run_cell(config: dict[str, Any]) -> None:
     """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
 
-    ``config`` holds the trial (a TrialConfig as a dict), its resources, and where to resume from.
+    ``config`` holds the trial (a TrialConfig as a dict), its resources, where to resume from,
+    and, from the sweep driver, ``latency_baseline`` (``{"name": ..., "kwargs": {...}}``: the
+    operator the trial's latency is compared with; absent, no ratio is measured).
     """
     from pydantic import TypeAdapter
 
@@ -188,10 +199,16 @@ def run_cell(config: dict[str, Any]) -> None:
     from fusion_ray.train.spec import TrialConfig
 
     trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
-    res = config["resources"]
+    res, latency_baseline = config["resources"], config.get("latency_baseline")
     if res["workers"] == 1 and not res["force_trainer"]:
         try:
-            run_direct(trial, res, TuneReporter, resume_from=config.get("resume_from"))
+            run_direct(
+                trial,
+                res,
+                TuneReporter,
+                latency_baseline=latency_baseline,
+                resume_from=config.get("resume_from"),
+            )
         except REPEATING_ERRORS as exc:
             # The same config, data and seed fail the same way every time: end the trial with
             # the reason (recorded FAILED by the tracking callback) instead of letting Tune retry.
@@ -199,7 +216,7 @@ def run_cell(config: dict[str, Any]) -> None:
 
             tune.report({TRIAL_ERROR: _error_summary(exc)})
         return
-    _run_trainer(trial, config)
+    _run_trainer(trial, config, latency_baseline=latency_baseline)
 
 
 REPEATING_ERRORS = (
@@ -223,7 +240,9 @@ def _error_summary(exc: BaseException) -> str:
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
-def _run_trainer(trial: Any, config: dict[str, Any]) -> None:
+def _run_trainer(
+    trial: Any, config: dict[str, Any], latency_baseline: dict[str, Any] | None = None
+) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -240,6 +259,7 @@ def _run_trainer(trial: Any, config: dict[str, Any]) -> None:
             "trial": trial,
             "resume_from": config.get("resume_from"),
             "threads": max(1, int(res["cpus_per_worker"])),
+            "latency_baseline": latency_baseline,
         },
         torch_config=TorchConfig(backend="nccl" if res["use_gpu"] else "gloo"),
         scaling_config=ScalingConfig(

@@ -32,6 +32,9 @@ from fusion_ray.schema import (
     EPOCH_METRICS,
     FAILURE_TAG,
     FINAL_METRICS,
+    GATES_FILE,
+    INIT_METRICS,
+    LATENCY_RATIO_METRIC,
     PARENT_TAG,
     PREDICTIONS_FILE,
     ROLE_SWEEP,
@@ -254,14 +257,17 @@ class Tracker:
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
-        metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in FINAL_METRICS if k in result]
+        names = (*FINAL_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
+        metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
         self.client.set_tag(run_id, CHECKPOINT_TAG, path)
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
-        """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts."""
+        """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,
+        and ``gate_by_position.parquet`` beside it when the checkpoint has one (the loop writes
+        it for gated operators only); False when the predictions are missing."""
         from ray.train import Checkpoint
 
         with Checkpoint(checkpoint_uri).as_directory() as directory:
@@ -269,6 +275,9 @@ class Tracker:
             if not path.exists():
                 return False
             self.client.log_artifact(run_id, str(path))
+            gates = Path(directory, GATES_FILE)
+            if gates.exists():
+                self.client.log_artifact(run_id, str(gates))
         return True
 
     def finish(self, run_id: str) -> None:
@@ -546,13 +555,15 @@ class MLflowTuningCallback(TrackingCallback):
         self.tracker.log_final(run_id, result)
         self.tracker.finish(run_id)
         self.ended += 1
-        config = self.configs[trial.trial_id]
+        config, cell = self.configs[trial.trial_id], self.cell_for(self.configs[trial.trial_id])
         stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"
-        settings = ", ".join(
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in config.items()
+        settings = ", ".join(  # without Tune's own keys (a Repeater's __trial_index__)
+            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in config.items()
+            if not k.startswith("__")
         )
         print(
-            f"  [{self.cell_for(config).dataset} {self.ended}] {settings}: best val_acc "
+            f"  [{cell.dataset} {cell.fusion} {self.ended}] {settings}: best val_acc "
             f"{100 * result.get(self.metric, 0):.2f}% after {result.get('epochs_run', 0)} epoch(s){stopped}",
             flush=True,
         )

@@ -40,8 +40,14 @@ def test_the_loop_reports_only_schema_metrics(tmp_path, data_cache):
     cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
     trial = cell.trial
     trial.data.cache_dir = data_cache
-    final = run_local(trial, str(tmp_path / "out"))
+    baseline = {"name": "add", "kwargs": {}}
+    final = run_local(trial, str(tmp_path / "out"), latency_baseline=baseline)
     reports = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     for epoch in reports[:-1]:
         assert set(epoch) == {"epoch", *fusion_ray.schema.EPOCH_METRICS}
-    assert set(final) == {"final", *fusion_ray.schema.FINAL_METRICS}
+    assert set(final) == {
+        "final",
+        *fusion_ray.schema.FINAL_METRICS,
+        *fusion_ray.schema.INIT_METRICS,
+        fusion_ray.schema.LATENCY_RATIO_METRIC,
+    }

@@ -66,21 +66,12 @@ class FusionClassifier(nn.Module):
     ) -> torch.Tensor:
         """input_ids [B, L] long, attention_mask [B, L] bool or 0/1 (1 = real token) or None (no
         padding) -> logits [B, C]."""
-        L = input_ids.size(1)
-        if L > self.max_len:
-            raise ValueError(
-                f"sequence length {L} exceeds model.max_len={self.max_len}; "
-                f"set model.max_len to at least the data's max_length"
-            )
         # No test of the mask's values here: that would stall the GPU on every call. Callers pass
         # None when nothing is padded (the training loop decides on the host), which is the
         # unmasked, flash-eligible path; an all-True mask gives the same output, more slowly.
         keep = None if attention_mask is None else attention_mask.to(torch.bool)
 
-        E = self.embedding(input_ids) * self.embed_scale  # [B, L, d]
-        P = self.position(L, input_ids.device)  # [L, d]
-        if keep is not None:
-            P = P * keep[..., None].to(P.dtype)  # [B, L, d]: no position signal on padding
+        E, P = self.fusion_inputs(input_ids, keep)  # [B, L, d], [L, d] or [B, L, d]
         H = self.dropout(self.fusion(E, P))  # [B, L, d]
         H = self.encoder(H, keep)  # [B, L, d]
 
@@ -90,6 +81,38 @@ class FusionClassifier(nn.Module):
             w = keep[..., None].to(H.dtype)  # [B, L, 1]
             pooled = (H * w).sum(dim=1) / w.sum(dim=1).clamp(min=1.0)  # [B, d]
         return self.head(pooled)
+
+    def fusion_inputs(
+        self, input_ids: torch.Tensor, keep: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What ``.fusion`` receives: token embeddings E [B, L, d] (times sqrt(d_model) when
+        scale_embeddings is set) and the position signal P, [L, d] when ``keep`` (bool [B, L],
+        True = real token) is None, else [B, L, d] with zeros on padding."""
+        L = input_ids.size(1)
+        if L > self.max_len:
+            raise ValueError(
+                f"sequence length {L} exceeds model.max_len={self.max_len}; "
+                f"set model.max_len to at least the data's max_length"
+            )
+        E = self.embedding(input_ids) * self.embed_scale  # [B, L, d]
+        P = self.position(L, input_ids.device)  # [L, d]
+        if keep is not None:
+            P = P * keep[..., None].to(P.dtype)  # [B, L, d]: no position signal on padding
+        return E, P
+
+    @torch.no_grad()
+    def input_rms(self, length: int) -> tuple[float, float]:
+        """The scales the fusion operator starts from: (RMS of the token embeddings as they enter
+        the fusion, over the whole vocabulary; RMS of P over positions 0..length-1).
+
+        Both in float64 over the float32 values the fusion sees; P = 0 (``none``) gives 0.0.
+        """
+        E = self.embedding.weight * self.embed_scale  # [V, d]
+        P = self.position(length, self.embedding.weight.device)  # [length, d]
+        return (
+            float(E.double().square().mean().sqrt()),
+            float(P.double().square().mean().sqrt()),
+        )
 
 
 def build_classifier(

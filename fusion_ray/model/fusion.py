@@ -26,6 +26,29 @@ class Fusion(nn.Module):
         raise NotImplementedError
 
 
+class GatedFusion(Fusion):
+    """A convex mix H = g * E + (1 - g) * P; subclasses say how the gate g is computed.
+
+    ``gate_weight`` is the one place each gate's equation lives: ``forward`` mixes with it, and
+    diagnostics (the gate by position of a trained model) call it to read g for the same inputs.
+    """
+
+    gate_from_p_only: bool = False
+    """True when g depends on P alone: a P shared by the batch ([L, d]) then gets one gate per
+    sequence length instead of one per document."""
+
+    def gate_weight(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        """The weight on E, in (0, 1): [B, L, 1] (one gate per position) or [B, L, d]
+        (feature-wise); [L, 1] for a gate from P alone when P is [L, d]."""
+        raise NotImplementedError
+
+    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        if not self.gate_from_p_only:
+            P = _expand(P, E)  # [B, L, d]: the gate reads E_i and P_i side by side
+        g = self.gate_weight(E, P)  # [B, L, 1], [B, L, d] or [L, 1]
+        return g * E + (1 - g) * P
+
+
 FUSIONS: Registry[Callable[..., Fusion]] = Registry("fusion")
 
 
@@ -64,21 +87,19 @@ class Concat(Fusion):
 
 
 @FUSIONS.register("gate_scalar")
-class GateScalar(Fusion):
+class GateScalar(GatedFusion):
     """g_i = sigmoid(w^T [E_i; P_i] + b), H_i = g_i E_i + (1 - g_i) P_i (paper eqs. 3-4)."""
 
     def __init__(self, d_model: int) -> None:
         super().__init__(d_model)
         self.gate = nn.Linear(2 * d_model, 1)
 
-    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        P = _expand(P, E)
-        g = torch.sigmoid(self.gate(torch.cat([E, P], dim=-1)))  # [B, L, 1]
-        return g * E + (1 - g) * P
+    def gate_weight(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(torch.cat([E, _expand(P, E)], dim=-1)))  # [B, L, 1]
 
 
 @FUSIONS.register("gate_cnn")
-class GateCNN(Fusion):
+class GateCNN(GatedFusion):
     """Local positional gate computed from P only (paper eqs. 5-6).
 
     c_i = sum_{k=-K..K} w_k * P_{i+k} + b (depth-wise conv, zero padding at the sequence ends),
@@ -87,6 +108,8 @@ class GateCNN(Fusion):
     logit at the scale of one feature at initialisation (a sum over d features would start the
     gate saturated) and adds no parameters beyond the convolution.
     """
+
+    gate_from_p_only = True
 
     def __init__(self, d_model: int, *, kernel_size: int = 7) -> None:
         super().__init__(d_model)
@@ -110,13 +133,12 @@ class GateCNN(Fusion):
         c = self.conv(x).transpose(-1, -2)  # [(B,) L, d]
         return torch.sigmoid(c.mean(dim=-1, keepdim=True))
 
-    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        g = self.gate(P)  # computed once per sequence length when P is [L, d]
-        return g * E + (1 - g) * P
+    def gate_weight(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        return self.gate(P)  # computed once per sequence length when P is [L, d]
 
 
 @FUSIONS.register("gate_mlp")
-class GateMLP(Fusion):
+class GateMLP(GatedFusion):
     """g_i = sigmoid(W2 relu(W1 [E_i; P_i] + b1) + b2) in R^d, H_i = g_i * E_i + (1 - g_i) * P_i.
 
     The feature-wise MLP gate the paper describes (Table 3's 'Gate-MLP' prose). ``hidden``
@@ -131,14 +153,12 @@ class GateMLP(Fusion):
             nn.Linear(2 * d_model, width), nn.ReLU(), nn.Linear(width, d_model)
         )
 
-    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        P = _expand(P, E)
-        g = torch.sigmoid(self.gate(torch.cat([E, P], dim=-1)))  # [B, L, d]
-        return g * E + (1 - g) * P
+    def gate_weight(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(torch.cat([E, _expand(P, E)], dim=-1)))  # [B, L, d]
 
 
 @FUSIONS.register("gate_vector")
-class GateVector(Fusion):
+class GateVector(GatedFusion):
     """g_i = sigmoid(W [E_i; P_i] + b) in R^d, W in R^{d x 2d}; H_i = g_i * E_i + (1 - g_i) * P_i.
 
     What the study's AG News / IMDB notebook ran under the name 'gate'.
@@ -148,10 +168,8 @@ class GateVector(Fusion):
         super().__init__(d_model)
         self.gate = nn.Linear(2 * d_model, d_model)
 
-    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
-        P = _expand(P, E)
-        g = torch.sigmoid(self.gate(torch.cat([E, P], dim=-1)))  # [B, L, d]
-        return g * E + (1 - g) * P
+    def gate_weight(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.gate(torch.cat([E, _expand(P, E)], dim=-1)))  # [B, L, d]
 
 
 @FUSIONS.register("mlp")

@@ -2,8 +2,8 @@
 
 Ray Train runs ``train_worker`` on each DDP worker; a one-worker trial runs ``run_trial`` directly
 inside its Tune trainable; ``run_local`` runs it with no Ray at all. The loop reads top to bottom:
-data -> model -> optimiser -> (resume) -> epochs of train + validate + checkpoint -> best model
-on test -> latency -> final report.
+data -> model (its initial scales) -> optimiser -> (resume) -> epochs of train + validate +
+checkpoint -> best model on test (predictions, gate by position) -> latency -> final report.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +34,15 @@ from fusion_ray.data import (
     collate,
     prepare_data,
 )
-from fusion_ray.model import build_classifier, count_parameters
-from fusion_ray.schema import PREDICTIONS_FILE
+from fusion_ray.model import ModelSpec, build_classifier, check_model_spec, count_parameters
+from fusion_ray.model.fusion import GatedFusion
+from fusion_ray.schema import (
+    GATE_COLUMNS,
+    GATES_FILE,
+    INIT_METRICS,
+    LATENCY_RATIO_METRIC,
+    PREDICTIONS_FILE,
+)
 from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
@@ -164,19 +171,24 @@ def evaluate(
 
 @torch.no_grad()
 def measure_latency(
-    model: nn.Module,
+    models: Sequence[nn.Module],
     split: TokenizedSplit,
     spec: TrainSpec,
     device: torch.device,
     pad_to: int | None,
-) -> float:
-    """Inference latency in ms per document: warm-up, then the median of timed repeats."""
-    model.eval()
+) -> list[float]:
+    """Inference latency of each model in ms per document, all on the same batch: warm-up, then
+    ``latency_repeats`` rounds that time every model once (in reverse order on odd rounds, so
+    none always runs first); the median of each model's timings. Interleaving makes the models'
+    ratio immune to drift in the device's speed (clocks, other processes) during the measurement.
+    """
+    for model in models:
+        model.eval()
     indices = list(range(min(spec.latency_batch_size, len(split))))
     batch = collate(split, indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
     input_ids, mask, _ = device_batch(batch, device)  # [B, L], [B, L] or None
 
-    def once() -> float:
+    def once(model: nn.Module) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
@@ -187,9 +199,150 @@ def measure_latency(
         return time.perf_counter() - start
 
     for _ in range(3):
-        once()
-    timings = [once() for _ in range(max(1, spec.latency_repeats))]
-    return 1000.0 * statistics.median(timings) / len(indices)
+        for model in models:
+            once(model)
+    timings: list[list[float]] = [[] for _ in models]
+    for repeat in range(max(1, spec.latency_repeats)):
+        order = list(range(len(models)))
+        for i in order if repeat % 2 == 0 else reversed(order):
+            timings[i].append(once(models[i]))
+    return [1000.0 * statistics.median(t) / len(indices) for t in timings]
+
+
+def latency_baseline_spec(
+    model: ModelSpec, latency_baseline: Mapping[str, Any] | None
+) -> ModelSpec | None:
+    """The trial's model settings with the sweep's baseline operator instead of its own, or None
+    when no baseline is given. ``latency_baseline`` is ``{"name": <operator>, "kwargs": {...}}``;
+    it is checked here, before training, so a bad one fails at once rather than after the epochs.
+    """
+    if latency_baseline is None:
+        return None
+    usage = "must be {'name': <an operator in FUSIONS>, 'kwargs': {<its options>}}"
+    if not isinstance(latency_baseline, Mapping) or not isinstance(
+        latency_baseline.get("name"), str
+    ):
+        raise ValueError(f"latency_baseline={latency_baseline!r}: {usage}")
+    kwargs = latency_baseline.get("kwargs") or {}
+    if not isinstance(kwargs, Mapping):
+        raise ValueError(f"latency_baseline kwargs={kwargs!r}: {usage}")
+    spec = dataclasses.replace(model, fusion=latency_baseline["name"], fusion_kwargs=dict(kwargs))
+    problems = check_model_spec(spec)
+    if problems:
+        raise ValueError(
+            "latency_baseline: the baseline operator cannot be built with this trial's model "
+            "settings; fix the sweep's baseline:\n  " + "\n  ".join(problems)
+        )
+    return spec
+
+
+def latency_metrics(
+    model: nn.Module,
+    data: PreparedData,
+    trial: TrialConfig,
+    device: torch.device,
+    pad_to: int | None,
+    baseline: ModelSpec | None,
+) -> dict[str, float]:
+    """``latency_ms_per_sample`` of the trial's model and, given the baseline's settings,
+    ``latency_ratio_to_baseline``: the trial's median over that of a freshly built baseline model
+    (same settings and seed, another operator; its weights do not change its speed), timed
+    interleaved with it. The trial's own operator as the baseline gives 1.0 without timing twice.
+    """
+    models = [_unwrap(model)]
+    if baseline is not None and baseline != trial.model:
+        reference = build_classifier(baseline, data.vocab_size, data.num_classes, trial.seed)
+        models.append(reference.to(device))
+    ms = measure_latency(models, data.test, trial.train, device, pad_to)
+    metrics = {"latency_ms_per_sample": ms[0]}
+    if baseline is not None:
+        metrics[LATENCY_RATIO_METRIC] = ms[0] / ms[1] if len(ms) > 1 else 1.0
+    return metrics
+
+
+def initial_scales(model: nn.Module, max_length: int) -> dict[str, float]:
+    """``init_token_rms`` and ``init_position_rms`` (INIT_METRICS) of a model as built: the RMS
+    of the token embeddings entering the fusion over the vocabulary, and of P over positions
+    0..max_length-1 (0.0 for ``none``)."""
+    return dict(zip(INIT_METRICS, _unwrap(model).input_rms(max_length), strict=True))
+
+
+def gate_bucket_edges(max_length: int) -> list[int]:
+    """Position bucket edges of the gate diagnostics: 0, 1, 2, 4, 8, ... (powers of two), the last
+    one clipped to ``max_length``; bucket k holds positions edges[k] <= p < edges[k + 1].
+
+    Doubling widths resolve the first positions finely, where every document has tokens, and
+    pool the long tail, where only long documents do; they depend on max_length only, so every
+    run of a dataset has the same buckets.
+    """
+    edges = [0]
+    while edges[-1] < max_length:
+        edges.append(min(max(1, 2 * edges[-1]), max_length))
+    return edges
+
+
+@torch.no_grad()
+def gate_by_position(
+    model: nn.Module,
+    split: TokenizedSplit,
+    *,
+    spec: TrainSpec,
+    device: torch.device,
+    pad_to: int | None,
+    max_length: int,
+    rank: int = 0,
+    world_size: int = 1,
+) -> pd.DataFrame:
+    """The gate g (the weight on E) of a gated fusion operator on ``split``, by position bucket.
+
+    One row per bucket of ``gate_bucket_edges(max_length)``, columns GATE_COLUMNS:
+    ``bucket_start``, ``bucket_end`` (0-based token positions, end exclusive), ``tokens`` (the
+    split's non-padding tokens in the bucket), ``gate_mean``, ``gate_std`` (mean and standard
+    deviation, ddof 0, of g over those tokens and, for a feature-wise gate, their d features;
+    NaN where a bucket has no tokens). An explicit pass of the embedding, position and gate only
+    (the encoder does not run); each rank scores its share of the documents and the sums are
+    reduced over ranks, so every rank returns the whole split's table.
+    """
+    classifier = _unwrap(model)
+    fusion = classifier.fusion
+    if not isinstance(fusion, GatedFusion):
+        raise TypeError(f"{type(fusion).__name__} has no gate: only gated operators have one")
+    classifier.eval()
+    # Per position: sum of g, sum of g^2, gate values (tokens x gate width), tokens.
+    sums = torch.zeros(4, classifier.max_len, dtype=torch.float64, device=device)
+    for batch_indices in _eval_batches(
+        split, range(rank, len(split), world_size), spec.eval_batch_size
+    ):
+        batch = collate(split, batch_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+        input_ids, mask, _ = device_batch(batch, device)  # [B, L], [B, L] or None
+        B, L = input_ids.shape
+        with precision_context(device, spec):
+            g = fusion.gate_weight(*classifier.fusion_inputs(input_ids, mask))
+        g = g.double().expand(B, L, g.size(-1))  # [B, L, w]: w = 1, or d for a feature-wise gate
+        keep = (
+            torch.ones(B, L, dtype=torch.float64, device=device) if mask is None else mask.double()
+        )
+        counts = keep.sum(0)  # [L]
+        sums[:, :L] += torch.stack(
+            [
+                (g.sum(-1) * keep).sum(0),
+                (g.square().sum(-1) * keep).sum(0),
+                counts * g.size(-1),
+                counts,
+            ]
+        )
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(sums)
+    g_sum, g2_sum, values, tokens = sums.cpu().numpy()
+    assert tokens[max_length:].sum() == 0, "documents are truncated to max_length"
+    rows = []
+    edges = gate_bucket_edges(max_length)
+    for start, end in zip(edges[:-1], edges[1:], strict=True):
+        n = values[start:end].sum()
+        mean = g_sum[start:end].sum() / n if n else math.nan
+        var = max(g2_sum[start:end].sum() / n - mean**2, 0.0) if n else math.nan
+        rows.append((start, end, int(tokens[start:end].sum()), mean, math.sqrt(var)))
+    return pd.DataFrame(rows, columns=list(GATE_COLUMNS))
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -244,11 +397,15 @@ class Progress:
         return improved
 
 
-def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
-    """Train, validate and test one trial; returns the final metrics (also reported)."""
+def run_trial(
+    trial: TrialConfig, reporter: Reporter, latency_baseline: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Train, validate and test one trial; returns the final metrics (also reported). With the
+    sweep's baseline operator (``latency_baseline``) they include the latency ratio to it."""
     entered = time.perf_counter()
     spec, device = trial.train, reporter.device
     rank, world_size = reporter.rank, reporter.world_size
+    baseline = latency_baseline_spec(trial.model, latency_baseline)
     _deterministic(device)
 
     # --- data: tokenised once per node and cached; independent of seed and operator
@@ -265,7 +422,7 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
 
     # --- model: every parameter outside `fusion` is identical across operators for this seed
     model = build_classifier(trial.model, data.vocab_size, data.num_classes, trial.seed).to(device)
-    num_params = count_parameters(model)
+    num_params, init_scales = count_parameters(model), initial_scales(model, trial.data.max_length)
     if world_size > 1:
         device_ids = [device.index] if device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
@@ -302,10 +459,10 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
         )
         _save_and_report(reporter, metrics, last_state)
 
-    # --- test at the best validation epoch, latency, predictions
+    # --- test at the best validation epoch: predictions, gate by position, latency
     assert best_state is not None, "no epoch ran: train.epochs must be >= 1"
     _unwrap(model).load_state_dict(best_state)
-    final, predictions = score_best_model(model, data, trial, reporter, pad_to)
+    final, predictions, gates = score_best_model(model, data, trial, reporter, pad_to, baseline)
     final.update(
         best_val_acc=progress.best_val_acc,
         best_epoch=progress.best_epoch,
@@ -314,36 +471,56 @@ def run_trial(trial: TrialConfig, reporter: Reporter) -> dict[str, Any]:
         train_seconds=progress.train_seconds,
         loop_seconds=time.perf_counter()
         - entered,  # this process's time here (not summed over resumes)
+        **init_scales,
     )
-    # the final checkpoint: the last state again (a resumed finished run only re-tests) + predictions
-    _save_and_report(reporter, final, last_state, predictions)
+    # the final checkpoint: the last state again (a resumed finished run only re-tests) + files
+    _save_and_report(reporter, final, last_state, predictions, gates)
     return final
 
 
 def score_best_model(
-    model: nn.Module, data: PreparedData, trial: TrialConfig, reporter: Reporter, pad_to: int | None
-) -> tuple[dict[str, Any], pd.DataFrame]:
-    """Test metrics and inference latency of the loaded (best) weights, and the per-document
-    predictions (``length`` before truncation, ``label``, ``pred``)."""
+    model: nn.Module,
+    data: PreparedData,
+    trial: TrialConfig,
+    reporter: Reporter,
+    pad_to: int | None,
+    baseline: ModelSpec | None = None,
+) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame | None]:
+    """Test metrics of the loaded (best) weights, the per-document predictions (``length``
+    before truncation, ``label``, ``pred``), the gate by position on the test split (gated
+    operators; None for the others), and the inference latency, with its ratio to the
+    baseline's when ``baseline`` is given (both timed on rank 0 only; other ranks report 0.0
+    latency and no ratio)."""
     spec, device = trial.train, reporter.device
     test = _evaluate_split(model, data.test, spec, reporter, pad_to, want_predictions=True)
-    latency = (
-        measure_latency(_unwrap(model), data.test, spec, device, pad_to)
-        if reporter.rank == 0
-        else 0.0
-    )
+    gates = None
+    if isinstance(_unwrap(model).fusion, GatedFusion):
+        gates = gate_by_position(
+            model,
+            data.test,
+            spec=spec,
+            device=device,
+            pad_to=pad_to,
+            max_length=trial.data.max_length,
+            rank=reporter.rank,
+            world_size=reporter.world_size,
+        )
+    if reporter.rank == 0:
+        latency = latency_metrics(model, data, trial, device, pad_to, baseline)
+    else:
+        latency = {"latency_ms_per_sample": 0.0}
     metrics = {
         "final": True,
         "test_acc": test["correct"] / max(test["total"], 1),
         "test_correct": test["correct"],
         "test_total": test["total"],
         "test_loss": test["loss"],
-        "latency_ms_per_sample": latency,
+        **latency,
     }
     predictions = pd.DataFrame(
         {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
     )
-    return metrics, predictions
+    return metrics, predictions, gates
 
 
 def _evaluate_split(
@@ -472,13 +649,17 @@ def _save_and_report(
     metrics: dict[str, Any],
     state: dict[str, Any],
     predictions: pd.DataFrame | None = None,
+    gates: pd.DataFrame | None = None,
 ) -> None:
-    """Report ``metrics`` with a checkpoint of ``state`` (and the test predictions, if given)."""
+    """Report ``metrics`` with a checkpoint of ``state`` (and the test predictions and the gate
+    by position, if given)."""
     with tempfile.TemporaryDirectory() as ckpt_dir:
         if reporter.rank == 0:
             torch.save(state, Path(ckpt_dir, CHECKPOINT_FILE))
             if predictions is not None:
                 predictions.to_parquet(Path(ckpt_dir, PREDICTIONS_FILE), index=False)
+            if gates is not None:
+                gates.to_parquet(Path(ckpt_dir, GATES_FILE), index=False)
         reporter.report(metrics, checkpoint_dir=ckpt_dir)
 
 
@@ -487,9 +668,17 @@ def train_worker(config: dict[str, Any]) -> None:
     if config.get("threads"):
         torch.set_num_threads(int(config["threads"]))
     reporter = TrainReporter.from_context(resume_from=config.get("resume_from"))
-    run_trial(config["trial"], reporter)
+    run_trial(config["trial"], reporter, latency_baseline=config.get("latency_baseline"))
 
 
-def run_local(trial: TrialConfig, out_dir: str, **reporter_options: Any) -> dict[str, Any]:
-    """Run one trial in this process without Ray (debugging, tests); resumes from ``out_dir``."""
-    return run_trial(trial, LocalReporter(out_dir=out_dir, **reporter_options))
+def run_local(
+    trial: TrialConfig,
+    out_dir: str,
+    latency_baseline: Mapping[str, Any] | None = None,
+    **reporter_options: Any,
+) -> dict[str, Any]:
+    """Run one trial in this process without Ray (debugging, tests); resumes from ``out_dir``.
+    ``latency_baseline`` as in ``run_trial`` (none by default: no latency ratio)."""
+    return run_trial(
+        trial, LocalReporter(out_dir=out_dir, **reporter_options), latency_baseline=latency_baseline
+    )

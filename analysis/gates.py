@@ -1,0 +1,172 @@
+"""Where gated fusion operators put their weight: the gate g on E against token position.
+
+A gated operator (``gate_scalar``, ``gate_vector``, ``gate_cnn``, ``gate_mlp``) mixes
+H = g * E + (1 - g) * P. Each of its trial runs carries ``gate_by_position.parquet``
+(``schema.GATES_FILE``): g on the run's test split at its best validation epoch, averaged by
+position bucket (columns ``schema.GATE_COLUMNS``). ``gate_frame`` gathers those tables with the
+runs' tags; ``plot_gates`` draws the mean weight on E against position, one line per operator,
+so one can see whether a gate leans on the tokens (g > 0.5) or on position (g < 0.5), and where
+along the document that changes.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from analysis.load import FINISHED, tag_column  # noqa: E402
+from analysis.plots import operator_colors  # noqa: E402
+from analysis.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
+
+#: The trial tags each row of the gate frame carries, beside every ``axis.*`` tag of its run.
+RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")
+#: The gate frame's leading columns (tag ``fusion`` is column ``operator``, as in analysis.load).
+ID_COLUMNS = ["run_id", *(tag_column(t) for t in RUN_TAGS)]
+
+
+def gate_frame(client: Any, runs: Iterable[str], max_workers: int = 8) -> pd.DataFrame:
+    """The gate-by-position tables of ``runs`` (run ids, e.g. ``experiment.finished["run_id"]``),
+    one row per (run, position bucket), with each run's tags.
+
+    Columns: ``run_id``, ``dataset``, ``operator`` (tag ``fusion``), ``position``,
+    ``attention_position``, ``seed`` (nullable integer), one column per ``axis.*`` tag found on
+    any of the runs (None on runs without it), then ``schema.GATE_COLUMNS``. Runs that are not
+    FINISHED, and runs without the artifact (operators without a gate), contribute no rows.
+    ``client`` is an ``mlflow.MlflowClient`` for the runs' tracking URI; artifacts are fetched
+    with its ``download_artifacts``, a few runs at a time.
+    """
+    run_ids = list(dict.fromkeys(runs))
+    with ThreadPoolExecutor(max_workers=max(1, max_workers)) as pool:
+        parts = [part for part in pool.map(lambda r: _run_gates(client, r), run_ids) if part]
+    frame = pd.concat(
+        [table for _, table in parts] or [pd.DataFrame(columns=[*ID_COLUMNS, *GATE_COLUMNS])],
+        ignore_index=True,
+    )
+    axes = sorted({tag for tags, _ in parts for tag in tags if tag.startswith(AXIS_TAG_PREFIX)})
+    for offset, axis in enumerate(axes):
+        values = [tags.get(axis) for tags, table in parts for _ in range(len(table))]
+        frame.insert(len(ID_COLUMNS) + offset, axis, pd.Series(values, dtype=object))
+    frame["seed"] = pd.to_numeric(frame["seed"], errors="coerce").astype("Int64")
+    return frame
+
+
+def _run_gates(client: Any, run_id: str) -> tuple[dict[str, str], pd.DataFrame] | None:
+    """(tags, gate table with the identifying columns in front) of one run, or None."""
+    run = client.get_run(run_id)
+    if run.info.status != FINISHED:
+        return None
+    if GATES_FILE not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        table = pd.read_parquet(
+            client.download_artifacts(run_id, GATES_FILE, tmp), columns=list(GATE_COLUMNS)
+        )
+    tags = dict(run.data.tags)
+    for offset, (column, tag) in enumerate(zip(ID_COLUMNS, ["run_id", *RUN_TAGS], strict=True)):
+        table.insert(offset, column, run_id if tag == "run_id" else tags.get(tag))
+    return tags, table
+
+
+def gate_figure(frame: pd.DataFrame) -> Figure | None:
+    """The figure ``plot_gates`` saves, or None when ``frame`` has no bucket with tokens.
+
+    One panel per dataset and per level of every ``axis.*`` column (and of ``position`` and
+    ``attention_position`` where the frame holds several, so that no line averages different
+    models); in each, one line per operator: the mean over seeds of ``gate_mean`` per position
+    bucket (runs of one seed averaged first), with a band spanning the seeds' lowest to highest
+    value, and a dashed line at 0.5 (E and P weighed equally). Buckets without tokens are left
+    out.
+    """
+    data = frame[frame["tokens"] > 0].dropna(subset=["gate_mean"])
+    if data.empty:
+        return None
+    keys = _panel_keys(data)
+    panels = list(data.groupby(keys, sort=True, dropna=False))
+    colors = operator_colors(sorted(data["operator"].astype(str).unique()))
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    fig = Figure(figsize=(4.6 * cols, 3.4 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
+    for ax in axes[len(panels) :]:
+        ax.set_visible(False)
+    for ax, (key, panel) in zip(axes, panels, strict=False):
+        _draw_panel(ax, panel, colors)
+        parts = [f"{_short(k)}={_text(v)}" for k, v in zip(keys[1:], key[1:], strict=True)]
+        ax.set_title(", ".join([str(key[0]), *parts]), fontsize=9)
+    fig.suptitle(
+        "Gate on token embeddings by position (test split, best epoch; "
+        "line: mean over seeds, band: their range)",
+        fontsize=10,
+    )
+    return fig
+
+
+def plot_gates(frame: pd.DataFrame, path: str | Path) -> Path | None:
+    """Save ``gate_figure(frame)`` as a PNG at ``path``; None (and no file) when the frame has
+    nothing to draw."""
+    fig = gate_figure(frame)
+    if fig is None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format="png", dpi=150)
+    return path
+
+
+def _panel_keys(data: pd.DataFrame) -> list[str]:
+    """dataset, the position columns that vary, then every axis.* column."""
+    varying = [c for c in ("position", "attention_position") if data[c].nunique(dropna=False) > 1]
+    axes = sorted(c for c in data.columns if str(c).startswith(AXIS_TAG_PREFIX))
+    return ["dataset", *varying, *axes]
+
+
+def _short(column: str) -> str:
+    return column.removeprefix(AXIS_TAG_PREFIX)
+
+
+def _text(value: Any) -> str:
+    """A panel key's value as a title shows it (``unset`` for a run without the tag)."""
+    return (
+        "unset" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    )
+
+
+def _bucket_label(start: int, end: int) -> str:
+    return str(start) if end - start == 1 else f"{start}-{end - 1}"
+
+
+def _draw_panel(ax: Any, panel: pd.DataFrame, colors: dict[str, str]) -> None:
+    """One line (mean over seeds) and band (range over seeds) per operator on a categorical
+    axis of the panel's position buckets."""
+    buckets = sorted(set(zip(panel["bucket_start"], panel["bucket_end"], strict=True)))
+    where = {bucket: i for i, bucket in enumerate(buckets)}
+    for operator, rows in panel.groupby("operator", sort=True):
+        per_seed = rows.groupby(["seed", "bucket_start", "bucket_end"], dropna=False)[
+            "gate_mean"
+        ].mean()
+        stats = per_seed.groupby(level=["bucket_start", "bucket_end"]).agg(["mean", "min", "max"])
+        x = np.array([where[bucket] for bucket in stats.index])
+        seeds = per_seed.index.get_level_values("seed").nunique(dropna=False)
+        color = colors[str(operator)]
+        ax.plot(x, stats["mean"], marker="o", ms=3, color=color, label=f"{operator} ({seeds})")
+        if seeds > 1:
+            ax.fill_between(x, stats["min"], stats["max"], color=color, alpha=0.2, lw=0)
+    ax.axhline(0.5, color="0.3", lw=0.9, ls="--")
+    ax.set_xticks(range(len(buckets)), [_bucket_label(s, e) for s, e in buckets], rotation=45)
+    ax.set_ylim(0.0, 1.0)
+    ax.set_xlabel("token position (bucket)")
+    ax.set_ylabel("mean gate g (weight on E)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, frameon=False, title="operator (seeds)", title_fontsize=7)
