@@ -358,6 +358,44 @@ def _seed_problems(seed: int, sweeps: dict[str, list[int]]) -> list[str]:
     ]
 
 
+def _tune_section(raw_tune: Any) -> tuple[TuneSection | None, list[str]]:
+    """The ``tune:`` mapping validated, with the rules between its keys."""
+    if not isinstance(raw_tune, dict):
+        return None, ["tune: required mapping with datasets, seed, num_samples and space"]
+    tune, found = validate_collecting(TuneSection, raw_tune)
+    problems = [f"tune.{p}" for p in found]
+    if "fusions" in raw_tune and "fusion" in raw_tune:
+        problems.append(
+            "tune.fusions: give either fusion (one operator) or fusions (several), not both"
+        )
+    if "fusions" in raw_tune and "asha" in raw_tune:
+        problems.append(
+            "tune.asha: not used when several operators are tuned (every setting trains every "
+            "operator in full, so that each is ranked on complete runs); remove it"
+        )
+    return tune, problems
+
+
+def _trial_shape_problems(spec: SweepSpec, tune: TuneSection, several: bool) -> list[str]:
+    """Tuning trials run on one worker, and ASHA's grace period fits in the epochs."""
+    problems = []
+    for dataset in tune.datasets:
+        res = resources_for(spec, dataset)
+        if res.workers != 1 or res.force_trainer:
+            where = (
+                f"datasets.{dataset}.resources" if spec.datasets[dataset].resources else "resources"
+            )
+            problems.append(
+                f"{where}.workers: tuning trials run on one worker (got {res.workers}); set workers: 1 and force_trainer: false in the HPO file"
+            )
+        epochs = TypeAdapter(TrainSpec).validate_python(resolve_specs(spec, dataset)[2]).epochs
+        if not several and tune.asha.grace_period > epochs:
+            problems.append(
+                f"tune.asha.grace_period: {tune.asha.grace_period} is more than datasets.{dataset} train.epochs {epochs}; lower it"
+            )
+    return problems
+
+
 def load_hpo(path: str | Path) -> HpoPlan:
     """Read and fully validate an HPO file; raises ``HpoFileError`` listing every problem."""
     path = Path(path)
@@ -384,21 +422,8 @@ def load_hpo(path: str | Path) -> HpoPlan:
     sweeps, found = _sweeps_problems(path, raw.pop("sweeps", None), output_path)
     problems += found
     raw_tune = raw.pop("tune", None)
-    tune = None
-    if not isinstance(raw_tune, dict):
-        problems.append("tune: required mapping with datasets, seed, num_samples and space")
-    else:
-        tune, found = validate_collecting(TuneSection, raw_tune)
-        problems += [f"tune.{p}" for p in found]
-        if "fusions" in raw_tune and "fusion" in raw_tune:
-            problems.append(
-                "tune.fusions: give either fusion (one operator) or fusions (several), not both"
-            )
-        if "fusions" in raw_tune and "asha" in raw_tune:
-            problems.append(
-                "tune.asha: not used when several operators are tuned (every setting trains every "
-                "operator in full, so that each is ranked on complete runs); remove it"
-            )
+    tune, found = _tune_section(raw_tune)
+    problems += found
     several = "fusions" in (raw_tune if isinstance(raw_tune, dict) else {})
 
     # The trials as a sweep: one cell per tuned dataset and operator (tuning seed), validated by
@@ -430,22 +455,7 @@ def load_hpo(path: str | Path) -> HpoPlan:
     if tune and spec is not None and not sweep_problems:
         # Only on an otherwise valid file: each bound is checked by re-validating the whole file.
         problems += _space_value_problems(raw_sweep, tune)
-        for dataset in tune.datasets:
-            res = resources_for(spec, dataset)
-            if res.workers != 1 or res.force_trainer:
-                where = (
-                    f"datasets.{dataset}.resources"
-                    if spec.datasets[dataset].resources
-                    else "resources"
-                )
-                problems.append(
-                    f"{where}.workers: tuning trials run on one worker (got {res.workers}); set workers: 1 and force_trainer: false in the HPO file"
-                )
-            epochs = TypeAdapter(TrainSpec).validate_python(resolve_specs(spec, dataset)[2]).epochs
-            if not several and tune.asha.grace_period > epochs:
-                problems.append(
-                    f"tune.asha.grace_period: {tune.asha.grace_period} is more than datasets.{dataset} train.epochs {epochs}; lower it"
-                )
+        problems += _trial_shape_problems(spec, tune, several)
     if problems:
         raise HpoFileError(path, problems)
     assert spec is not None and tune is not None and output_path is not None
