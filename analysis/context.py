@@ -1,9 +1,10 @@
 """What a report is made of: its options, and everything computed once from the runs.
 
 ``build_context`` loads the experiment (only its sweep's cells, when the parent run lists them),
-counts the runs of other settings, pairs the runs (refusing a report with nothing to compare),
-runs the statistics and the length analysis, orders datasets and operators, builds the tables
-and gathers the warnings. The writers (``analysis.report``, ``analysis.figures``,
+counts the runs of other settings, pairs the runs within every combination of the grid's
+non-fusion axes (refusing a report with nothing to compare), runs the statistics, the
+interaction tests of the extra grid axes and the length analysis, checks the embedding-scale
+confound, orders datasets and operators, builds the tables and gathers the warnings. The writers (``analysis.report``, ``analysis.figures``,
 ``analysis.markdown``) read the resulting ``ReportContext`` and compute nothing of their own.
 """
 
@@ -17,6 +18,12 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.interaction import (
+    Interactions,
+    ScalingCheck,
+    interaction_tests,
+    scaling_check,
+)
 from analysis.lengths import LengthAnalysis, analyse_lengths
 from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
 from analysis.other_settings import OtherSettings, describe_other_settings
@@ -28,6 +35,8 @@ from analysis.tables import (
     Table,
     TableInputs,
     dataset_order,
+    interaction_table,
+    level_ranks,
     operator_order,
     operator_summary,
     table1,
@@ -116,10 +125,22 @@ class ReportContext:
     generated_at: str
     figures: list[tuple[str, Path]] = field(default_factory=list)
     """(caption, PNG path) of every figure drawn, for report.md."""
+    axis_levels: dict[str, list[str]] = field(default_factory=dict)
+    """The extra grid axes compared within (columns of every table) -> their levels, the
+    reference first; empty for a grid without extra axes."""
+    interactions: Interactions | None = None
+    """The interaction tests of the extra grid axes (None without extra axes)."""
+    scaling: ScalingCheck = field(default_factory=ScalingCheck)
+    """The embedding-scale confound check against ``add``."""
 
     @property
     def keys(self) -> list[str]:
         return list(self.pairing.keys)
+
+    @property
+    def axes(self) -> list[str]:
+        """The extra grid axes among the group keys."""
+        return list(self.axis_levels)
 
     @property
     def baseline(self) -> str:
@@ -165,8 +186,9 @@ def build_context(
     other = describe_other_settings(exp)
     runs = restrict(exp.runs, "operator", o.only_operators, keep=o.baseline)
     runs = restrict(runs, "dataset", o.only_datasets)
-    pairing = pair_runs(runs, o.baseline, by=o.by, ignore_params=o.ignore_params)
+    pairing = pair_runs(runs, o.baseline, by=o.by, ignore_params=o.ignore_params, axes=exp.axes)
     require_comparisons(exp, pairing, other, scope_of(o))
+    levels = {a: exp.axis_levels[a] for a in pairing.axes}
     comps = compare(pairing, o.settings)
     lengths = None
     if o.lengths and len(pairing.pairs):
@@ -174,13 +196,36 @@ def build_context(
     keys = list(pairing.keys)
     datasets = dataset_order(pairing.runs["dataset"], lengths.median_length if lengths else {})
     operators = operator_order(pairing.runs["operator"], o.baseline)
-    setting = main_setting(pairing.runs, keys, o.position, o.attention_position)
-    comps.table = display_order(comps.table, datasets, operators)
+    not_axes = [k for k in keys if k not in levels]
+    setting = main_setting(pairing.runs, not_axes, o.position, o.attention_position)
+    comps.table = display_order(comps.table, datasets, operators, levels)
     if lengths is not None and not lengths.stats.empty:
-        lengths.stats = display_order(lengths.stats, datasets, operators)
+        lengths.stats = display_order(lengths.stats, datasets, operators, levels)
+    interactions = None
+    if levels:
+        interactions = interaction_tests(pairing, levels, o.settings)
+        interactions.table = interaction_order(interactions.table, datasets, operators, levels)
+    scaling = scaling_check(pairing, comps.table, interactions)
     summary = operator_summary(pairing.runs, keys)
-    inputs = TableInputs(summary, comps.table, comps.settings, o.baseline, keys, datasets, setting)
+    inputs = TableInputs(
+        summary,
+        comps.table,
+        comps.settings,
+        o.baseline,
+        keys,
+        datasets,
+        setting,
+        list(levels),
+        levels,
+    )
     tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
+    tables["table3"].footnotes += alias_footnotes(pairing)
+    tables |= interaction_tables(interactions, keys, comps.settings, list(levels))
+    warnings = ([scaling.warning] if scaling.warning else []) + collect_warnings(
+        exp, pairing, comps, lengths
+    )
+    if interactions is not None:
+        warnings += interactions.warnings
     out_dir = Path(o.out) if o.out is not None else Path("reports") / slug(experiment)
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     return ReportContext(
@@ -195,10 +240,40 @@ def build_context(
         operators=operators,
         main_setting=setting,
         tables=tables,
-        warnings=collect_warnings(exp, pairing, comps, lengths),
+        warnings=warnings,
         out_dir=out_dir,
         generated_at=now,
+        axis_levels=levels,
+        interactions=interactions,
+        scaling=scaling,
     )
+
+
+def interaction_tables(
+    interactions: Interactions | None, keys: list[str], settings: Any, axes: list[str]
+) -> dict[str, Any]:
+    """One "does the operator effect depend on <axis>?" table per setting axis."""
+    if interactions is None:
+        return {}
+    return {
+        f"interaction:{axis}": interaction_table(
+            interactions.for_axis(axis), axis, keys, settings, interactions.m, axes
+        )
+        for axis in interactions.levels
+    }
+
+
+def alias_footnotes(pairing: Pairing) -> list[str]:
+    """Table 3's note on positions that are another position under a second name: their cells
+    carry no mark, the model being tested once, under the position it repeats."""
+    if pairing.aliases.empty:
+        return []
+    names = pairing.aliases[["position", "alias_of"]].drop_duplicates()
+    return [
+        f"{alias} is the same model as {target}: each comparison both have is tested once, "
+        f"under {target}, so {alias}'s cell carries no mark."
+        for alias, target in names.itertuples(index=False, name=None)
+    ]
 
 
 def require_comparisons(
@@ -266,20 +341,50 @@ def main_setting(
 
 
 def display_order(
-    table: pd.DataFrame, datasets: Sequence[str], operators: Sequence[str]
+    table: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    levels: dict[str, list[str]] | None = None,
 ) -> pd.DataFrame:
-    """Rows by dataset (shortest first), then setting, then operator (study order)."""
+    """Rows by dataset (shortest first), then setting (extra axis levels in the sweep file's
+    order), then operator (study order)."""
     if table.empty:
         return table
     rank_d = {d: i for i, d in enumerate(datasets)}
     rank_o = {o: i for i, o in enumerate(operators)}
     cols = [c for c in ("position", "attention_position") if c in table]
+    ranks = {f"_a{i}": (a, r) for i, (a, r) in enumerate(level_ranks(levels or {}).items())}
+    axis_cols = {c: table[a].astype(str).map(r) for c, (a, r) in ranks.items() if a in table}
     key = table.assign(
-        _d=table["dataset"].map(rank_d), _o=table["operator"].map(rank_o), _i=range(len(table))
+        _d=table["dataset"].map(rank_d),
+        _o=table["operator"].map(rank_o),
+        _i=range(len(table)),
+        **axis_cols,
     )
+    order = ["_d", *cols, *axis_cols, "_o", "_i"]
     return (
-        key.sort_values(["_d", *cols, "_o", "_i"], kind="stable")
-        .drop(columns=["_d", "_o", "_i"])
+        key.sort_values(order, kind="stable")
+        .drop(columns=["_d", "_o", "_i", *axis_cols])
+        .reset_index(drop=True)
+    )
+
+
+def interaction_order(
+    table: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    levels: dict[str, list[str]],
+) -> pd.DataFrame:
+    """Interaction tests by axis and level (sweep file's order), then as ``display_order``."""
+    if table.empty:
+        return table
+    ordered = display_order(table, datasets, operators, levels)
+    axis_rank = {a: i for i, a in enumerate(levels)}
+    level_rank = ordered.apply(lambda r: levels[r["axis"]].index(str(r["level"])), axis=1)
+    return (
+        ordered.assign(_x=ordered["axis"].map(axis_rank), _l=level_rank)
+        .sort_values(["_x", "_l"], kind="stable")
+        .drop(columns=["_x", "_l"])
         .reset_index(drop=True)
     )
 

@@ -1,8 +1,15 @@
-"""Which figures a report draws, from its context (the drawing itself is ``analysis.plots``)."""
+"""Which figures a report draws, from its context (the drawing itself is ``analysis.plots``).
+
+With extra grid axes, the paired-delta figures get a panel per level (one figure per setting,
+and per dataset one with a panel per setting), and the summary and length figures a line style
+and marker per level.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pandas as pd
 
 from analysis import plots
 from analysis.context import ReportContext
@@ -39,9 +46,10 @@ def _paired_delta_figures(
     ctx: ReportContext, fig_dir: Path, colors: dict[str, str], drawn: _Drawn
 ) -> None:
     """Per-seed deltas: one figure per setting (panels: datasets) and, when there are several
-    settings, one per dataset (panels: settings)."""
+    settings, one per dataset (panels: settings, extra axis levels among them)."""
     other = [k for k in ctx.keys if k != "dataset"]
-    settings = ctx.pairing.runs[other].drop_duplicates().to_dict("records")
+    settings = ctx.pairing.runs[other].drop_duplicates()
+    settings = _in_level_order(settings, ctx.axis_levels).to_dict("records")
     deltas = ctx.comparisons.deltas
     for s in settings:
         label = describe_setting(s)
@@ -59,9 +67,11 @@ def _paired_delta_figures(
         drawn.add(f"Paired per-seed deltas vs `{ctx.baseline}` ({label})", paths)
     if len(settings) <= 1:
         return
-    deltas = deltas.copy()
+    deltas = _in_level_order(deltas, ctx.axis_levels)
     deltas["setting"] = deltas[other].astype(str).agg(" / ".join, axis=1)
     setting_names = list(dict.fromkeys(deltas["setting"]))
+    # with extra axes the panels are settings (a level each), not only position families
+    what, stem = ("setting", "by_setting") if ctx.axes else ("position family", "by_position")
     for d in ctx.datasets:
         paths = plots.paired_deltas(
             deltas[deltas["dataset"] == d],
@@ -69,13 +79,41 @@ def _paired_delta_figures(
             setting_names,
             ctx.operators,
             ctx.baseline,
-            f"{d}: paired per-seed deltas vs {ctx.baseline} per position family "
-            f"({' / '.join(other)})",
+            f"{d}: paired per-seed deltas vs {ctx.baseline} per {what} ({' / '.join(other)})",
             fig_dir,
-            f"paired_deltas_by_position__{plots.slug(d)}",
+            f"paired_deltas_{stem}__{plots.slug(d)}",
             colors,
         )
-        drawn.add(f"{d}: paired deltas per position family", paths)
+        drawn.add(f"{d}: paired deltas per {what}", paths)
+
+
+def _in_level_order(frame: pd.DataFrame, levels: dict[str, list[str]]) -> pd.DataFrame:
+    """``frame`` with the extra axes' levels in the sweep file's order (stable otherwise)."""
+    frame = frame.copy()
+    axes = [a for a in levels if a in frame]
+    if not axes:
+        return frame
+    ranks = {a: {v: i for i, v in enumerate(levels[a])} for a in axes}
+    order = frame.assign(
+        **{f"_r{i}": frame[a].astype(str).map(ranks[a]) for i, a in enumerate(axes)}
+    )
+    cols = [f"_r{i}" for i in range(len(axes))]
+    return order.sort_values(cols, kind="stable").drop(columns=cols)
+
+
+def _with_level(
+    frame: pd.DataFrame, ctx: ReportContext
+) -> tuple[pd.DataFrame, str | None, list[str]]:
+    """(``frame`` with a ``level`` column naming its extra axis levels, the style column or
+    None without axes, the levels in the sweep file's order)."""
+    axes = [a for a in ctx.axes if a in frame]
+    if not axes or frame.empty:
+        return frame, None, []
+    frame = _in_level_order(frame, ctx.axis_levels)
+    frame["level"] = (
+        frame[axes].astype(str).apply(lambda r: ", ".join(f"{a}={r[a]}" for a in axes), axis=1)
+    )
+    return frame, "level", list(dict.fromkeys(frame["level"]))
 
 
 def _summary_figures(
@@ -83,7 +121,7 @@ def _summary_figures(
 ) -> None:
     """Accuracy by length regime, and accuracy against latency, in the main setting."""
     where = describe_setting(ctx.main_setting)
-    main_summary = select(ctx.summary, ctx.main_setting)
+    main_summary, style, order = _with_level(select(ctx.summary, ctx.main_setting), ctx)
     paths = plots.accuracy_by_regime(
         main_summary,
         ctx.datasets,
@@ -92,6 +130,8 @@ def _summary_figures(
         f"Accuracy by length regime ({where})",
         fig_dir,
         colors=colors,
+        style_key=style,
+        style_order=order,
     )
     drawn.add("Accuracy by length regime (datasets, shortest to longest)", paths)
     paths = plots.accuracy_vs_latency(
@@ -101,6 +141,8 @@ def _summary_figures(
         f"Accuracy vs latency ({where})",
         fig_dir,
         colors=colors,
+        style_key=style,
+        style_order=order,
     )
     drawn.add("Accuracy against measured latency", paths)
 
@@ -111,9 +153,11 @@ def _length_figure(
     lengths = ctx.lengths
     if lengths is None or lengths.accuracy.empty:
         return
+    accuracy, style, order = _with_level(select(lengths.accuracy, ctx.main_setting), ctx)
+    stats, _, _ = _with_level(select(lengths.stats, ctx.main_setting), ctx)
     paths = plots.accuracy_by_length_bucket(
-        select(lengths.accuracy, ctx.main_setting),
-        select(lengths.stats, ctx.main_setting),
+        accuracy,
+        stats,
         ctx.datasets,
         ctx.operators,
         ctx.baseline,
@@ -121,5 +165,7 @@ def _length_figure(
         fig_dir,
         "accuracy_by_length_bucket",
         colors,
+        style_key=style,
+        style_order=order,
     )
     drawn.add("Accuracy by length quantile inside each dataset", paths)

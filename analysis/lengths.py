@@ -8,6 +8,10 @@ the shortest) asks directly whether the operator's effect grows with length.
 
 Only ``test_predictions.parquet`` is read (columns length, label, pred), only for the runs in
 complete pairs, a thread pool for the I/O, and local artifact stores are read in place.
+
+With extra grid axes, buckets are cut per dataset and axis level (an axis such as the tokenizer's
+vocabulary changes the token counts), and the buckets, accuracies and comparisons carry a column
+per axis.
 """
 
 from __future__ import annotations
@@ -68,7 +72,8 @@ class LengthAnalysis:
     """Accuracy by length bucket per operator, and paired deltas per bucket."""
 
     buckets: pd.DataFrame
-    """One row per (dataset, bucket): label, token range, documents, share truncated."""
+    """One row per (dataset, axis levels, bucket): label, token range, documents, share
+    truncated."""
     accuracy: pd.DataFrame
     """One row per (group, operator, bucket): mean and sd over seeds of accuracy (%)."""
     stats: pd.DataFrame
@@ -96,16 +101,17 @@ def analyse_lengths(
     """Length-bucket accuracy and paired per-bucket statistics for the runs of a Pairing."""
     settings = settings or StatsSettings()
     keys = list(pairing.keys)
+    scope = ["dataset", *getattr(pairing, "axes", ())]
     pairs = pairing.pairs
     warns: list[str] = []
     used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
     runs = pairing.runs[pairing.runs["run_id"].isin(used)]
     preds = _read_all(runs, max_workers, warns)
-    buckets, counts, medians = _bucket_counts(runs, preds, n_buckets, warns)
+    buckets, counts, medians = _bucket_counts(runs, preds, n_buckets, warns, scope)
     if counts.empty:
         empty = pd.DataFrame()
         return LengthAnalysis(buckets, empty, empty, warns, medians)
-    accuracy = _bucket_accuracy(counts, runs, buckets, keys)
+    accuracy = _bucket_accuracy(counts, runs, buckets, keys, scope)
     stats = _bucket_stats(counts, pairs, keys, pairing.baseline, settings)
     if len(stats):
         stats = _finish_families(stats, settings, warns)
@@ -146,23 +152,29 @@ BUCKET_COLUMNS = [
 
 
 def _bucket_counts(
-    runs: pd.DataFrame, preds: dict[str, Any], n_buckets: int, warns: list[str]
+    runs: pd.DataFrame,
+    preds: dict[str, Any],
+    n_buckets: int,
+    warns: list[str],
+    scope: list[str] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, float]]:
-    """(the buckets of each dataset, documents and correct ones per run and bucket, median
-    test length per dataset). Runs whose predictions disagree with their logged counts or with
-    the dataset's test lengths are left out (warned)."""
+    """(the buckets of each dataset (and axis levels: ``scope``), documents and correct ones
+    per run and bucket, median test length per dataset). Runs whose predictions disagree with
+    their logged counts or with their scope's test lengths are left out (warned)."""
+    scope = scope or ["dataset"]
     bucket_rows: list[dict[str, Any]] = []
     count_rows: list[tuple[str, int, int, int]] = []
     medians: dict[str, float] = {}
     inconsistent: list[str] = []
-    for dataset, druns in runs.groupby("dataset", sort=True):
+    for where, druns in runs.groupby(scope, sort=True):
+        where = dict(zip(scope, where if isinstance(where, tuple) else (where,), strict=True))
         have = [r for r in druns["run_id"] if preds.get(r) is not None]
         if not have:
             continue
         ref = np.sort(preds[have[0]]["length"].to_numpy(np.int64))
         edges = bucket_edges(ref, n_buckets)
-        medians[str(dataset)] = float(np.median(ref))
-        bucket_rows += _describe_buckets(dataset, ref, edges, _max_length(druns))
+        medians.setdefault(str(where["dataset"]), float(np.median(ref)))
+        bucket_rows += _describe_buckets(where, ref, edges, _max_length(druns))
         info = druns.set_index("run_id")
         for run_id in have:
             counted = _count_run(preds[run_id], info.loc[run_id], ref, edges)
@@ -176,7 +188,7 @@ def _bucket_counts(
             "their test_total / test_correct or with the dataset's test lengths, and are left "
             f"out: {', '.join(inconsistent[:5])}{' ...' if len(inconsistent) > 5 else ''}."
         )
-    buckets = pd.DataFrame(bucket_rows, columns=BUCKET_COLUMNS)
+    buckets = pd.DataFrame(bucket_rows, columns=[*scope, *BUCKET_COLUMNS[1:]])
     counts = pd.DataFrame(count_rows, columns=["run_id", "bucket", "n_docs", "correct"])
     return buckets, counts, medians
 
@@ -189,15 +201,16 @@ def _max_length(druns: pd.DataFrame) -> float:
 
 
 def _describe_buckets(
-    dataset: str, ref: np.ndarray, edges: np.ndarray, max_len: float
+    where: dict[str, Any], ref: np.ndarray, edges: np.ndarray, max_len: float
 ) -> list[dict[str, Any]]:
+    """One row per bucket of the test lengths ``ref`` of one dataset (and axis levels)."""
     ref_bucket = np.searchsorted(edges, ref, side="right")
     rows = []
     for b in range(len(edges) + 1):
         in_b = ref[ref_bucket == b]
         rows.append(
             {
-                "dataset": dataset,
+                **where,
                 "bucket": b,
                 "label": f"{in_b.min()}-{in_b.max()}",
                 "min_length": int(in_b.min()),
@@ -231,9 +244,14 @@ def _count_run(
 
 
 def _bucket_accuracy(
-    counts: pd.DataFrame, runs: pd.DataFrame, buckets: pd.DataFrame, keys: list[str]
+    counts: pd.DataFrame,
+    runs: pd.DataFrame,
+    buckets: pd.DataFrame,
+    keys: list[str],
+    scope: list[str] | None = None,
 ) -> pd.DataFrame:
     """Accuracy per (group, operator, bucket) over the runs used in pairs."""
+    scope = scope or ["dataset"]
     meta = runs[[*keys, "operator", "seed", "run_id"]]
     per_run = counts.merge(meta, on="run_id")
     per_run["acc"] = 100.0 * per_run["correct"] / per_run["n_docs"]
@@ -242,9 +260,7 @@ def _bucket_accuracy(
         .agg(acc_mean="mean", acc_sd=lambda s: s.std(ddof=1), n_runs="size")
         .reset_index()
     )
-    return accuracy.merge(
-        buckets[["dataset", "bucket", "label", "n_docs"]], on=["dataset", "bucket"]
-    )
+    return accuracy.merge(buckets[[*scope, "bucket", "label", "n_docs"]], on=[*scope, "bucket"])
 
 
 def _bucket_stats(

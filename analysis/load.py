@@ -11,6 +11,11 @@ table definitions. A sweep's runs are its cells: when the sweep's parent run car
 cells are the experiment's runs, and the others are set aside as runs of other settings. The
 FINISHED runs' test metrics are checked before anything uses them. Pairing the runs is
 ``analysis.pairing``'s job.
+
+A sweep's grid may have axes beyond dataset, position, attention position and fusion (any
+dotted setting, e.g. ``model.scale_embeddings``): each trial run's tag ``axis.<key>`` becomes a
+column named ``<key>`` (the value as text), and ``Experiment.axis_levels`` gives each axis's
+levels, its reference level first (from the parent run's ``grid_axes`` tag when it has one).
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ import numpy as np
 import pandas as pd
 
 from analysis.schema import (
+    AXIS_TAG_PREFIX,
     CELLS_ARTIFACT,
     EPOCH_METRICS,
     FINAL_METRICS,
+    GRID_AXES_TAG,
+    INIT_METRICS,
+    LATENCY_RATIO_METRIC,
     PARENT_TAG,
+    POSITION_ALIAS_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
@@ -65,6 +75,11 @@ BASE_COLUMNS = [
     *(t for t in TRIAL_TAGS if t != "fusion"),
     *METRICS,
 ]
+#: Metrics and tags that only some sweeps log: a column of the tidy frame only when a run of
+#: the experiment carries it, so that the frame of a sweep without them is unchanged.
+OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC)
+OPTIONAL_TAGS = (POSITION_ALIAS_TAG,)
+OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
 
 
 class AnalysisError(ValueError):
@@ -105,6 +120,14 @@ class Experiment:
     other_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Trial runs (every status) whose ``cell_id`` is not in ``sweep_cells``: runs of other
     settings, never counted, paired or analysed. Same columns as ``runs``."""
+    axis_levels: dict[str, list[str]] = field(default_factory=dict)
+    """The grid's extra axes (dotted keys, columns of ``runs``) -> their levels as text, the
+    reference level first (``axis_levels``); empty for a grid without extra axes."""
+
+    @property
+    def axes(self) -> list[str]:
+        """The extra grid axes, in the sweep file's order."""
+        return list(self.axis_levels)
 
     @property
     def finished(self) -> pd.DataFrame:
@@ -115,6 +138,35 @@ class Experiment:
 def tag_column(tag: str) -> str:
     """The frame column of a trial tag: tag ``fusion`` is the column ``operator``."""
     return "operator" if tag == "fusion" else tag
+
+
+def axis_key(tag: str) -> str:
+    """The grid axis of an ``axis.<dotted key>`` tag (its column in the tidy frame).
+
+    Raises AnalysisError when the key would replace a column the analysis already has."""
+    key = tag[len(AXIS_TAG_PREFIX) :]
+    if not key or key in BASE_COLUMNS or key in OPTIONAL_COLUMNS or key.startswith(PARAM_PREFIX):
+        raise AnalysisError(
+            f"a run carries the tag {tag!r}, whose axis name {key!r} clashes with a column the "
+            "analysis reads; extra grid axes are dotted settings such as "
+            f"{AXIS_TAG_PREFIX}model.scale_embeddings. Rename or delete the tag."
+        )
+    return key
+
+
+def axis_columns(runs: pd.DataFrame) -> list[str]:
+    """The extra grid axes of a tidy frame: its columns that came from ``axis.<key>`` tags
+    (dotted names that are neither params nor schema columns) and hold a value in some run."""
+    known = {*BASE_COLUMNS, *OPTIONAL_COLUMNS}
+    return [
+        c
+        for c in runs.columns
+        if isinstance(c, str)
+        and "." in c
+        and c not in known
+        and not c.startswith(PARAM_PREFIX)
+        and runs[c].notna().any()
+    ]
 
 
 # ----------------------------------------------------------------------------- search_runs
@@ -170,6 +222,11 @@ def _frame_from_entities(runs: Sequence[Any]) -> pd.DataFrame:
             row[tag_column(tag)] = data.tags.get(tag)
         for name in METRICS:
             row[name] = data.metrics.get(name, math.nan)
+        row.update((name, data.metrics[name]) for name in OPTIONAL_METRICS if name in data.metrics)
+        row.update((tag, data.tags[tag]) for tag in OPTIONAL_TAGS if tag in data.tags)
+        for tag, value in data.tags.items():
+            if tag.startswith(AXIS_TAG_PREFIX):
+                row[axis_key(tag)] = value
         for name, value in data.params.items():
             row[PARAM_PREFIX + name] = value
         rows.append(row)
@@ -183,7 +240,15 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
         if col not in df:
             df[col] = None
     params = sorted(c for c in df.columns if c.startswith(PARAM_PREFIX))
-    df = df[BASE_COLUMNS + params]
+    optional = [c for c in OPTIONAL_COLUMNS if c in df and df[c].notna().any()]
+    axes = sorted(c for c in df.columns if c not in {*BASE_COLUMNS, *OPTIONAL_COLUMNS, *params})
+    df = df[BASE_COLUMNS + optional + axes + params]
+    for col in [*OPTIONAL_TAGS, *axes]:
+        if col in df:
+            df[col] = df[col].astype(object).where(df[col].notna(), None)
+    for col in OPTIONAL_METRICS:
+        if col in df:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
     for col in METRICS:  # counts stay floats here: check_metrics must see 150.5 as 150.5
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
@@ -226,14 +291,15 @@ def _sql_queries(experiment_id: str) -> dict[str, tuple[Any, list[str]]]:
     info_cols = ("run_uuid", "name", "status", "start_time", "end_time", "artifact_uri")
     info_q = sa.select(*(runs_t.c[c] for c in info_cols)).where(active)
     tags_q = sa.select(tags_t.c.run_uuid, tags_t.c.key, tags_t.c.value).where(
-        tags_t.c.run_uuid.in_(ids), tags_t.c.key.in_(_wanted_tags())
+        tags_t.c.run_uuid.in_(ids),
+        sa.or_(tags_t.c.key.in_(_wanted_tags()), tags_t.c.key.startswith(AXIS_TAG_PREFIX)),
     )
     params_q = sa.select(params_t.c.run_uuid, params_t.c.key, params_t.c.value).where(
         params_t.c.run_uuid.in_(ids)
     )
     metrics_q = sa.select(
         metrics_t.c.run_uuid, metrics_t.c.key, metrics_t.c.value, metrics_t.c.is_nan
-    ).where(metrics_t.c.run_uuid.in_(ids), metrics_t.c.key.in_(METRICS))
+    ).where(metrics_t.c.run_uuid.in_(ids), metrics_t.c.key.in_([*METRICS, *OPTIONAL_METRICS]))
     long = ["run_id", "key", "value"]
     return {
         "info": (info_q, INFO_COLUMNS),
@@ -244,7 +310,7 @@ def _sql_queries(experiment_id: str) -> dict[str, tuple[Any, list[str]]]:
 
 
 def _wanted_tags() -> list[str]:
-    return [*TRIAL_TAGS, ROLE_TAG, PARENT_TAG, RUN_NAME_TAG]
+    return [*TRIAL_TAGS, ROLE_TAG, PARENT_TAG, RUN_NAME_TAG, *OPTIONAL_TAGS]
 
 
 def _run_queries(uri: str, queries: dict[str, tuple[Any, list[str]]]) -> dict[str, pd.DataFrame]:
@@ -303,6 +369,15 @@ def _frame_from_sql(uri: str, experiment_id: str) -> pd.DataFrame:
     metric_wide = _wide(metrics.drop(columns="is_nan"), frame.index)
     for name in METRICS:
         frame[name] = metric_wide[name] if name in metric_wide else math.nan
+    for name in OPTIONAL_METRICS:
+        if name in metric_wide:
+            frame[name] = metric_wide[name]
+    for tag in OPTIONAL_TAGS:
+        if tags[tag].notna().any():
+            frame[tag] = tags[tag]
+    for tag in tags.columns:
+        if tag.startswith(AXIS_TAG_PREFIX):
+            frame[axis_key(tag)] = tags[tag]
     frame = pd.concat([frame, _wide(fetched["params"], frame.index, PARAM_PREFIX)], axis=1)
     return _tidy(frame.reset_index())
 
@@ -344,16 +419,18 @@ def load_experiment(
     cells = read_sweep_cells(client, parent) if parent is not None else None
     runs, other = split_sweep_cells(trials, cells)
     check_metrics(runs, name)
+    parent_tags = dict(parent.data.tags) if parent is not None else {}
     return Experiment(
         name=name,
         experiment_id=exp.experiment_id,
         tracking_uri=uri,
         runs=integer_counts(runs),
         parent_run_id=parent_id,
-        parent_tags=dict(parent.data.tags) if parent is not None else {},
+        parent_tags=parent_tags,
         notes=notes,
         sweep_cells=cells,
         other_runs=integer_counts(other),
+        axis_levels=axis_levels(runs, parent_tags.get(GRID_AXES_TAG), notes),
     )
 
 
@@ -515,6 +592,75 @@ def split_sweep_cells(
         return trials, trials.iloc[:0]
     mine = trials["cell_id"].isin(set(cells))
     return trials[mine].reset_index(drop=True), trials[~mine].reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- grid axes
+
+
+def axis_text(value: Any) -> str:
+    """A level as the sweep writes it in an ``axis.<key>`` tag: booleans ``true``/``false``,
+    anything else as text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def natural_levels(values: Sequence[str]) -> list[str]:
+    """Distinct levels in their natural order: false before true, numbers by value, then the
+    rest as text (the order when the parent run does not give the sweep file's)."""
+
+    def rank(v: str) -> tuple[int, float, str]:
+        if v.lower() in ("false", "true"):
+            return (0, float(v.lower() == "true"), v)
+        try:
+            number = float(v)
+        except ValueError:
+            return (2, 0.0, v)
+        return (1, number, v) if math.isfinite(number) else (2, 0.0, v)
+
+    return sorted(set(values), key=rank)
+
+
+def parse_grid_axes(text: str | None, notes: list[str]) -> dict[str, list[str]]:
+    """The parent run's ``grid_axes`` tag: {dotted key: [levels as text, sweep file order]}.
+    An unreadable tag is noted and read as absent."""
+    if text is None:
+        return {}
+    try:
+        payload = json.loads(text)
+    except ValueError:
+        payload = None
+    if isinstance(payload, dict) and all(isinstance(v, list) for v in payload.values()):
+        return {str(k): [axis_text(v) for v in vals] for k, vals in payload.items()}
+    notes.append(
+        f"the sweep parent run's tag `{GRID_AXES_TAG}` is not JSON of the form "
+        '{"model.scale_embeddings": ["true", "false"]}; grid axis levels are ordered naturally '
+        "(false before true, numbers by value) and the first is each axis's reference level."
+    )
+    return {}
+
+
+def axis_levels(
+    runs: pd.DataFrame, grid_axes: str | None = None, notes: list[str] | None = None
+) -> dict[str, list[str]]:
+    """Each extra grid axis of ``runs`` -> its levels, the reference level first.
+
+    ``grid_axes`` is the parent run's ``grid_axes`` tag: its order (the sweep file's) comes
+    first, levels it does not list follow in their natural order. Without it, or for an axis
+    it does not name, levels are in their natural order (``natural_levels``). Axes come in the
+    tag's order, then by name."""
+    notes = notes if notes is not None else []
+    declared = parse_grid_axes(grid_axes, notes)
+    present = axis_columns(runs)
+    ordered = [a for a in declared if a in present] + sorted(
+        a for a in present if a not in declared
+    )
+    levels: dict[str, list[str]] = {}
+    for axis in ordered:
+        seen = [str(v) for v in runs[axis].dropna()]
+        first = declared.get(axis, [])
+        levels[axis] = first + natural_levels([v for v in seen if v not in first])
+    return levels
 
 
 # ----------------------------------------------------------------------------- metric check

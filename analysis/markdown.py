@@ -8,15 +8,25 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.context import ARTIFACT_PATH, ReportContext
+from analysis.interaction import ADDITIVE, SCALE_AXIS
 from analysis.paired import method_lines
 from analysis.schema import (
     CELLS_ARTIFACT,
+    GRID_AXES_TAG,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,
+    POSITION_ALIAS_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
 )
-from analysis.tables import describe_setting, select, stats_table
+from analysis.tables import (
+    column_label,
+    describe_setting,
+    interaction_caption,
+    latency_note,
+    select,
+    stats_table,
+)
 
 TABLES = ("table1", "table2", "table3")
 
@@ -26,13 +36,15 @@ def render_report(ctx: ReportContext) -> str:
     lines = [
         *_header(ctx),
         *_warnings(ctx),
+        *_scaling(ctx),
         *_method(ctx),
         *_tables(ctx),
         *_paired_statistics(ctx),
+        *_interactions(ctx),
         *_length_analysis(ctx),
         *_figures(ctx),
         *_gaps(ctx),
-        *_files(),
+        *_files(ctx),
     ]
     return "\n".join(lines)
 
@@ -90,7 +102,103 @@ def _method(ctx: ReportContext) -> list[str]:
         "taken on the integers, so round-off cannot create or break ties."
     )
     bullets = [f"- {line}" for line in method_lines(ctx.record)]
+    bullets += [f"- {line}" for line in _axis_lines(ctx) + _alias_lines(ctx)]
+    table2 = ctx.tables["table2"].data
+    if "latency_ratio_source" in table2:
+        sources = table2["latency_ratio_source"]
+        notes = latency_note(sources, ctx.baseline)
+        bullets += [
+            f"- **Latency ratio** (Table 2, latency / `{ctx.baseline}`): {n}" for n in notes
+        ]
     return ["## Method", "", pairing, "", *bullets, ""]
+
+
+def _axis_lines(ctx: ReportContext) -> list[str]:
+    """The extra grid axes: their levels and reference, and that pairs stay within a level."""
+    if not ctx.axis_levels:
+        return []
+    described = "; ".join(
+        f"`{axis}`: {', '.join(levels)} (reference {levels[0]})"
+        for axis, levels in ctx.axis_levels.items()
+    )
+    return [
+        f"**Grid axes** beyond dataset, position, attention position and fusion: {described}. "
+        "Each level is a group of its own, so a seed pair never crosses levels; levels are in "
+        f"the sweep file's order (parent run tag `{GRID_AXES_TAG}`), the first being the "
+        "reference of the interaction tests."
+    ]
+
+
+def _alias_lines(ctx: ReportContext) -> list[str]:
+    """One line per position that is another one under a second name, tested once."""
+    aliases = ctx.pairing.aliases
+    if aliases.empty:
+        return []
+    lines = []
+    for (alias, target), grp in aliases.groupby(["position", "alias_of"], sort=True):
+        lines.append(
+            f"{alias} is the same model as {target}: tested once (tag `{POSITION_ALIAS_TAG}`; "
+            f"{len(grp)} comparison(s) of {alias} with the same other settings as {target}'s "
+            "are left out of the Holm family)."
+        )
+    return lines
+
+
+def _scaling(ctx: ReportContext) -> list[str]:
+    """With and without scaled token embeddings: each operator's effect against ``add`` per
+    arm, and the interaction test (only when both arms are compared)."""
+    check = ctx.scaling
+    if not check.both_arms:
+        return []
+    effects = check.effects
+    others = [k for k in ctx.keys if k != SCALE_AXIS and k in effects]
+    if check.interaction_levels is not None:
+        level, ref = check.interaction_levels
+        inter_head = f"difference {level} − {ref}: median (p Holm)"
+        inter_text = (
+            f"and whether the effect differs between the arms (per seed, the delta at "
+            f"`{SCALE_AXIS}` = {level} minus the delta at {ref}; exact two-sided Wilcoxon, Holm "
+            "over the interaction family)"
+        )
+    else:
+        inter_head = None
+        inter_text = (
+            f"(no interaction test: `{SCALE_AXIS}` is not a grid axis of this sweep; make it "
+            f"one, `{SCALE_AXIS}: [true, false]`, to test it)"
+        )
+    lines = [
+        "## Operator effects with and without embedding scaling",
+        "",
+        f"Both arms of `{SCALE_AXIS}` are compared with `{ADDITIVE}`: each operator's effect in "
+        "each arm (median per-seed delta in pp, Holm-adjusted p of the comparisons against "
+        f"the baseline), {inter_text}.",
+        "",
+    ]
+    heads = [
+        *(column_label(k, ctx.axes) for k in others),
+        "operator",
+        "scaled: Δ median (p Holm)",
+        "unscaled: Δ median (p Holm)",
+        *([inter_head] if inter_head else []),
+    ]
+    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for _, r in effects.iterrows():
+        cells = [str(r[k]) for k in others] + [str(r["operator"])]
+        cells += [_effect(r, "scaled"), _effect(r, "unscaled")]
+        if inter_head:
+            cells.append(_effect(r, "interaction", median="interaction_median"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def _effect(row: pd.Series, arm: str, median: str | None = None) -> str:
+    """``+1.25 (p Holm 0.031*)`` from an arm's columns of the scaling table ('–' if absent)."""
+    value = row.get(median or f"{arm}_median_delta")
+    p = row.get(f"{arm}_p_holm")
+    if value is None or pd.isna(value):
+        return "–"
+    star = "*" if bool(row.get(f"{arm}_significant", False)) else ""
+    return f"{value:+.2f} (p Holm {_fmt_p(p)}{star})"
 
 
 def _tables(ctx: ReportContext) -> list[str]:
@@ -108,13 +216,37 @@ def _paired_statistics(ctx: ReportContext) -> list[str]:
     return [
         "## Paired statistics",
         "",
-        stats_table(table, ctx.keys, ctx.record).to_markdown(),
+        stats_table(table, ctx.keys, ctx.record, ctx.axes).to_markdown(),
         "",
         f"`*`: Holm-adjusted p ≤ {ctx.options.settings.alpha}. Every column, and more "
         "(Clopper-Pearson bounds, HL interval confidence, n_zeros, wilcoxon_method), is in "
         "`stats.csv`.",
         "",
     ]
+
+
+def _interactions(ctx: ReportContext) -> list[str]:
+    """One table per extra grid axis: does the operator effect depend on it?"""
+    inter = ctx.interactions
+    if inter is None:
+        return []
+    lines = ["## Interaction tests", ""]
+    for axis in ctx.axes:
+        table = ctx.tables.get(f"interaction:{axis}")
+        if table is not None and len(table.display):
+            lines += [table.to_markdown(), ""]
+            continue
+        compared = sorted(set(ctx.pairing.pairs[axis].astype(str)))
+        why = (
+            f"every comparison is at {axis} = {compared[0]}"
+            if len(compared) == 1
+            else f"no seed is paired with `{ctx.baseline}` at two levels of `{axis}` in the "
+            "same combination of the other group keys"
+        )
+        lines += [f"**{interaction_caption(axis)}** Not tested: {why}.", ""]
+    if inter.m:
+        lines += ["Every column of these tests is in `interaction.csv`.", ""]
+    return lines
 
 
 def _length_analysis(ctx: ReportContext) -> list[str]:
@@ -131,22 +263,34 @@ def _length_analysis(ctx: ReportContext) -> list[str]:
         "contrasts): a positive, significant contrast means the operator's advantage grows "
         "with length inside the dataset.",
         "",
-        "| dataset | bucket | tokens | documents | truncated |",
-        "|---|---|---|---|---|",
     ]
-    for _, r in lengths.buckets.iterrows():
+    buckets = lengths.buckets
+    bucket_axes = [a for a in ctx.axes if a in buckets]
+    plain = buckets.drop(columns=bucket_axes).drop_duplicates()
+    if bucket_axes and not plain.duplicated(["dataset", "bucket"]).any():
+        buckets, bucket_axes = plain, []  # the same buckets at every level: list them once
+    heads = ["dataset", *bucket_axes, "bucket", "tokens", "documents", "truncated"]
+    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for _, r in buckets.iterrows():
         trunc = "–" if pd.isna(r["truncated_share"]) else f"{r['truncated_share']:.0%}"
-        lines.append(f"| {r['dataset']} | {r['bucket']} | {r['label']} | {r['n_docs']} | {trunc} |")
+        levels = "".join(f" {r[a]} |" for a in bucket_axes)
+        lines.append(
+            f"| {r['dataset']} |{levels} {r['bucket']} | {r['label']} | {r['n_docs']} | {trunc} |"
+        )
+    stat_axes = [a for a in ctx.axes if a in lengths.stats]
+    heads = ["dataset", *stat_axes, "operator", "bucket", "n", "Δ mean (pp)", "HL", "p"]
+    heads += ["p Holm", "wins"]
     lines += [
         "",
         f"Contrasts and buckets in the main setting ({describe_setting(ctx.main_setting)}):",
         "",
-        "| dataset | operator | bucket | n | Δ mean (pp) | HL | p | p Holm | wins |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| " + " | ".join(heads) + " |",
+        "|" + "---|" * len(heads),
     ]
     for _, r in select(lengths.stats, ctx.main_setting).iterrows():
+        levels = "".join(f" {r[a]} |" for a in stat_axes)
         lines.append(
-            f"| {r['dataset']} | {r['operator']} | {r['bucket']} | {int(r['n_pairs'])} | "
+            f"| {r['dataset']} |{levels} {r['operator']} | {r['bucket']} | {int(r['n_pairs'])} | "
             f"{r['mean_delta']:+.2f} | {r['hl_estimate']:+.2f} | {_fmt_p(r['p_wilcoxon'])} | "
             f"{_fmt_p(r['p_holm'])}{'*' if r['significant'] else ''} | "
             f"{int(r['wins'])}/{int(r['n_pairs'])} |"
@@ -203,12 +347,13 @@ def _listing(
     return ["## " + title, "", *items]
 
 
-def _files() -> list[str]:
+def _files(ctx: ReportContext) -> list[str]:
+    interaction = " `interaction.csv`," if ctx.interactions is not None else ""
     return [
         "",
         "## Files",
         "",
-        "`stats.csv`, `stats.json` (with every setting), `length_stats.csv`, "
+        f"`stats.csv`, `stats.json` (with every setting),{interaction} `length_stats.csv`, "
         "`length_accuracy.csv`, `runs.csv`, `tables/` (Markdown, LaTeX, CSV), `figures/` "
         "(PNG, PDF).",
         "",

@@ -5,12 +5,14 @@ trial runs of those cells; the rest (``Experiment.other_runs``) were logged unde
 name by another version of the sweep file (another number of epochs, a dataset dropped since).
 They are never counted, paired or analysed. This module says how many there are and what they
 differ in: each is compared with the sweep's run of the same dataset, position, attention
-position, fusion and seed, and the most common param differences come first.
+position, fusion and seed (and the same level of each extra grid axis the left-out run has),
+and the most common param differences come first.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -50,6 +52,8 @@ class OtherSettings:
     """FINISHED left-out runs whose params equal their counterpart's (only the cell id differs)."""
     sweep_cells: int | None = None
     """How many cells ``sweep_cells.json`` lists; None without it."""
+    axes: tuple[str, ...] = ()
+    """The extra grid axes a counterpart must also match (by level)."""
 
     @property
     def left_out(self) -> int:
@@ -60,8 +64,11 @@ class OtherSettings:
     def details(self) -> list[str]:
         """The parts of the parenthesis of ``sentence``."""
         out = list(self.differences)
+        words = MATCH_WORDS
+        if self.axes:
+            words = words.replace(" and seed", ", seed and " + ", ".join(self.axes))
         for n, what in (
-            (self.without_counterpart, f"no run of the same {MATCH_WORDS} among the sweep's runs"),
+            (self.without_counterpart, f"no run of the same {words} among the sweep's runs"),
             (self.same_params, "the same params as the sweep's run of their cell"),
         ):
             if n:
@@ -92,7 +99,8 @@ def describe_other_settings(exp: Experiment) -> OtherSettings:
         cells = None if exp.sweep_cells is None else len(exp.sweep_cells)
         return OtherSettings(sweep_cells=cells)
     done = other[other["status"] == FINISHED]
-    differences, without, same = compare_with_counterparts(done, exp.runs)
+    axes = [a for a in exp.axes if a in other]
+    differences, without, same = compare_with_counterparts(done, exp.runs, axes)
     return OtherSettings(
         finished=len(done),
         unfinished=len(other) - len(done),
@@ -100,28 +108,48 @@ def describe_other_settings(exp: Experiment) -> OtherSettings:
         without_counterpart=without,
         same_params=same,
         sweep_cells=len(exp.sweep_cells),
+        axes=tuple(axes),
     )
 
 
-def counterparts(runs: pd.DataFrame) -> pd.DataFrame:
-    """One run per MATCH_COLUMNS key among the sweep's ``runs``: a FINISHED one if any, else
+def counterparts(runs: pd.DataFrame, keys: Sequence[str] = MATCH_COLUMNS) -> pd.DataFrame:
+    """One run per ``keys`` combination among the sweep's ``runs``: a FINISHED one if any, else
     the first by run id."""
-    keyed = runs.dropna(subset=list(MATCH_COLUMNS))
+    keyed = runs.dropna(subset=list(keys))
     rank = (keyed["status"] != FINISHED).astype(int)
     ordered = keyed.assign(unfinished=rank).sort_values(["unfinished", "run_id"], kind="stable")
-    return ordered.drop_duplicates(list(MATCH_COLUMNS)).drop(columns="unfinished")
+    return ordered.drop_duplicates(list(keys)).drop(columns="unfinished")
+
+
+def _matched(
+    left_out: pd.DataFrame, sweep_runs: pd.DataFrame, params: list[str], axes: Sequence[str]
+) -> pd.DataFrame:
+    """Each left-out run (with a value in every MATCH_COLUMNS) next to its counterpart's
+    params (columns suffixed `` sweep``). A counterpart also matches the grid-axis levels the
+    left-out run has; an axis the run has no tag for (an older sweep file) is not matched."""
+    keys = list(MATCH_COLUMNS)
+    theirs = left_out.dropna(subset=keys)
+    tagged = theirs[list(axes)].notna()
+    patterns = list(tagged.drop_duplicates().itertuples(index=False, name=None))
+    if not axes or not patterns:
+        patterns = [(False,) * len(axes)]
+    parts = []
+    for pattern in patterns:
+        rows = (tagged == list(pattern)).all(axis=1) if axes else slice(None)
+        on = keys + [a for a, has in zip(axes, pattern, strict=True) if has]
+        ours = counterparts(sweep_runs, on).reindex(columns=[*on, *params])
+        mine = theirs.loc[rows, [*on, *params]]
+        parts.append(mine.merge(ours, on=on, how="inner", suffixes=("", " sweep")))
+    return pd.concat(parts, ignore_index=True)
 
 
 def compare_with_counterparts(
-    left_out: pd.DataFrame, sweep_runs: pd.DataFrame
+    left_out: pd.DataFrame, sweep_runs: pd.DataFrame, axes: Sequence[str] = ()
 ) -> tuple[list[str], int, int]:
     """(param differences in words, most common first; runs without a counterpart; runs whose
     params equal their counterpart's) of ``left_out`` against ``sweep_runs``."""
     params = param_columns(left_out)
-    keys = list(MATCH_COLUMNS)
-    theirs = left_out.dropna(subset=keys)[[*keys, *params]]
-    ours = counterparts(sweep_runs).reindex(columns=[*keys, *params])
-    merged = theirs.merge(ours, on=keys, how="inner", suffixes=("", " sweep"))
+    merged = _matched(left_out, sweep_runs, params, axes)
     found: Counter[tuple[str, str, str]] = Counter()
     differing_runs = pd.Series(False, index=merged.index)
     for col in params:

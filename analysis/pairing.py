@@ -1,9 +1,13 @@
 """The seed pairing of every operator against a baseline, checked rather than assumed.
 
-Inside each (dataset, position, attention position) group, every operator's FINISHED run of a
-seed is matched with the baseline's FINISHED run of the same seed. Runs whose configs differ in
-anything but the operator are refused (PairingError), and what cannot be paired is listed:
-incomplete blocks, duplicate cells, runs missing a tag or metric, groups without a baseline.
+Inside each group (dataset, position, attention position and every extra grid axis, such as
+``model.scale_embeddings``), every operator's FINISHED run of a seed is matched with the
+baseline's FINISHED run of the same seed: a pair never crosses levels of an axis. Runs whose
+configs differ in anything but the operator are refused (PairingError), and what cannot be
+paired is listed: incomplete blocks, duplicate cells, runs missing a tag or metric, groups
+without a baseline. A position that is another one under a second name (tag
+``position_alias_of``) is compared once: its comparisons are set aside (``Pairing.aliases``)
+where the position it repeats has the same comparison.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis.load import FINISHED, PARAM_PREFIX, AnalysisError
-from analysis.schema import OPERATOR_KWARGS_PREFIX, OPERATOR_PARAM
+from analysis.load import FINISHED, PARAM_PREFIX, AnalysisError, axis_columns
+from analysis.schema import OPERATOR_KWARGS_PREFIX, OPERATOR_PARAM, POSITION_ALIAS_TAG
 
-#: A comparison is made inside each combination of these tags.
+#: A comparison is made inside each combination of these tags (and of the extra grid axes).
 GROUP_KEYS = ("dataset", "position", "attention_position")
-#: What a FINISHED run needs to be paired.
+#: What a FINISHED run needs to be paired (and a value of every extra grid axis).
 NEEDED = (*GROUP_KEYS, "operator", "seed", "test_correct", "test_total")
+#: The columns of ``Pairing.aliases`` after the group keys.
+ALIAS_COLUMNS = ("operator", "alias_of", "n_pairs")
 #: Per run of a pair: these columns, for the operator and (prefixed ``baseline_``) the baseline.
 VALUE_COLUMNS = ("run_id", "test_correct", "test_total", "test_acc", "artifact_uri")
 #: How many offending pairs a PairingError lists before it only counts them.
@@ -43,7 +49,8 @@ class Pairing:
 
     baseline: str
     keys: tuple[str, ...]
-    """Columns that define a group: dataset, position, attention_position, then ``by`` params."""
+    """Columns that define a group: dataset, position, attention_position, the extra grid axes,
+    then ``by`` params."""
     runs: pd.DataFrame
     """The FINISHED, unambiguous trial runs (duplicate cells removed), with the key columns."""
     pairs: pd.DataFrame
@@ -58,6 +65,12 @@ class Pairing:
     excluded: pd.DataFrame
     """FINISHED trial runs that lack a tag or metric the analysis needs."""
     notes: list[str] = field(default_factory=list)
+    axes: tuple[str, ...] = ()
+    """The extra grid axes among ``keys`` (columns from ``axis.<key>`` tags)."""
+    aliases: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per comparison (group, operator) left out of ``pairs`` because its position is
+    an alias (tag ``position_alias_of``) of a position that has the same comparison: keys,
+    operator, ``alias_of`` and the number of pairs set aside. The same model is tested once."""
 
 
 def is_operator_param(name: str) -> bool:
@@ -86,40 +99,65 @@ def pair_runs(
     *,
     by: Sequence[str] = (),
     ignore_params: Iterable[str] = (),
+    axes: Sequence[str] | None = None,
 ) -> Pairing:
     """Match every operator's FINISHED runs with the baseline's by seed, inside each group.
 
     ``runs`` is ``Experiment.runs`` (any status; only FINISHED ones are paired, the others only
-    explain what is missing). ``by`` adds params to the group key, for sweeps that vary a
-    hyperparameter. ``ignore_params`` names params that may differ inside a pair (e.g. a cache
-    directory). Raises PairingError listing every pair whose configs differ in anything but
-    ``model.fusion`` and ``model.fusion_kwargs.*``.
+    explain what is missing). ``axes`` are the extra grid axes (columns of ``runs``; default:
+    every ``axis.<key>`` column ``load`` made, ``analysis.load.axis_columns``): each level is a
+    group of its own, so a pair never crosses levels. ``by`` adds params to the group key, for
+    sweeps that vary a hyperparameter without an axis tag. ``ignore_params`` names params that
+    may differ inside a pair (e.g. a cache directory). Raises PairingError listing every pair
+    whose configs differ in anything but ``model.fusion`` and ``model.fusion_kwargs.*``.
+
+    A comparison whose runs carry ``position_alias_of = X`` is left out of ``pairs`` (and
+    listed in ``aliases``) when position X has the same comparison in the same group
+    otherwise: the two names are one model, tested once.
     """
-    runs, keys = _key_columns(runs, by)
+    axes = tuple(axis_columns(runs) if axes is None else axes)
+    runs, keys = _key_columns(runs, axes, by)
     finished = runs[runs["status"] == FINISHED]
-    usable, excluded = _exclude_incomplete_runs(finished)
+    usable, excluded = _exclude_incomplete_runs(finished, axes)
     clean, duplicates = _drop_duplicate_cells(usable, keys)
     base = clean[clean["operator"] == baseline]
     others = clean[clean["operator"] != baseline]
     compared = _compared_params(clean, ignore_params)
+    pairs = _match_seeds(others, base, keys, baseline, compared)
+    pairs, aliases = _set_aside_aliases(pairs, clean, keys)
     return Pairing(
         baseline=baseline,
         keys=keys,
         runs=clean.reset_index(drop=True),
-        pairs=_match_seeds(others, base, keys, baseline, compared),
+        pairs=pairs,
         incomplete=_incomplete_blocks(runs, clean, duplicates, keys),
         duplicates=duplicates,
         no_baseline=_groups_without_baseline(others, base, keys),
         excluded=excluded.reset_index(drop=True),
         notes=_baseline_notes(clean, baseline),
+        axes=axes,
+        aliases=aliases,
     )
 
 
-def _key_columns(runs: pd.DataFrame, by: Sequence[str]) -> tuple[pd.DataFrame, tuple[str, ...]]:
-    """The runs with one column per ``by`` param, and the group key columns."""
+def _key_columns(
+    runs: pd.DataFrame, axes: Sequence[str], by: Sequence[str]
+) -> tuple[pd.DataFrame, tuple[str, ...]]:
+    """The runs with one column per ``by`` param, and the group key columns: the tags, the
+    extra grid axes, then the ``by`` params (one that is already an axis adds nothing)."""
+    missing = [a for a in axes if a not in runs]
+    if missing:
+        raise AnalysisError(
+            f"grid axes {', '.join(missing)}: no such column among the runs; the loader makes "
+            "one per `axis.<key>` tag (axis columns here: "
+            + (", ".join(axis_columns(runs)) or "none")
+            + ")"
+        )
     out = runs.copy()
-    keys = list(GROUP_KEYS)
+    keys = [*GROUP_KEYS, *axes]
     for name in by:
+        if name in axes:
+            continue
         col = PARAM_PREFIX + name
         if col not in out:
             known = sorted(param_name(c) for c in param_columns(out))[:8]
@@ -131,9 +169,12 @@ def _key_columns(runs: pd.DataFrame, by: Sequence[str]) -> tuple[pd.DataFrame, t
     return out, tuple(keys)
 
 
-def _exclude_incomplete_runs(finished: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(usable runs, excluded runs with a ``missing`` column naming what they lack)."""
-    needed = list(NEEDED)
+def _exclude_incomplete_runs(
+    finished: pd.DataFrame, axes: Sequence[str] = ()
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(usable runs, excluded runs with a ``missing`` column naming what they lack): a run
+    without a grid axis's tag cannot be placed at one of its levels."""
+    needed = [*NEEDED, *axes]
     bad = finished[needed].isna().any(axis=1) | (finished["test_total"] <= 0).fillna(True)
     excluded = finished.loc[bad, ["run_id", "run_name", *needed]].copy()
     if len(excluded):
@@ -268,6 +309,41 @@ def _match_seeds(
         columns={"test_correct": "correct", "baseline_test_correct": "baseline_correct"}
     )
     return pairs.sort_values([*keys, "operator", "seed"], kind="stable").reset_index(drop=True)
+
+
+def _set_aside_aliases(
+    pairs: pd.DataFrame, clean: pd.DataFrame, keys: Sequence[str]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(the pairs to test, one row per comparison set aside as an alias of another).
+
+    A comparison (group, operator) whose runs carry ``position_alias_of = X`` is the same model
+    as the comparison with position X and every other key equal; when that one has pairs, the
+    alias's pairs leave the family (they would test the same model twice). When X has no such
+    comparison, the alias is tested as any other position."""
+    empty = pd.DataFrame(columns=[*keys, *ALIAS_COLUMNS])
+    if POSITION_ALIAS_TAG not in clean or pairs.empty:
+        return pairs, empty
+    alias = clean.set_index("run_id")[POSITION_ALIAS_TAG]
+    alias_of = pairs["run_id"].map(alias).fillna(pairs["baseline_run_id"].map(alias))
+    cols = [*keys, "operator"]
+    present = set(pairs[cols].drop_duplicates().itertuples(index=False, name=None))
+    at = cols.index("position")
+    aside = np.zeros(len(pairs), dtype=bool)
+    for i, (row, target) in enumerate(
+        zip(pairs[cols].itertuples(index=False, name=None), alias_of, strict=True)
+    ):
+        if pd.notna(target) and target != row[at]:
+            aside[i] = (*row[:at], target, *row[at + 1 :]) in present
+    if not aside.any():
+        return pairs, empty
+    dropped = pairs[aside].assign(alias_of=alias_of[aside].to_numpy())
+    aliases = (
+        dropped.groupby([*cols, "alias_of"], sort=True, dropna=False)
+        .size()
+        .rename("n_pairs")
+        .reset_index()
+    )
+    return pairs[~aside].reset_index(drop=True), aliases[[*keys, *ALIAS_COLUMNS]]
 
 
 def _baseline_notes(clean: pd.DataFrame, baseline: str) -> list[str]:

@@ -5,6 +5,9 @@
 - accuracy by length regime per operator (datasets ordered by median document length);
 - accuracy against measured latency;
 - accuracy by length quantile inside each dataset, with paired deltas per bucket.
+
+The summary figures take an optional ``style_key``: a column whose values (e.g. the levels of an
+extra grid axis) get a line style and marker each, so the levels share a panel.
 """
 
 from __future__ import annotations
@@ -68,6 +71,37 @@ def operator_colors(operators: Sequence[str]) -> dict[str, str]:
     return {op: cycle[i % len(cycle)] for i, op in enumerate(operators)}
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+MARKERS = ("o", "s", "^", "D", "v", "P")
+
+
+def level_styles(levels: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """level -> (line style, marker), in the order given."""
+    return {
+        v: (LINE_STYLES[i % len(LINE_STYLES)], MARKERS[i % len(MARKERS)])
+        for i, v in enumerate(levels)
+    }
+
+
+def _styled(
+    frame: pd.DataFrame, style_key: str | None, style_order: Sequence[str]
+) -> list[tuple[str | None, pd.DataFrame, str, str]]:
+    """(level or None, its rows, line style, marker) for each style level present in
+    ``frame``; one unstyled entry when there is no ``style_key``."""
+    if style_key is None:
+        return [(None, frame, "-", "o")]
+    styles = level_styles(list(style_order))
+    return [
+        (v, frame[frame[style_key] == v], *styles[v])
+        for v in style_order
+        if (frame[style_key] == v).any()
+    ]
+
+
+def _label(op: str, level: str | None) -> str:
+    return op if level is None else f"{op} ({level})"
+
+
 def present(values: Sequence[str], frame: pd.DataFrame, column: str) -> list[str]:
     """``values`` that occur in ``frame[column]``, in their order."""
     have = set(frame[column])
@@ -129,8 +163,11 @@ def accuracy_by_regime(
     out_dir: Path,
     stem: str = "accuracy_by_length_regime",
     colors: dict[str, str] | None = None,
+    style_key: str | None = None,
+    style_order: Sequence[str] = (),
 ) -> list[Path]:
-    """Mean ± sd accuracy per operator across datasets ordered by median length."""
+    """Mean ± sd accuracy per operator across datasets ordered by median length (one line
+    style per value of ``style_key``, when given)."""
     datasets = present(datasets, summary, "dataset")
     if not datasets:
         return []
@@ -139,13 +176,25 @@ def accuracy_by_regime(
     ax = fig.subplots()
     x = np.arange(len(datasets))
     ops = present(operators, summary, "operator")
-    width = 0.5 / max(1, len(ops))
-    for i, op in enumerate(ops):
-        sub = summary[summary["operator"] == op].set_index("dataset")
+    lines = _series(summary, ops, style_key, style_order)
+    width = 0.5 / max(1, len(lines))
+    for i, (op, level, rows, ls, mk) in enumerate(lines):
+        sub = rows.set_index("dataset")
         mean = [sub["acc_mean"].get(d, np.nan) for d in datasets]
         sd = [sub["acc_sd"].get(d, np.nan) for d in datasets]
-        xs = x + (i - (len(ops) - 1) / 2) * width
-        ax.errorbar(xs, mean, yerr=sd, fmt="o-", color=colors[op], capsize=3, ms=4, lw=1, label=op)
+        xs = x + (i - (len(lines) - 1) / 2) * width
+        ax.errorbar(
+            xs,
+            mean,
+            yerr=sd,
+            fmt=mk,
+            ls=ls,
+            color=colors[op],
+            capsize=3,
+            ms=4,
+            lw=1,
+            label=_label(op, level),
+        )
     labels = [f"{d}\n(median {medians[d]:.0f} tok)" if d in medians else str(d) for d in datasets]
     ax.set_xticks(x, labels)
     ax.set_ylabel("test accuracy (%)")
@@ -163,8 +212,11 @@ def accuracy_vs_latency(
     out_dir: Path,
     stem: str = "accuracy_vs_latency",
     colors: dict[str, str] | None = None,
+    style_key: str | None = None,
+    style_order: Sequence[str] = (),
 ) -> list[Path]:
-    """Mean ± sd accuracy against mean ± sd latency, one panel per dataset."""
+    """Mean ± sd accuracy against mean ± sd latency, one panel per dataset (one marker per
+    value of ``style_key``, when given)."""
     datasets = present(datasets, summary, "dataset")
     if not datasets or summary["latency_mean"].isna().all():
         return []
@@ -173,20 +225,21 @@ def accuracy_vs_latency(
     for ax, d in zip(axes, datasets, strict=True):
         sub = summary[summary["dataset"] == d]
         for op in operators:
-            r = sub[sub["operator"] == op]
-            if r.empty:
-                continue
-            r = r.iloc[0]
-            ax.errorbar(
-                r["latency_mean"],
-                r["acc_mean"],
-                xerr=0 if pd.isna(r["latency_sd"]) else r["latency_sd"],
-                yerr=0 if pd.isna(r["acc_sd"]) else r["acc_sd"],
-                fmt="o",
-                color=colors[op],
-                capsize=3,
-                label=op,
-            )
+            for level, rows, _, marker in _styled(sub, style_key, style_order):
+                r = rows[rows["operator"] == op]
+                if r.empty:
+                    continue
+                r = r.iloc[0]
+                ax.errorbar(
+                    r["latency_mean"],
+                    r["acc_mean"],
+                    xerr=0 if pd.isna(r["latency_sd"]) else r["latency_sd"],
+                    yerr=0 if pd.isna(r["acc_sd"]) else r["acc_sd"],
+                    fmt=marker,
+                    color=colors[op],
+                    capsize=3,
+                    label=_label(op, level),
+                )
         ax.set_xlabel("inference latency (ms/sample)")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(str(d))
@@ -205,9 +258,12 @@ def accuracy_by_length_bucket(
     out_dir: Path,
     stem: str,
     colors: dict[str, str] | None = None,
+    style_key: str | None = None,
+    style_order: Sequence[str] = (),
 ) -> list[Path]:
     """Top row: accuracy by length quantile per operator; bottom: mean paired delta per bucket
-    with its percentile-bootstrap interval and a zero line."""
+    with its percentile-bootstrap interval and a zero line (one line style per value of
+    ``style_key``, when given)."""
     datasets = present(datasets, accuracy, "dataset")
     if not datasets:
         return []
@@ -218,58 +274,85 @@ def accuracy_by_length_bucket(
         top, bottom = axes[0][j], axes[1][j]
         sub = accuracy[accuracy["dataset"] == d]
         labels = sub.drop_duplicates("bucket").sort_values("bucket")["label"].tolist()
-        _bucket_accuracy_panel(top, sub, operators, colors)
+        _bucket_accuracy_panel(top, sub, operators, colors, style_key, style_order)
         top.set_title(str(d))
         top.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         _grid_and_legend(top)
         st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
-        _bucket_delta_panel(bottom, st, operators, colors, baseline)
+        _bucket_delta_panel(bottom, st, operators, colors, baseline, style_key, style_order)
         bottom.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         bottom.grid(axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=10)
     return save(fig, out_dir, stem)
 
 
+def _series(
+    frame: pd.DataFrame,
+    operators: Sequence[str],
+    style_key: str | None,
+    style_order: Sequence[str],
+) -> list[tuple[str, str | None, pd.DataFrame, str, str]]:
+    """(operator, level, rows, line style, marker) for each operator and style level present."""
+    return [
+        (op, level, rows[rows["operator"] == op], ls, mk)
+        for op in present(operators, frame, "operator")
+        for level, rows, ls, mk in _styled(frame, style_key, style_order)
+        if (rows["operator"] == op).any()
+    ]
+
+
 def _bucket_accuracy_panel(
-    ax, sub: pd.DataFrame, operators: Sequence[str], colors: dict[str, str]
+    ax,
+    sub: pd.DataFrame,
+    operators: Sequence[str],
+    colors: dict[str, str],
+    style_key: str | None = None,
+    style_order: Sequence[str] = (),
 ) -> None:
-    """Mean ± sd accuracy per length bucket, one line per operator."""
-    shown = present(operators, sub, "operator")
-    step = 0.3 / max(1, len(shown))
-    for i, op in enumerate(shown):
-        r = sub[sub["operator"] == op].sort_values("bucket")
+    """Mean ± sd accuracy per length bucket, one line per operator (and style level)."""
+    series = _series(sub, operators, style_key, style_order)
+    step = 0.3 / max(1, len(series))
+    for i, (op, level, r, ls, mk) in enumerate(series):
+        r = r.sort_values("bucket")
         ax.errorbar(
-            r["bucket"] + (i - (len(shown) - 1) / 2) * step,
+            r["bucket"] + (i - (len(series) - 1) / 2) * step,
             r["acc_mean"],
             yerr=r["acc_sd"].fillna(0),
-            fmt="o-",
+            fmt=mk,
+            ls=ls,
             color=colors[op],
             capsize=3,
             ms=4,
             lw=1,
-            label=op,
+            label=_label(op, level),
         )
     ax.set_ylabel("accuracy (%)")
 
 
 def _bucket_delta_panel(
-    ax, st: pd.DataFrame, operators: Sequence[str], colors: dict[str, str], baseline: str
+    ax,
+    st: pd.DataFrame,
+    operators: Sequence[str],
+    colors: dict[str, str],
+    baseline: str,
+    style_key: str | None = None,
+    style_order: Sequence[str] = (),
 ) -> None:
     """Mean paired delta per length bucket with its bootstrap interval, and a zero line."""
-    ops = present(operators, st, "operator")
-    width = 0.5 / max(1, len(ops))
-    for i, op in enumerate(ops):
-        r = st[st["operator"] == op].assign(b=lambda f: f["bucket"].astype(int)).sort_values("b")
-        xs = r["b"].to_numpy() + (i - (len(ops) - 1) / 2) * width
+    series = _series(st, operators, style_key, style_order)
+    width = 0.5 / max(1, len(series))
+    for i, (op, level, r, _, mk) in enumerate(series):
+        r = r.assign(b=lambda f: f["bucket"].astype(int)).sort_values("b")
+        xs = r["b"].to_numpy() + (i - (len(series) - 1) / 2) * width
         err = np.vstack([r["mean_delta"] - r["ci_low"], r["ci_high"] - r["mean_delta"]])
         ax.errorbar(
             xs,
             r["mean_delta"],
             yerr=np.nan_to_num(err),
-            fmt="o",
+            fmt=mk,
             color=colors[op],
             capsize=3,
-            label=op,
+            label=_label(op, level),
         )
     ax.axhline(0.0, color="0.2", lw=0.9)
     ax.set_xlabel("document length (tokens, quantile buckets)")

@@ -5,6 +5,7 @@ runs the paired statistics, and writes into ``--out``:
 
     report.md            tables, figures, statistics, warnings, what is missing
     stats.csv            one row per comparison (stats.json: the same, plus every setting)
+    interaction.csv      one row per interaction test (only for grids with extra axes)
     length_stats.csv     per-length-bucket comparisons and long-minus-short contrasts
     length_accuracy.csv  accuracy by length bucket per operator
     runs.csv             the tidy frame of trial runs that was analysed
@@ -49,10 +50,11 @@ from analysis.tables import Table
 __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
 
 
-def stats_columns() -> list[str]:
-    """stats.csv leads with these: the comparison, then the registered statistics' headline
-    columns (``analysis.paired.STATISTICS``); every other column follows."""
-    return [*GROUP_KEYS, "operator", "baseline", *headline_columns()]
+def stats_columns(axes: Sequence[str] = ()) -> list[str]:
+    """stats.csv leads with these: the comparison (with a column per extra grid axis), then the
+    registered statistics' headline columns (``analysis.paired.STATISTICS``); every other
+    column follows."""
+    return [*GROUP_KEYS, *axes, "operator", "baseline", *headline_columns()]
 
 
 #: stats.csv's leading columns with the built-in statistics (the contract of stats.csv).
@@ -124,13 +126,18 @@ def write_report(ctx: ReportContext) -> list[Path]:
 
 
 def write_data_files(ctx: ReportContext) -> list[Path]:
-    """stats.csv, length_stats.csv and length_accuracy.csv, runs.csv and stats.json."""
+    """stats.csv, interaction.csv (with extra grid axes), length_stats.csv and
+    length_accuracy.csv, runs.csv and stats.json."""
     out_dir, table = ctx.out_dir, ctx.comparisons.table
-    lead = stats_columns()
+    lead = stats_columns(ctx.axes)
     ordered = [c for c in lead if c in table] + [c for c in table if c not in lead]
     stats_csv = out_dir / "stats.csv"
     (table[ordered] if len(table) else pd.DataFrame(columns=lead)).to_csv(stats_csv, index=False)
     files = [stats_csv]
+    if ctx.interactions is not None:
+        interaction_csv = out_dir / "interaction.csv"
+        ctx.interactions.table.to_csv(interaction_csv, index=False)
+        files.append(interaction_csv)
     lengths = ctx.lengths
     if lengths is not None and not lengths.stats.empty:
         p1, p2 = out_dir / "length_stats.csv", out_dir / "length_accuracy.csv"
@@ -147,7 +154,21 @@ def write_data_files(ctx: ReportContext) -> list[Path]:
 
 def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict[str, Any]:
     exp, o, lengths, pairing = ctx.experiment, ctx.options, ctx.lengths, ctx.pairing
-    return {
+    extra: dict[str, Any] = {}
+    if ctx.interactions is not None:
+        extra["interaction_tests"] = {
+            "m": ctx.interactions.m,
+            "test": "exact two-sided Wilcoxon signed-rank of per-seed (delta at level - delta "
+            "at the reference level); Holm over all interaction tests",
+            "rows": _records(ctx.interactions.table),
+        }
+    if not pairing.aliases.empty:
+        extra["position_aliases"] = _records(pairing.aliases)
+    if ctx.scaling.warning:
+        extra["scaling_confound"] = ctx.scaling.warning
+    if ctx.scaling.both_arms:
+        extra["scaling_effects"] = _records(ctx.scaling.effects)
+    payload = {
         "experiment": exp.name,
         "experiment_id": exp.experiment_id,
         "tracking_uri": exp.tracking_uri,
@@ -173,6 +194,9 @@ def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict
         "excluded_runs": _records(pairing.excluded),
         "no_baseline": _records(pairing.no_baseline),
     }
+    if ctx.axis_levels:
+        payload["settings"]["grid_axes"] = ctx.axis_levels
+    return {**payload, **extra}
 
 
 def _other_settings_record(other: OtherSettings) -> dict[str, Any]:

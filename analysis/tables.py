@@ -3,6 +3,10 @@
 - Table 1: dataset x operator, mean +- sd of test accuracy, in the main position setting.
 - Table 2: accuracy and measured inference latency per operator (and dataset).
 - Table 3: position family (and attention-level position) x operator, per dataset.
+- Interaction tables: does the operator effect depend on an extra grid axis?
+
+Extra grid axes (e.g. ``model.scale_embeddings``) add a column to every table: a row per level,
+levels in the sweep file's order.
 
 Every cell is mean +- sd (ddof = 1) over the operator's FINISHED seeds; ``*`` marks an operator
 whose Holm-adjusted paired Wilcoxon p against the baseline is <= alpha, and the footnote names
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.paired import summary_cells
+from analysis.schema import LATENCY_RATIO_METRIC
 
 #: Display order of known operators; others follow alphabetically.
 KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")
@@ -53,10 +58,17 @@ def dataset_order(datasets: Iterable[str], medians: dict[str, float] | None = No
 
 
 def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
-    """Per (group, operator): seeds, mean and sd of accuracy (%), latency and size."""
+    """Per (group, operator): seeds, mean and sd of accuracy (%), latency and size; with
+    ``latency_ratio_median`` (median over seeds of the logged ``latency_ratio_to_baseline``)
+    when the runs carry that metric."""
     df = runs.copy()
     df["acc"] = 100.0 * df["test_correct"].astype(float) / df["test_total"].astype(float)
     grouped = df.groupby([*keys, "operator"], sort=True)
+    ratio = (
+        {"latency_ratio_median": (LATENCY_RATIO_METRIC, "median")}
+        if LATENCY_RATIO_METRIC in df
+        else {}
+    )
     out = grouped.agg(
         n=("acc", "size"),
         acc_mean=("acc", "mean"),
@@ -65,9 +77,39 @@ def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
         latency_sd=("latency_ms_per_sample", lambda s: s.std(ddof=1)),
         num_params=("num_params", "median"),
         train_seconds=("train_seconds", "mean"),
+        **ratio,
     ).reset_index()
     out["seeds"] = grouped["seed"].agg(lambda s: ",".join(map(str, sorted(s)))).to_numpy()
     return out
+
+
+def level_ranks(levels: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:
+    """axis -> {level: its place in the sweep file's order}."""
+    return {axis: {str(v): i for i, v in enumerate(vals)} for axis, vals in levels.items()}
+
+
+def axis_combinations(
+    frame: pd.DataFrame, axes: Sequence[str], levels: Mapping[str, Sequence[str]]
+) -> list[tuple]:
+    """The combinations of axis levels present in ``frame``, in the sweep file's order."""
+    if not axes:
+        return [()]
+    ranks = level_ranks(levels)
+    combos = set(map(tuple, frame[list(axes)].astype(str).to_numpy()))
+
+    def rank(combo: tuple) -> tuple:
+        return tuple(
+            (ranks.get(a, {}).get(v, len(ranks.get(a, {}))), v)
+            for a, v in zip(axes, combo, strict=True)
+        )
+
+    return sorted(combos, key=rank)
+
+
+def column_label(key: str, axes: Sequence[str] = ()) -> str:
+    """A key's column header: ``attention_position`` -> ``attention position``; an axis keeps
+    its dotted name."""
+    return key if key in axes else key.replace("_", " ")
 
 
 def select(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
@@ -240,6 +282,10 @@ class TableInputs:
     """Datasets in display order."""
     setting: dict[str, Any] = field(default_factory=dict)
     """The main setting (column -> value) of Tables 1 and 2."""
+    axes: Sequence[str] = ()
+    """The extra grid axes among ``keys``: Tables 1 and 2 get a row per level."""
+    levels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    """axis -> its levels, the reference first (the order of rows)."""
 
     @cached_property
     def marks(self) -> dict[tuple, bool]:
@@ -294,12 +340,48 @@ def accuracy_table(
             )
         display_rows.append(disp)
     display = pd.DataFrame(display_rows, columns=[*row_keys, *ops])
-    display.columns = [c.replace("_", " ") if c in row_keys else c for c in display.columns]
+    display.columns = [
+        column_label(c, inputs.axes) if c in row_keys else c for c in display.columns
+    ]
     return Table(name, caption, display, pd.DataFrame(data_rows), inputs.footnotes())
 
 
+def _dataset_rows(inputs: TableInputs, frame: pd.DataFrame) -> list[tuple]:
+    """(dataset, *axis levels) rows of ``frame``: datasets in display order, then levels."""
+    axes = list(inputs.axes)
+    rows = []
+    for d in inputs.datasets:
+        sub = frame[frame["dataset"] == d]
+        if len(sub):
+            rows += [(d, *combo) for combo in axis_combinations(sub, axes, inputs.levels)]
+    return rows
+
+
+def _levels_in_order(
+    rows: list[tuple], keys: Sequence[str], axes: Sequence[str], levels: Mapping[str, Sequence[str]]
+) -> list[tuple]:
+    """Rows of key values with each setting's axis levels in the sweep file's order (the
+    settings before the axes keep their order of first appearance)."""
+    if not axes:
+        return rows
+    ranks = level_ranks(levels)
+    cut = min(keys.index(a) for a in axes)
+    first: dict[tuple, int] = {}
+    for row in rows:
+        first.setdefault(row[:cut], len(first))
+
+    def rank(row: tuple) -> tuple:
+        places = [
+            ranks.get(a, {}).get(str(row[keys.index(a)]), len(levels.get(a, ()))) for a in axes
+        ]
+        return (first[row[:cut]], *places)
+
+    return sorted(rows, key=rank)
+
+
 def table1(inputs: TableInputs) -> Table:
-    """Table 1: dataset x operator in the main setting (the study: sinusoidal, no attention PE)."""
+    """Table 1: dataset (x extra axis levels) x operator in the main setting (the study:
+    sinusoidal, no attention PE)."""
     sel = select(inputs.summary, inputs.setting)
     return accuracy_table(
         inputs,
@@ -307,8 +389,8 @@ def table1(inputs: TableInputs) -> Table:
         "Table 1. Test accuracy (%) per dataset and fusion operator "
         f"({describe_setting(inputs.setting, ' = ')}).",
         sel,
-        row_keys=["dataset"],
-        row_order=[(d,) for d in inputs.datasets if d in set(sel["dataset"])],
+        row_keys=["dataset", *inputs.axes],
+        row_order=_dataset_rows(inputs, sel),
     )
 
 
@@ -318,7 +400,8 @@ def table3(inputs: TableInputs) -> Table:
     rows = []
     for d in inputs.datasets:
         sub = inputs.summary[inputs.summary["dataset"] == d]
-        rows += list(dict.fromkeys(map(tuple, sub[keys].to_numpy())))
+        found = list(dict.fromkeys(map(tuple, sub[keys].to_numpy())))
+        rows += _levels_in_order(found, keys, inputs.axes, inputs.levels)
     return accuracy_table(
         inputs,
         "table3_positions",
@@ -329,26 +412,65 @@ def table3(inputs: TableInputs) -> Table:
     )
 
 
+LATENCY_LOGGED = "logged"
+LATENCY_MEANS = "mean latencies"
+
+
+def latency_note(sources: Iterable[str], baseline: str) -> list[str]:
+    """How Table 2's latency ratio was obtained, one sentence per source used: the per-run
+    ``latency_ratio_to_baseline`` (measured in one process) or the ratio of mean latencies of
+    separate runs (which may depend on the trials that shared the device)."""
+    found = set(sources)
+    notes = []
+    if LATENCY_LOGGED in found:
+        notes.append(
+            f"median over seeds of each run's `{LATENCY_RATIO_METRIC}`, its model's inference "
+            f"latency over that of `{baseline}` built with the same settings, timed interleaved "
+            "on the same batches in the run's own process, so it does not depend on which "
+            "trials shared the device."
+        )
+    if LATENCY_MEANS in found:
+        marked = " (cells marked †)" if LATENCY_LOGGED in found else ""
+        notes.append(
+            f"mean latency of the operator's runs over that of `{baseline}`'s runs{marked}, "
+            "timed in separate processes, so it may depend on which trials were co-scheduled on "
+            f"the device (runs that log `{LATENCY_RATIO_METRIC}` measure it in one process)."
+        )
+    return notes
+
+
+def _latency_ratio(row: pd.Series, base_lat: float) -> tuple[float, str]:
+    """(the row's latency ratio to the baseline, its source): the median logged per-run ratio
+    when the row's runs carry it, else its mean latency over the baseline's."""
+    logged = row.get("latency_ratio_median", math.nan)
+    if pd.notna(logged):
+        return float(logged), LATENCY_LOGGED
+    ok = base_lat and not math.isnan(base_lat)
+    return (row["latency_mean"] / base_lat if ok else math.nan), LATENCY_MEANS
+
+
 def table2(inputs: TableInputs) -> Table:
     """Table 2: accuracy and measured latency per operator (the study gave latency in words)."""
     baseline = inputs.baseline
+    axes = list(inputs.axes)
     sel = select(inputs.summary, inputs.setting)
-    display_rows, data_rows = [], []
-    for d in inputs.datasets:
+    display_rows, data_rows, sources = [], [], []
+    for d, *combo in _dataset_rows(inputs, sel):
+        level = dict(zip(axes, combo, strict=True))
         sub = sel[sel["dataset"] == d]
-        if sub.empty:
-            continue
+        for axis, value in level.items():
+            sub = sub[sub[axis].astype(str) == value]
         base = sub[sub["operator"] == baseline]
         base_lat = float(base["latency_mean"].iloc[0]) if len(base) else math.nan
         for op in operator_order(sub["operator"], baseline):
             r = sub[sub["operator"] == op].iloc[0]
             sig = inputs.marked(tuple(r[k] for k in inputs.keys), op)
-            ratio = (
-                r["latency_mean"] / base_lat if base_lat and not math.isnan(base_lat) else math.nan
-            )
+            ratio, source = _latency_ratio(r, base_lat)
+            sources.append(source)
             display_rows.append(
                 {
                     "dataset": d,
+                    **level,
                     "operator": op,
                     "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]) + ("*" if sig else ""),
                     "latency (ms/sample)": fmt(r["latency_mean"], r["latency_sd"], 3),
@@ -360,6 +482,7 @@ def table2(inputs: TableInputs) -> Table:
             data_rows.append(
                 {
                     "dataset": d,
+                    **level,
                     "operator": op,
                     "n": int(r["n"]),
                     "acc_mean": r["acc_mean"],
@@ -367,16 +490,23 @@ def table2(inputs: TableInputs) -> Table:
                     "latency_ms_mean": r["latency_mean"],
                     "latency_ms_sd": r["latency_sd"],
                     "latency_ratio": ratio,
+                    "latency_ratio_source": source,
                     "num_params": r["num_params"],
                     "significant": sig,
                 }
             )
+    if set(sources) == {LATENCY_LOGGED, LATENCY_MEANS}:
+        ratio_col = f"latency / {baseline}"
+        for row, source in zip(display_rows, sources, strict=True):
+            if source == LATENCY_MEANS and row[ratio_col] != "–":
+                row[ratio_col] += "†"
     notes = inputs.footnotes()
     notes.append(
         "Latency: median over timed repeats of inference milliseconds per document, as logged "
         "by each run (`latency_ms_per_sample`), then mean ± sd over seeds; runs on different "
         "hardware are not comparable."
     )
+    notes += [f"Latency / `{baseline}`: {note}" for note in latency_note(sources, baseline)]
     return Table(
         "table2_latency",
         "Table 2. Accuracy and measured inference latency per fusion operator "
@@ -387,12 +517,17 @@ def table2(inputs: TableInputs) -> Table:
     )
 
 
-def stats_table(comparisons: pd.DataFrame, keys: Sequence[str], settings: dict[str, Any]) -> Table:
+def stats_table(
+    comparisons: pd.DataFrame,
+    keys: Sequence[str],
+    settings: dict[str, Any],
+    axes: Sequence[str] = (),
+) -> Table:
     """The paired statistics, compact, for report.md (every column is in stats.csv); the cells
     come from the statistic registry (``analysis.paired.STATISTICS``)."""
     rows = [
         {
-            **{k.replace("_", " "): r[k] for k in keys},
+            **{column_label(k, axes): r[k] for k in keys},
             "operator": r["operator"],
             **summary_cells(r, settings),
         }
@@ -404,4 +539,67 @@ def stats_table(comparisons: pd.DataFrame, keys: Sequence[str], settings: dict[s
         pd.DataFrame(rows),
         comparisons,
         [],
+    )
+
+
+def interaction_caption(axis: str) -> str:
+    """The title of an axis's interaction table."""
+    return f"Does the operator effect depend on {axis}?"
+
+
+def interaction_table(
+    tests: pd.DataFrame,
+    axis: str,
+    keys: Sequence[str],
+    settings: Mapping[str, Any],
+    m: int,
+    axes: Sequence[str] = (),
+) -> Table:
+    """One axis's interaction tests (``analysis.interaction``), compact: per comparison, the
+    median delta at the reference and at the level, the per-seed difference (level minus
+    reference) and its Holm-adjusted p over the interaction family of size ``m``."""
+    others = [k for k in keys if k != axis]
+    reference = str(tests["reference"].iloc[0]) if len(tests) else "reference"
+    levels = list(dict.fromkeys(tests["level"].astype(str))) if len(tests) else []
+    at_level = f"at {levels[0]}" if len(levels) == 1 else "at the level"
+    rows = []
+    for _, r in tests.iterrows():
+        n = int(r["n_pairs"])
+        rows.append(
+            {
+                **{column_label(k, axes): r[k] for k in others},
+                "operator": r["operator"],
+                axis: f"{r['level']} vs {r['reference']}",
+                "n": n,
+                f"Δ median at {reference} (pp)": f"{r['median_delta_reference']:+.2f}",
+                f"Δ median {at_level} (pp)": f"{r['median_delta_level']:+.2f}",
+                "difference: median [HL CI]": f"{r['median_interaction']:+.2f} "
+                f"[{r['hl_ci_low']:+.2f}, {r['hl_ci_high']:+.2f}]",
+                "wins": f"{int(r['wins'])}/{n}",
+                "p": f"{r['p_wilcoxon']:.4g}",
+                "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else ""),
+            }
+        )
+    alpha = settings.get("alpha", 0.05)
+    baseline = f"`{tests['baseline'].iloc[0]}`" if len(tests) else "the baseline"
+    notes = [
+        f"Per seed: the operator's paired delta against {baseline} at the level minus its delta at the reference level `{reference}`, within each "
+        "combination of the other group keys (pp; the interval is the Hodges-Lehmann one). "
+        "Exact two-sided Wilcoxon signed-rank test of those differences (zero_method = "
+        f"{settings.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over "
+        f"all m = {m} interaction tests of the report (a family apart from the comparisons "
+        "against the baseline)."
+    ]
+    if len(tests) and (~tests["can_reach_alpha"].astype(bool)).any():
+        k = int((~tests["can_reach_alpha"].astype(bool)).sum())
+        notes.append(
+            f"{k} of {len(tests)} tests cannot reach {alpha} with their number of seeds "
+            f"(smallest attainable Holm-adjusted p = {tests['min_attainable_p_holm'].min():.3g})."
+        )
+    return Table(
+        f"interaction__{re.sub(r'[^A-Za-z0-9._-]+', '-', axis)}",
+        interaction_caption(axis),
+        pd.DataFrame(rows),
+        tests.reset_index(drop=True),
+        notes,
     )
