@@ -90,3 +90,13 @@ POSITION_ALIAS_TAG = "position_alias_of"
 #: batches (so the ratio does not depend on which trials shared the device). Logged once, with
 #: the final metrics, when the trial's operator is not the baseline (1.0 when it is).
 LATENCY_RATIO_METRIC = "latency_ratio_to_baseline"
+
+#: Train short, test long: with ``data.eval_lengths`` set, every test document is also evaluated
+#: truncated at each listed length (longer than the training length included), at the best
+#: validation epoch. Final metrics ``test_acc_at_<L>``, ``test_correct_at_<L>`` and
+#: ``test_total_at_<L>`` per length L, and one artifact with a row per document and length.
+EVAL_LENGTH_METRIC_PREFIXES = ("test_acc_at_", "test_correct_at_", "test_total_at_")
+LENGTH_PREDICTIONS_FILE = "test_predictions_by_length.parquet"
+#: ``doc``: the document's index in the test split; ``length``: its length in tokens before any
+#: truncation; ``eval_length``: the truncation length it was evaluated at.
+LENGTH_PREDICTION_COLUMNS = ("doc", "length", "label", "eval_length", "pred")

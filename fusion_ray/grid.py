@@ -78,6 +78,12 @@ class Cell:
     axes: tuple[tuple[str, str], ...] = ()
     """(dotted key, value as text) of every setting axis of the grid."""
 
+    @property
+    def label(self) -> str:
+        """How the console and run names show the cell's grid point (without its seed)."""
+        parts = [self.dataset, self.position, self.attention_position, self.fusion]
+        return "/".join(parts + [f"{key.rsplit('.', 1)[-1]}={text}" for key, text in self.axes])
+
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
         """The MLflow tags of this cell's run (DESIGN.md schema): one per setting axis too, and
         the alias tag when the input position is another registry entry under a second name."""

@@ -322,8 +322,9 @@ def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> 
 
 
 def summary_table(spec: SweepSpec) -> str:
-    """Mean test accuracy and finished seeds per (dataset, position, attention position, fusion),
-    over this sweep's cells only (runs of other settings in the experiment are left out)."""
+    """Mean test accuracy and finished seeds per grid point (dataset, position, attention
+    position, fusion and setting-axis values), over this sweep's cells only (runs of other
+    settings in the experiment are left out)."""
     from fusion_ray.tracking import Tracker
 
     tracker = Tracker.existing(spec.tracking_uri, spec.name)
@@ -336,14 +337,15 @@ def summary_table(spec: SweepSpec) -> str:
         if cell is None or run.info.status != "FINISHED" or "test_acc" not in run.data.metrics:
             continue
         key = (cell.dataset, cell.position, cell.attention_position, cell.fusion)
-        accuracies[key].append(run.data.metrics["test_acc"])
-    lines = [
-        f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} {'seeds':>5} {'test_acc':>9}"
-    ]
+        accuracies[key + tuple(text for _, text in cell.axes)].append(run.data.metrics["test_acc"])
+    axes = [key.rsplit(".", 1)[-1] for key in spec.grid.settings]
+    head = f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} "
+    lines = [head + "".join(f"{a:<17} " for a in axes) + f"{'seeds':>5} {'test_acc':>9}"]
     for key in sorted(accuracies):
         accs = accuracies[key]
+        settings = "".join(f"{text:<17} " for text in key[4:])
         lines.append(
-            f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%"
+            f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {settings}{len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%"
         )
     return "\n".join(lines)
 

@@ -238,7 +238,7 @@ class Tracker:
         tags = cell.tags(self.sweep, git_sha())
         if parent_id:
             tags[PARENT_TAG] = parent_id
-        name = f"{cell.dataset}/{cell.position}/{cell.attention_position}/{cell.fusion}/seed{cell.seed}"
+        name = f"{cell.label}/seed{cell.seed}"
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         params = [Param(k, v[:6000]) for k, v in cell.params().items()]
         for chunk in _chunks(params, 100):
@@ -403,8 +403,7 @@ class MLflowSweepCallback(TrackingCallback):
         done = len(self.finished) + len(self.failed)
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
         print(
-            f"[{done}/{len(self.cells)}] {cell.dataset}/{cell.position}/{cell.attention_position}/"
-            f"{cell.fusion} seed {cell.seed}: {outcome} ({seconds:.1f} s)",
+            f"[{done}/{len(self.cells)}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s)",
             flush=True,
         )
 

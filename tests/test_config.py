@@ -198,13 +198,17 @@ def test_cell_ids_are_stable_and_depend_on_the_config(tmp_path):
     assert set(first.values()).isdisjoint(other.values())
 
 
-def test_quickstart_cell_ids_never_change():
+def test_study_cell_ids_never_change():
     """Finished cells are found by id: an id that changes silently re-runs a whole sweep. These
-    are the quickstart's first and last ids since the ids were first issued; a setting added to
-    the schema later stays out of the id while it holds its default."""
-    cells = expand(load_sweep(ROOT / "sweeps" / "quickstart.yaml"))
-    assert (cells[0].cell_id, cells[-1].cell_id) == ("9fa670f197580ab8", "9cdadb37a1971036")
-    assert len({c.cell_id for c in cells}) == 72
+    are Table 1's first and last ids as its presets stand; a setting added to the schema later
+    stays out of the id while it holds its default, and the confound sweep's scaled arm is
+    Table 1 (same ids), so a lab that ran Table 1 runs only the unscaled arm."""
+    cells = expand(load_sweep(ROOT / "sweeps" / "table1.yaml"))
+    assert (cells[0].cell_id, cells[-1].cell_id) == ("055c68517d058a49", "b3fc1fd1fad49c5f")
+    assert len({c.cell_id for c in cells}) == 90
+    confound = expand(load_sweep(ROOT / "sweeps" / "confound.yaml"))
+    scaled = {c.cell_id for c in confound if dict(c.axes)["model.scale_embeddings"] == "true"}
+    assert scaled == {c.cell_id for c in cells}
 
 
 def test_a_setting_at_its_default_stays_out_of_the_id_but_counts_when_set(tmp_path):
