@@ -134,7 +134,13 @@ def test_no_function_is_longer_than_a_screenful():
     [
         (
             "fusion_ray.model",
-            {"torch", "fusion_ray.model", "fusion_ray.registry", "fusion_ray.checks"},
+            {
+                "torch",
+                "fusion_ray.model",
+                "fusion_ray.registry",
+                "fusion_ray.checks",
+                "fusion_ray.seeds",
+            },
         ),
         (
             "fusion_ray.data",

@@ -8,7 +8,6 @@ across position choices too (the paired-seed protocol of DESIGN.md).
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -21,12 +20,7 @@ from fusion_ray.model.attention import ATTENTION_POSITIONS, Encoder, EncoderBloc
 from fusion_ray.model.fusion import FUSIONS, Fusion
 from fusion_ray.model.positions import POSITIONS, PositionSignal
 from fusion_ray.model.spec import ModelSpec
-
-
-def derive_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed for one submodule (sha256, so it does not vary between processes)."""
-    digest = hashlib.sha256(f"fusion_ray.model:{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+from fusion_ray.seeds import derive_seed
 
 
 @contextmanager

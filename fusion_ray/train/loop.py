@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import math
 import os
 import statistics
@@ -43,15 +42,9 @@ from fusion_ray.schema import (
     LATENCY_RATIO_METRIC,
     PREDICTIONS_FILE,
 )
+from fusion_ray.seeds import derive_seed
 from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
 from fusion_ray.train.spec import TrainSpec, TrialConfig
-
-
-def derive_seed(seed: int, name: str) -> int:
-    """A stable 63-bit seed from (seed, name); Python's hash() is salted per process."""
-    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
-
 
 # ----------------------------------------------------------------------------- small helpers
 
