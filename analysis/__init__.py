@@ -11,10 +11,12 @@ The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it ne
 Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame of the sweep's
 cells, metrics checked), ``other_settings`` (the runs left out as other settings, described),
 ``pairing`` (seed pairs against the baseline, checked; why nothing can be compared), ``paired``
-(statistics and their registry), ``lengths`` (per-document length analysis), ``tables``,
-``plots``, ``context`` (a report's options and everything computed for it), ``figures`` and
-``markdown`` (its writers), ``report`` (``build_report`` and the CLI), ``synthetic``
-(schema-conformant fake sweeps for tests, benchmarks and demos).
+(statistics and their registry), ``interaction`` (does an operator effect depend on a grid
+axis; the embedding-scale check), ``lengths`` (per-document length analysis), ``gates`` (the
+gated operators' weight on E by position), ``reproduction`` (the study's published numbers
+beside ours), ``tables``, ``plots``, ``context`` (a report's options and everything computed
+for it), ``figures`` and ``markdown`` (its writers), ``report`` (``build_report`` and the CLI),
+``synthetic`` (schema-conformant fake sweeps for tests, benchmarks and demos).
 """
 
 from analysis.load import (

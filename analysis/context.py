@@ -4,8 +4,11 @@
 counts the runs of other settings, pairs the runs within every combination of the grid's
 non-fusion axes (refusing a report with nothing to compare), runs the statistics, the
 interaction tests of the extra grid axes and the length analysis, checks the embedding-scale
-confound, orders datasets and operators, builds the tables and gathers the warnings. The writers (``analysis.report``, ``analysis.figures``,
-``analysis.markdown``) read the resulting ``ReportContext`` and compute nothing of their own.
+confound, orders datasets and operators, builds the tables, sets the study's published numbers
+beside ours (``analysis.reproduction``), reads the gated runs' gate by position
+(``analysis.gates``) and gathers the warnings. The writers (``analysis.report``,
+``analysis.figures``, ``analysis.markdown``) read the resulting ``ReportContext`` and compute
+nothing of their own.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.gates import gate_ends, gate_frame, gate_summary, is_gated
 from analysis.interaction import (
     Interactions,
     ScalingCheck,
@@ -30,7 +34,8 @@ from analysis.other_settings import OtherSettings, describe_other_settings
 from analysis.paired import Comparisons, StatsSettings, compare
 from analysis.pairing import NothingToCompareError, Pairing, pair_runs, why_nothing_to_compare
 from analysis.plots import slug
-from analysis.schema import CELLS_ARTIFACT
+from analysis.reproduction import reproduction_table
+from analysis.schema import CELLS_ARTIFACT, GATE_COLUMNS, GATES_FILE
 from analysis.tables import (
     Table,
     TableInputs,
@@ -77,7 +82,8 @@ class ReportOptions:
     load_method: str = "auto"
     """How runs are loaded: auto, sql or search_runs (see ``load_experiment``)."""
     make_figures: bool = True
-    """Draw the figures (about 1-2 s each)."""
+    """Draw the figures (about 1-2 s each), and read the gate by position of every gated run
+    (one download per run) for the gate figure, ``gates_by_position.csv`` and its section."""
     only_operators: Sequence[str] = ()
     """Compare only these operators with the baseline (all when empty)."""
     only_datasets: Sequence[str] = ()
@@ -97,6 +103,24 @@ class ReportOptions:
                 "ReportOptions.settings must be an analysis.paired.StatsSettings, e.g. "
                 f"StatsSettings(alpha=0.05), not {self.settings!r}"
             )
+
+
+@dataclass
+class GateAnalysis:
+    """Where the gated operators' gate g (H = g E + (1 - g) P) puts its weight along the
+    document, for the analysed runs that logged ``schema.GATES_FILE``."""
+
+    frame: pd.DataFrame
+    """One row per (run, position bucket): ``run_id``, the report's group keys, ``operator``,
+    ``seed``, then ``schema.GATE_COLUMNS`` (from ``gates.gate_frame``)."""
+    summary: pd.DataFrame
+    """Per (group, operator, bucket holding tokens): mean, min and max over seeds
+    (``gates.gate_summary``); written as ``gates_by_position.csv``."""
+    ends: pd.DataFrame
+    """Per (group, operator): the first and the last bucket holding tokens
+    (``gates.gate_ends``)."""
+    runs: int
+    """How many runs logged their gates."""
 
 
 @dataclass
@@ -132,6 +156,12 @@ class ReportContext:
     """The interaction tests of the extra grid axes (None without extra axes)."""
     scaling: ScalingCheck = field(default_factory=ScalingCheck)
     """The embedding-scale confound check against ``add``."""
+    reproduction: pd.DataFrame | None = None
+    """The study's published cells our runs reproduce, its numbers beside ours
+    (``reproduction.reproduction_table``); None when no run matches a cell."""
+    gates: GateAnalysis | None = None
+    """The gate of the gated operators by position (None when no analysed run logged it, or
+    with ``make_figures`` off)."""
 
     @property
     def keys(self) -> list[str]:
@@ -226,6 +256,9 @@ def build_context(
     )
     if interactions is not None:
         warnings += interactions.warnings
+    gates = None
+    if o.make_figures:
+        gates = analyse_gates(exp, pairing, datasets, operators, levels, warnings)
     out_dir = Path(o.out) if o.out is not None else Path("reports") / slug(experiment)
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     return ReportContext(
@@ -246,7 +279,52 @@ def build_context(
         axis_levels=levels,
         interactions=interactions,
         scaling=scaling,
+        reproduction=reproduction_table(pairing.runs),
+        gates=gates,
     )
+
+
+def analyse_gates(
+    exp: Experiment,
+    pairing: Pairing,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    levels: dict[str, list[str]],
+    warnings: list[str],
+) -> GateAnalysis | None:
+    """The gate by position of the analysed runs of gated operators, grouped by the report's
+    keys and in display order; None when none of them logged it. Downloads one artifact per
+    gated run (ungated runs are not searched). When the artifacts cannot be read, or only some
+    gated runs have one, says so in ``warnings``."""
+    gated = pairing.runs[pairing.runs["operator"].map(is_gated)]
+    if gated.empty:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        logged = gate_frame(MlflowClient(exp.tracking_uri), list(gated["run_id"]))
+    except (MlflowException, OSError, ValueError) as err:
+        warnings.append(
+            f"gates: the {GATES_FILE} artifacts of the {len(gated)} gated runs could not be "
+            f"read ({err!r}), so the report has no gate figure or section; check that the "
+            "artifact store of the runs is reachable from here."
+        )
+        return None
+    have = logged["run_id"].nunique()
+    if have and have < len(gated):
+        warnings.append(
+            f"gates: {len(gated) - have} of the {len(gated)} analysed runs of gated operators "
+            f"have no {GATES_FILE}; the gate figure and section show the other {have}."
+        )
+    keys = list(pairing.keys)
+    ids = gated[["run_id", *keys, "operator", "seed"]]
+    frame = ids.merge(logged[["run_id", *GATE_COLUMNS]], on="run_id", how="inner")
+    summary = gate_summary(frame, keys)
+    if summary.empty:
+        return None
+    summary = display_order(summary, datasets, operators, levels)
+    return GateAnalysis(frame, summary, gate_ends(summary, keys), int(have))
 
 
 def interaction_tables(

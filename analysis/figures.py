@@ -2,7 +2,7 @@
 
 With extra grid axes, the paired-delta figures get a panel per level (one figure per setting,
 and per dataset one with a panel per setting), and the summary and length figures a line style
-and marker per level.
+and marker per level. The gate figure (``analysis.gates``) has a panel per dataset and setting.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import pandas as pd
 
 from analysis import plots
 from analysis.context import ReportContext
+from analysis.gates import gate_figure
+from analysis.schema import AXIS_TAG_PREFIX
 from analysis.tables import describe_setting, select
 
 #: A figure of report.md: its caption and the PNG (a PDF lies next to it).
@@ -39,6 +41,7 @@ def draw_figures(ctx: ReportContext, fig_dir: Path) -> tuple[list[DrawnFigure], 
     _paired_delta_figures(ctx, fig_dir, colors, drawn)
     _summary_figures(ctx, fig_dir, colors, drawn)
     _length_figure(ctx, fig_dir, colors, drawn)
+    _gate_figure(ctx, fig_dir, drawn)
     return drawn.figures, drawn.files
 
 
@@ -169,3 +172,19 @@ def _length_figure(
         style_order=order,
     )
     drawn.add("Accuracy by length quantile inside each dataset", paths)
+
+
+def _gate_figure(ctx: ReportContext, fig_dir: Path, drawn: _Drawn) -> None:
+    """The gate on E by position bucket, one panel per dataset and setting (``gates_by_position``).
+
+    ``gates.gate_figure`` makes a panel per ``axis.*`` column: the report's extra axes and
+    ``--by`` params are handed over under that prefix, so that no line averages two settings."""
+    if ctx.gates is None:
+        return
+    extra = [k for k in ctx.keys if k not in ("dataset", "position", "attention_position")]
+    frame = ctx.gates.frame.rename(columns={k: AXIS_TAG_PREFIX + k for k in extra})
+    fig = gate_figure(frame)
+    if fig is None:
+        return
+    caption = "Gate on token embeddings by position (gated operators; 0.5: E and P weighed equally)"
+    drawn.add(caption, plots.save(fig, fig_dir, "gates_by_position"))

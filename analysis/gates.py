@@ -6,14 +6,15 @@ H = g * E + (1 - g) * P. Each of its trial runs carries ``gate_by_position.parqu
 position bucket (columns ``schema.GATE_COLUMNS``). ``gate_frame`` gathers those tables with the
 runs' tags; ``plot_gates`` draws the mean weight on E against position, one line per operator,
 so one can see whether a gate leans on the tokens (g > 0.5) or on position (g < 0.5), and where
-along the document that changes.
+along the document that changes. ``gate_summary`` gives the same numbers as a table (mean and
+range over seeds per bucket) and ``gate_ends`` its first and last bucket, for the report.
 """
 
 from __future__ import annotations
 
 import math
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,25 @@ from analysis.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E
 RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")
 #: The gate frame's leading columns (tag ``fusion`` is column ``operator``, as in analysis.load).
 ID_COLUMNS = ["run_id", *(tag_column(t) for t in RUN_TAGS)]
+#: The gated operators' registry names: only their runs carry ``schema.GATES_FILE``.
+GATED_OPERATORS = ("gate_scalar", "gate_vector", "gate_cnn", "gate_mlp")
+#: Columns of ``gate_summary`` after the group keys and ``operator``.
+SUMMARY_COLUMNS = (
+    "bucket_start",
+    "bucket_end",
+    "bucket",
+    "n_seeds",
+    "tokens",
+    "gate_mean",
+    "gate_min",
+    "gate_max",
+)
+
+
+def is_gated(label: Any) -> bool:
+    """Whether an operator label (tag ``fusion``: ``name`` or ``name(k=v,...)``) names a gated
+    operator, whose runs are the only ones worth searching for ``schema.GATES_FILE``."""
+    return str(label).split("(", 1)[0] in GATED_OPERATORS
 
 
 def gate_frame(client: Any, runs: Iterable[str], max_workers: int = 8) -> pd.DataFrame:
@@ -79,6 +99,59 @@ def _run_gates(client: Any, run_id: str) -> tuple[dict[str, str], pd.DataFrame] 
     return tags, table
 
 
+def gate_summary(frame: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """``frame``'s gate per (``keys``, ``operator``, position bucket), over seeds.
+
+    ``frame`` has the columns ``keys``, ``operator``, ``seed`` and ``schema.GATE_COLUMNS``
+    (``gate_frame``'s rows). As in the figure, the runs of one seed are averaged first; then
+    ``gate_mean`` is the mean over seeds and ``gate_min`` / ``gate_max`` the lowest and highest
+    seed. ``n_seeds`` counts the seeds, ``tokens`` is the bucket's tokens per seed (their mean),
+    ``bucket`` labels the token positions (``0``, ``2-3``, ...). Buckets without tokens are
+    left out; rows are sorted by key, operator and bucket."""
+    data = frame[frame["tokens"] > 0].dropna(subset=["gate_mean"])
+    group = [*keys, "operator", "bucket_start", "bucket_end"]
+    per_seed = data.groupby([*group, "seed"], sort=True, dropna=False).agg(
+        gate=("gate_mean", "mean"), tokens=("tokens", "mean")
+    )
+    summary = (
+        per_seed.groupby(level=group, sort=True, dropna=False)
+        .agg(
+            n_seeds=("gate", "size"),
+            tokens=("tokens", "mean"),
+            gate_mean=("gate", "mean"),
+            gate_min=("gate", "min"),
+            gate_max=("gate", "max"),
+        )
+        .reset_index()
+    )
+    labels = [
+        _bucket_label(int(s), int(e))
+        for s, e in zip(summary["bucket_start"], summary["bucket_end"], strict=True)
+    ]
+    summary.insert(len(group), "bucket", pd.Series(labels, index=summary.index, dtype=object))
+    return summary[[*keys, "operator", *SUMMARY_COLUMNS]]
+
+
+def gate_ends(summary: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Per (``keys``, ``operator``) of ``gate_summary``: its first and its last bucket (those
+    holding tokens), as ``first_<c>`` and ``last_<c>`` for ``c`` in bucket, n_seeds,
+    gate_mean, gate_min, gate_max, and ``change`` = last gate_mean - first gate_mean. Groups
+    keep the order of ``summary``."""
+    group = [*keys, "operator"]
+    values = ("bucket", "n_seeds", "gate_mean", "gate_min", "gate_max")
+    rows = []
+    for key, grp in summary.groupby(group, sort=False, dropna=False):
+        grp = grp.sort_values("bucket_start", kind="stable")
+        first, last = grp.iloc[0], grp.iloc[-1]
+        row = dict(zip(group, key, strict=True))
+        row |= {f"first_{c}": first[c] for c in values}
+        row |= {f"last_{c}": last[c] for c in values}
+        row["change"] = last["gate_mean"] - first["gate_mean"]
+        rows.append(row)
+    columns = [*group, *(f"{end}_{c}" for end in ("first", "last") for c in values), "change"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 def gate_figure(frame: pd.DataFrame) -> Figure | None:
     """The figure ``plot_gates`` saves, or None when ``frame`` has no bucket with tokens.
 
@@ -106,7 +179,8 @@ def gate_figure(frame: pd.DataFrame) -> Figure | None:
         parts = [f"{_short(k)}={_text(v)}" for k, v in zip(keys[1:], key[1:], strict=True)]
         ax.set_title(", ".join([str(key[0]), *parts]), fontsize=9)
     fig.suptitle(
-        "Gate on token embeddings by position (test split, best epoch; "
+        # three short lines: the figure is 4.6 in wide when it has a single panel
+        "Gate on token embeddings by position\n(test split, best epoch;\n"
         "line: mean over seeds, band: their range)",
         fontsize=10,
     )

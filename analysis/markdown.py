@@ -10,8 +10,10 @@ import pandas as pd
 from analysis.context import ARTIFACT_PATH, ReportContext
 from analysis.interaction import ADDITIVE, SCALE_AXIS
 from analysis.paired import method_lines
+from analysis.reproduction import reproduction_markdown
 from analysis.schema import (
     CELLS_ARTIFACT,
+    GATES_FILE,
     GRID_AXES_TAG,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,
@@ -29,6 +31,9 @@ from analysis.tables import (
 )
 
 TABLES = ("table1", "table2", "table3")
+#: Where the paper-versus-ours table and the gate summary are written (``analysis.report``).
+REPRODUCTION_CSV = "tables/reproduction.csv"
+GATES_CSV = "gates_by_position.csv"
 
 
 def render_report(ctx: ReportContext) -> str:
@@ -39,9 +44,11 @@ def render_report(ctx: ReportContext) -> str:
         *_scaling(ctx),
         *_method(ctx),
         *_tables(ctx),
+        *_reproduction(ctx),
         *_paired_statistics(ctx),
         *_interactions(ctx),
         *_length_analysis(ctx),
+        *_gates(ctx),
         *_figures(ctx),
         *_gaps(ctx),
         *_files(ctx),
@@ -209,6 +216,64 @@ def _tables(ctx: ReportContext) -> list[str]:
     return lines
 
 
+def _reproduction(ctx: ReportContext) -> list[str]:
+    """The study's published cells that our runs reproduce, beside ours (none: no section)."""
+    if ctx.reproduction is None:
+        return []
+    return [
+        "## Reproduction: the paper's numbers beside ours",
+        "",
+        reproduction_markdown(ctx.reproduction).rstrip("\n"),
+        "",
+        f"Every column (differences, sd in points, the source of each number): "
+        f"`{REPRODUCTION_CSV}`.",
+        "",
+    ]
+
+
+def _gates(ctx: ReportContext) -> list[str]:
+    """Per group and gated operator: the mean gate on E in the first and the last position
+    bucket holding tokens, with its range over seeds (none logged: no section)."""
+    gates = ctx.gates
+    if gates is None:
+        return []
+    keys = [k for k in ctx.keys if k in gates.ends]
+    heads = [*(column_label(k, ctx.axes) for k in keys), "operator", "seeds"]
+    heads += ["first bucket", "g first [min, max]", "last bucket", "g last [min, max]"]
+    lines = [
+        "## Gate on token embeddings by position",
+        "",
+        "A gated operator mixes the token embeddings E and the position signal P as "
+        "H = g E + (1 − g) P, so g is the weight on E: g = 0.5 weighs E and P equally, g = 1 "
+        "keeps E alone, g = 0 keeps P alone (feature-wise gates are averaged over features "
+        f"too). Each gated run logs `{GATES_FILE}`: g on its test split at its best validation "
+        "epoch, averaged over the tokens of each position bucket (a bucket `a-b` holds the "
+        "token positions a to b, counted from 0). Per group and operator: the mean over "
+        "seeds of that gate in the first and in the last bucket holding tokens, the lowest "
+        "and highest seed in brackets, and the last mean minus the first. No test is run on "
+        f"these numbers. {gates.runs} run(s) logged their gates.",
+        "",
+        "| " + " | ".join([*heads, "last − first"]) + " |",
+        "|" + "---|" * (len(heads) + 1),
+    ]
+    for r in gates.ends.to_dict(orient="records"):
+        seeds = {int(r["first_n_seeds"]), int(r["last_n_seeds"])}
+        cells = [*(str(r[k]) for k in keys), str(r["operator"])]
+        cells += [" / ".join(str(n) for n in sorted(seeds)), str(r["first_bucket"])]
+        cells += [_gate_value(r, "first"), str(r["last_bucket"]), _gate_value(r, "last")]
+        cells.append(f"{r['change']:+.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", f"Every bucket (mean, min and max over seeds): `{GATES_CSV}`.", ""]
+
+
+def _gate_value(row: dict, end: str) -> str:
+    """``0.482 [0.451, 0.503]`` (no range for a single seed)."""
+    mean = f"{row[f'{end}_gate_mean']:.3f}"
+    if int(row[f"{end}_n_seeds"]) < 2:
+        return mean
+    return f"{mean} [{row[f'{end}_gate_min']:.3f}, {row[f'{end}_gate_max']:.3f}]"
+
+
 def _paired_statistics(ctx: ReportContext) -> list[str]:
     table = ctx.comparisons.table
     if not len(table):
@@ -349,13 +414,19 @@ def _listing(
 
 def _files(ctx: ReportContext) -> list[str]:
     interaction = " `interaction.csv`," if ctx.interactions is not None else ""
+    gates = f" `{GATES_CSV}`," if ctx.gates is not None else ""
+    reproduction = (
+        f"; `{REPRODUCTION_CSV}`: the paper's numbers beside ours"
+        if ctx.reproduction is not None
+        else ""
+    )
     return [
         "",
         "## Files",
         "",
         f"`stats.csv`, `stats.json` (with every setting),{interaction} `length_stats.csv`, "
-        "`length_accuracy.csv`, `runs.csv`, `tables/` (Markdown, LaTeX, CSV), `figures/` "
-        "(PNG, PDF).",
+        f"`length_accuracy.csv`,{gates} `runs.csv`, `tables/` (Markdown, LaTeX, CSV"
+        f"{reproduction}), `figures/` (PNG, PDF).",
         "",
     ]
 

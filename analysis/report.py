@@ -8,8 +8,11 @@ runs the paired statistics, and writes into ``--out``:
     interaction.csv      one row per interaction test (only for grids with extra axes)
     length_stats.csv     per-length-bucket comparisons and long-minus-short contrasts
     length_accuracy.csv  accuracy by length bucket per operator
+    gates_by_position.csv  gated operators' gate on E per position bucket, over seeds (only
+                         when gated runs logged gate_by_position.parquet; not with --no-figures)
     runs.csv             the tidy frame of trial runs that was analysed
-    tables/              Table 1, 2, 3 as .md, .tex and .csv
+    tables/              Table 1, 2, 3 as .md, .tex and .csv; reproduction.csv, the study's
+                         published numbers beside ours (only when runs match its cells)
     figures/             PNG and PDF
 
 then logs that folder as artifacts (under ``analysis/``) of the sweep's parent run, so the
@@ -40,11 +43,11 @@ from analysis.context import ARTIFACT_PATH, ReportContext, ReportOptions, build_
 from analysis.figures import draw_figures
 from analysis.lengths import LengthAnalysis
 from analysis.load import AnalysisError, Experiment
-from analysis.markdown import render_report
+from analysis.markdown import GATES_CSV, REPRODUCTION_CSV, render_report
 from analysis.other_settings import OtherSettings
 from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
-from analysis.schema import PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
+from analysis.schema import GATES_FILE, PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
 from analysis.tables import Table
 
 __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
@@ -127,7 +130,8 @@ def write_report(ctx: ReportContext) -> list[Path]:
 
 def write_data_files(ctx: ReportContext) -> list[Path]:
     """stats.csv, interaction.csv (with extra grid axes), length_stats.csv and
-    length_accuracy.csv, runs.csv and stats.json."""
+    length_accuracy.csv, the paper-versus-ours and gate tables (when there are some), runs.csv
+    and stats.json."""
     out_dir, table = ctx.out_dir, ctx.comparisons.table
     lead = stats_columns(ctx.axes)
     ordered = [c for c in lead if c in table] + [c for c in table if c not in lead]
@@ -144,12 +148,29 @@ def write_data_files(ctx: ReportContext) -> list[Path]:
         lengths.stats.to_csv(p1, index=False)
         lengths.accuracy.to_csv(p2, index=False)
         files += [p1, p2]
+    files += write_optional_tables(ctx)
     runs_csv = out_dir / "runs.csv"
     ctx.experiment.runs.to_csv(runs_csv, index=False)
     stats_json = out_dir / "stats.json"
     payload = _stats_payload(ctx, table[ordered] if len(table) else None)
     stats_json.write_text(json.dumps(_jsonable(payload), indent=2), encoding="utf-8")
     return [*files, runs_csv, stats_json]
+
+
+def write_optional_tables(ctx: ReportContext) -> list[Path]:
+    """tables/reproduction.csv when runs match the study's cells, gates_by_position.csv when
+    gated runs logged their gates; nothing otherwise."""
+    tables = [(REPRODUCTION_CSV, ctx.reproduction)]
+    tables.append((GATES_CSV, ctx.gates.summary if ctx.gates is not None else None))
+    files = []
+    for name, frame in tables:
+        if frame is None:
+            continue
+        path = ctx.out_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_csv(path, index=False)
+        files.append(path)
+    return files
 
 
 def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict[str, Any]:
@@ -168,6 +189,15 @@ def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict
         extra["scaling_confound"] = ctx.scaling.warning
     if ctx.scaling.both_arms:
         extra["scaling_effects"] = _records(ctx.scaling.effects)
+    if ctx.reproduction is not None:
+        extra["reproduction"] = {"file": REPRODUCTION_CSV, "rows": _records(ctx.reproduction)}
+    if ctx.gates is not None:
+        extra["gates"] = {
+            "file": GATES_CSV,
+            "artifact": GATES_FILE,
+            "runs": ctx.gates.runs,
+            "first_and_last_bucket": _records(ctx.gates.ends),
+        }
     payload = {
         "experiment": exp.name,
         "experiment_id": exp.experiment_id,
@@ -300,7 +330,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-figures",
         action="store_true",
-        help="skip the figures (about 1-2 s each; a large grid has one per position setting)",
+        help="skip the figures (about 1-2 s each; a large grid has one per position setting) "
+        "and the gate analysis, which downloads gate_by_position.parquet of every gated run",
     )
     p.add_argument(
         "--no-log", action="store_true", help="do not log the report to the sweep's parent run"

@@ -54,6 +54,10 @@ CONFIDENCE = 0.95
 STUDY_SETTINGS = {"model.scale_embeddings": True}
 #: Prefix of the frame's columns that hold a run's flattened config (``analysis.load``).
 PARAM_PREFIX = "params."
+#: The param naming a run's data source, and the sources whose runs never reproduce a paper
+#: cell whatever their dataset is called (simulated documents, as in ``analysis.synthetic``).
+SOURCE_PARAM = "data.source"
+SIMULATED_SOURCES = ("synthetic",)
 #: Top-level sections of a flattened config: a frame column ``model.X`` / ``train.X`` / ``data.X``
 #: is a grid axis or a ``--by`` key, and runs are compared within each of its values.
 CONFIG_SECTIONS = ("model.", "train.", "data.")
@@ -126,8 +130,9 @@ def reproduction_table(runs: pd.DataFrame) -> pd.DataFrame | None:
     ``none``, and its position and operator have the cell's registry names (labels with options,
     ``name(k=v)``, match by name and keep their own row). A cell is matched with the operator the
     paper names and with the one the notebooks ran (``matched_as`` says which; both where they
-    are one). Runs of another study setting (``model.scale_embeddings`` false) are left out; any
-    other grid axis gets a row per value. Per row: ``n_seeds``, ``mean`` and ``sd`` (ddof = 1)
+    are one). Runs of another study setting (``model.scale_embeddings`` false) and runs on
+    simulated data (param ``data.source`` synthetic) are left out; any other grid axis gets a
+    row per value. Per row: ``n_seeds``, ``mean`` and ``sd`` (ddof = 1)
     of the per-seed test accuracy in percent (a seed with several runs counts once, by their
     mean), the 95 % t interval of that mean over seeds (``ci_low``, ``ci_high``; none below two
     seeds), ``paper_inside`` (the paper's mean in that interval; NA without one) and
@@ -154,8 +159,8 @@ def reproduction_table(runs: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def _study_runs(runs: pd.DataFrame) -> pd.DataFrame:
-    """The finished runs without an attention-level position, in the study's settings, with the
-    operator in a column ``fusion``; ValueError naming what a frame lacks."""
+    """The finished runs without an attention-level position, on real data, in the study's
+    settings, with the operator in a column ``fusion``; ValueError naming what a frame lacks."""
     operator = "fusion" if "fusion" in runs.columns else "operator"
     missing = [c for c in (*NEEDED, operator) if c not in runs.columns]
     if missing:
@@ -170,10 +175,14 @@ def _study_runs(runs: pd.DataFrame) -> pd.DataFrame:
         frame = frame[frame["status"] == "FINISHED"]
     frame = frame.dropna(subset=["dataset", "position", "fusion", "seed", "test_acc"])
     frame = frame[frame["attention_position"] == "none"]
+    if PARAM_PREFIX + SOURCE_PARAM in frame.columns:
+        frame = frame[~frame[PARAM_PREFIX + SOURCE_PARAM].isin(SIMULATED_SOURCES)]
     for key, value in STUDY_SETTINGS.items():
         for column in (key, AXIS_TAG_PREFIX + key, PARAM_PREFIX + key):
             if column in frame.columns:
-                frame = frame[frame[column].map(lambda v, want=value: _setting_is(v, want))]
+                # astype(bool): an empty frame's mask would otherwise select columns, not rows
+                keep = frame[column].map(lambda v, want=value: _setting_is(v, want)).astype(bool)
+                frame = frame[keep]
     return frame
 
 
