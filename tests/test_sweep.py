@@ -194,8 +194,8 @@ def test_quickstart_smoke_path_runs_every_cell_once(
     assert main([str(quickstart), "--smoke", "--no-report"]) == 0
     spec = smoke_version(load_sweep(quickstart))
     cells = expand(spec)
-    assert len(cells) == 9  # 3 regimes x 3 operators x 1 seed
+    assert len(cells) == 12  # 3 regimes x 2 operators x 2 embedding scalings x 1 seed
     finished = _runs(spec, "FINISHED")[1]
     assert sorted(r.data.tags["cell_id"] for r in finished) == sorted(c.cell_id for c in cells)
     out = capsys.readouterr().out
-    assert "9 finished now, 0 failed" in out and "mlflow ui" in out
+    assert "12 finished now, 0 failed" in out and "mlflow ui" in out
