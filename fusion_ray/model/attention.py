@@ -1,43 +1,65 @@
 """The encoder: self-attention blocks on F.scaled_dot_product_attention, plus attention-level
 positions (the axis orthogonal to the input-level signal P).
 
-An attention-level position acts inside attention only: ``rope`` rotates q and k; ``alibi`` and
-``t5_bias`` add a [heads, L, L] bias to the attention scores. When there is neither padding nor a
+An attention-level position acts inside attention only, through up to three hooks of
+``AttentionPosition``: ``rotate`` transforms q and k (``rope``, ``xpos``); ``bias`` returns a
+content-free [heads, L, L] score bias, built once per forward and shared by all layers
+(``alibi``, ``t5_bias``, ``untied``, ``kerple_log``, ``fire``); ``score_terms`` returns
+content-dependent [B, heads, L, L] score terms for one layer (``disentangled``). A mechanism may
+also rescale the content term q.k^T (``content_scale``). When there is neither padding nor a
 bias, attention runs with ``attn_mask=None``, so on a GPU it can take the flash kernel.
 
-Score biases stay in float32 under bf16 autocast: they are built with autocast off, and an
-attention call with a float bias runs in float32 (see ``biased_attention``). In bf16, ALiBi's
-smallest slope at L = 4096 would map the distances 1000..4095 to only 263 distinct values.
+Score biases and score terms stay in float32 under bf16 autocast: they are built with autocast
+off, and an attention call with a float bias runs in float32 (see ``biased_attention``). In
+bf16, ALiBi's smallest slope at L = 4096 would map the distances 1000..4095 to only 263 distinct
+values.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fusion_ray.checks import is_int
 from fusion_ray.model.positions import check_base, inverse_frequencies
 from fusion_ray.registry import Registry
 
 
 class AttentionPosition(nn.Module):
-    """Base class (and ``none``): no rotation and no score bias."""
+    """Base class (and ``none``): no rotation, no score bias, plain 1/sqrt(Dh) scores.
 
-    def __init__(self, n_heads: int, head_dim: int, max_len: int) -> None:
+    The framework supplies n_heads, head_dim, max_len and n_layers (the number of encoder layers
+    the one module serves, for mechanisms with per-layer parameters); options a sweep may set
+    are keyword-only in subclasses.
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.max_len = max_len
+        self.n_layers = n_layers
+        # The factor on q.k^T in the scores; None is SDPA's default 1/sqrt(head_dim).
+        self.content_scale: float | None = None
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k [B, H, L, Dh] -> the same shapes, position-encoded."""
         return q, k
 
     def bias(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
-        """An additive score bias [H, L, L] (query i, key j), or None."""
+        """An additive score bias [H, L, L] (query i, key j) shared by all layers, or None.
+        Already scaled: it is added to content_scale * q.k^T as it is."""
+        return None
+
+    def score_terms(self, q: torch.Tensor, k: torch.Tensor, layer: int) -> torch.Tensor | None:
+        """Content-dependent additive score terms [B, H, L, L] of encoder layer ``layer`` from
+        the (rotated) q, k [B, H, L, Dh], or None. Already scaled, like ``bias``. Called with
+        autocast off; an implementation computes in at least float32."""
         return None
 
 
@@ -56,8 +78,10 @@ class Rotary(AttentionPosition):
     """RoPE (Su et al.): rotate each (q, k) channel pair (c, c + Dh/2) at position p by angle
     p * base^(-2c/Dh), so q_i . k_j depends on i - j only. No parameters."""
 
-    def __init__(self, n_heads: int, head_dim: int, max_len: int, *, base: float = 10000.0) -> None:
-        super().__init__(n_heads, head_dim, max_len)
+    def __init__(
+        self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1, *, base: float = 10000.0
+    ) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
         if head_dim % 2:
             raise ValueError(f"head dimension d_model / n_heads must be even, got {head_dim}")
         w = inverse_frequencies(head_dim, check_base(base))
@@ -95,8 +119,8 @@ class ALiBi(AttentionPosition):
     """Score bias -m_h |i - j| with fixed per-head slopes m_h (symmetric, for a bidirectional
     encoder). No parameters. Being symmetric, it tells distance but not direction."""
 
-    def __init__(self, n_heads: int, head_dim: int, max_len: int) -> None:
-        super().__init__(n_heads, head_dim, max_len)
+    def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
         self.register_buffer("slopes", alibi_slopes(n_heads), persistent=False)  # [H]
 
     def bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
@@ -137,11 +161,12 @@ class T5Bias(AttentionPosition):
         n_heads: int,
         head_dim: int,
         max_len: int,
+        n_layers: int = 1,
         *,
         num_buckets: int = 32,
         max_distance: int = 128,
     ) -> None:
-        super().__init__(n_heads, head_dim, max_len)
+        super().__init__(n_heads, head_dim, max_len, n_layers)
         for name, value in (("num_buckets", num_buckets), ("max_distance", max_distance)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be an integer, got {value!r}")
@@ -163,6 +188,263 @@ class T5Bias(AttentionPosition):
         return self.table(buckets).permute(2, 0, 1)  # [L, L, H] -> [H, L, L]
 
 
+def positive_int(name: str, value: Any) -> int:
+    """``value`` as an int, if it is an integer >= 1 (an option of a position mechanism)."""
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def positive_number(name: str, value: Any) -> float:
+    """``value`` as a float, if it is a finite number > 0 (an option of a position mechanism)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def relative_distance(seq_len: int, device: torch.device) -> torch.Tensor:
+    """|i - j| for query i and key j, [L, L] float32."""
+    p = torch.arange(seq_len, device=device)
+    return (p[None, :] - p[:, None]).abs().float()
+
+
+@ATTENTION_POSITIONS.register("untied")
+class Untied(AttentionPosition):
+    """TUPE's untied absolute positions (Ke et al. 2021, TUPE-A). Position enters attention as
+    its own term beside the content term, each scaled by 1/sqrt(2d) (d = head dimension):
+
+        alpha_ij = (x_i W^Q)(x_j W^K)^T / sqrt(2d) + (p_i U^Q)(p_j U^K)^T / sqrt(2d),
+
+    p_i = LayerNorm(P_i), P a learned absolute table [max_len, d_model] that is never added to
+    the input, U^Q and U^K [d_model, d_model] split into heads. The positional term is
+    content-free, so as in TUPE's code it is built once per forward and shared by all layers.
+
+    Not built: TUPE's untied [CLS] (this classifier mean-pools; there is no [CLS]) and TUPE-R's
+    added relative bias. U^K has no bias: it would add a per-query constant, which softmax
+    ignores. Initialisation: P ~ N(0, 1); U^Q, U^K as this encoder's q/k projection (Xavier
+    uniform, zero bias). It is TUPE only with the input-level position ``none``; with an
+    input-level P as well, position also reaches attention through the fusion (the two axes
+    combine freely, as ``rope`` over ``sinusoidal`` does).
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
+        d_model = n_heads * head_dim
+        self.content_scale = (2 * head_dim) ** -0.5
+        self.table = nn.Embedding(max_len, d_model)  # P, N(0, 1)
+        self.norm = nn.LayerNorm(d_model)
+        self.query = nn.Linear(d_model, d_model)  # U^Q
+        self.key = nn.Linear(d_model, d_model, bias=False)  # U^K
+        nn.init.xavier_uniform_(self.query.weight)
+        nn.init.zeros_(self.query.bias)
+        nn.init.xavier_uniform_(self.key.weight)
+
+    def bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        p = self.norm(self.table.weight[:seq_len])  # [L, d_model]
+        pq = self.query(p).view(seq_len, self.n_heads, self.head_dim).transpose(0, 1)  # [H, L, Dh]
+        pk = self.key(p).view(seq_len, self.n_heads, self.head_dim).transpose(0, 1)  # [H, L, Dh]
+        return pq @ pk.transpose(-1, -2) * self.content_scale  # [H, L, L]
+
+
+@ATTENTION_POSITIONS.register("disentangled")
+class Disentangled(AttentionPosition):
+    """DeBERTa's disentangled attention (He et al. 2021, eq. 4): content-to-content plus
+    content-to-position plus position-to-content, all scaled by 1/sqrt(3d) (d = head dimension):
+
+        A_ij = Q^c_i K^c_j^T + Q^c_i K^r_delta(i,j)^T + K^c_j Q^r_delta(j,i)^T,
+        softmax(A / sqrt(3d)),   Q^r = P W_q,r,   K^r = P W_k,r,
+
+    delta(i, j) = 0 if i - j <= -k, 2k - 1 if i - j >= k, i - j + k otherwise (distances
+    clipped at k = ``max_distance``, 512 as in DeBERTa). The relative embeddings P [2k, d_model]
+    are shared across layers ("shared across all layers" in the paper); W_q,r and W_k,r are per
+    layer, as DeBERTa's per-layer position projections, kept here and indexed by layer. W_q,r has
+    a bias and W_k,r none, as in DeBERTa (a key-side bias would add a per-query constant).
+
+    Position-to-content is indexed at delta(j, i) as the paper's equation says; DeBERTa's
+    released code indexes it at delta(i, j). Not built: dropout on P, the enhanced mask decoder,
+    DeBERTa-v2's log buckets and shared position keys. Initialisation: P ~ N(0, 1); W_q,r, W_k,r
+    as this encoder's q/k projection (Xavier uniform, zero bias).
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        n_layers: int = 1,
+        *,
+        max_distance: int = 512,
+    ) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
+        self.max_distance = positive_int("max_distance", max_distance)
+        d_model = n_heads * head_dim
+        self.content_scale = (3 * head_dim) ** -0.5
+        self.table = nn.Embedding(2 * self.max_distance, d_model)  # P, N(0, 1)
+        self.query = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))  # W_q,r
+        self.key = nn.ModuleList(
+            nn.Linear(d_model, d_model, bias=False) for _ in range(n_layers)
+        )  # W_k,r
+        for layer in range(n_layers):
+            nn.init.xavier_uniform_(self.query[layer].weight)
+            nn.init.zeros_(self.query[layer].bias)
+            nn.init.xavier_uniform_(self.key[layer].weight)
+
+    def score_terms(self, q: torch.Tensor, k: torch.Tensor, layer: int) -> torch.Tensor:
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k = q.to(dtype), k.to(dtype)  # [B, H, L, Dh]
+        B, H, L, Dh = q.shape
+        # Only the 2 * span rows that distances below L can reach (all 2k rows when L >= k).
+        span = min(L, self.max_distance)
+        rows = self.table.weight[self.max_distance - span : self.max_distance + span]  # [2span, d]
+        kr = self.key[layer](rows).to(dtype).view(2 * span, H, Dh).transpose(0, 1)  # [H, 2span, Dh]
+        qr = self.query[layer](rows).to(dtype).view(2 * span, H, Dh).transpose(0, 1)
+        p = torch.arange(L, device=q.device)
+        delta = (p[:, None] - p[None, :] + span).clamp(0, 2 * span - 1)  # [L, L]: delta(i, j)
+        delta = delta.expand(B, H, L, L)
+        c2p = torch.gather(q @ kr.transpose(-1, -2), -1, delta)  # [B, H, L, L]: Q_i . K^r_d(i,j)
+        p2c = torch.gather(k @ qr.transpose(-1, -2), -1, delta)  # [B, H, j, i]: K_j . Q^r_d(j,i)
+        return (c2p + p2c.transpose(-1, -2)) * self.content_scale  # [B, H, L, L]
+
+
+@ATTENTION_POSITIONS.register("xpos")
+class XPos(Rotary):
+    """xPos (Sun et al. 2023): RoPE with an exponential scale per frequency pair. With R_n the
+    rotation of ``rope`` at position n and, for pair c = 0 .. d/2 - 1 (d = head dimension; pair
+    c turns at base^(-2c/d)), zeta_c = (c / (d/2) + gamma) / (1 + gamma), gamma = 0.4:
+
+        q~_n = (R_n q_n) * zeta^(n / B),   k~_m = (R_m k_m) * zeta^(-m / B),   B = scale_base,
+
+    so q~_n . k~_m = sum_c zeta_c^((n - m) / B) * (pair c's RoPE score): a function of n - m
+    only. B = 512 and gamma = 0.4 as the reference implementation (torchscale's XPOS).
+
+    xPos is defined for causal attention (m <= n), where zeta^((n - m)/B) decays with distance.
+    In this bidirectional encoder it decays for keys to the left and grows for keys to the
+    right, by up to zeta_0^(-(m - n)/B) = 3.5 at m - n = 512 and 2.2e4 at 4096 (the
+    highest-frequency pair); a larger scale_base weakens both. Positions are not centred
+    (torchscale centres them for range), so a document's scores do not depend on its padding.
+    No parameters, no score bias: it keeps bf16 and the flash kernel as ``rope`` does.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        n_layers: int = 1,
+        *,
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+    ) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers, base=base)
+        self.scale_base = positive_number("scale_base", scale_base)
+        c = torch.arange(head_dim // 2, dtype=torch.float64)
+        zeta = (c / (head_dim / 2) + 0.4) / 1.4  # [Dh / 2], in (0, 1)
+        # float64: the exponents p / B * log(zeta) reach ~10 at L = 4096 (a few [L, Dh] flops).
+        self.register_buffer("log_zeta", zeta.log(), persistent=False)
+
+    def scales(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """zeta^(p / B) and zeta^(-p / B) for positions p, each [L, Dh], in log_zeta's dtype."""
+        log_zeta = self.log_zeta.to(device)
+        p = torch.arange(seq_len, device=device, dtype=log_zeta.dtype)
+        power = p[:, None] / self.scale_base * log_zeta[None, :]  # [L, Dh / 2]
+        power = torch.cat([power, power], dim=-1)  # [L, Dh]: pair (c, c + Dh/2) shares zeta_c
+        return power.exp(), (-power).exp()
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = super().rotate(q, k)
+        up, down = self.scales(q.size(-2), q.device)
+        return q * up.to(q.dtype), k * down.to(k.dtype)
+
+
+def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
+    """The y with softplus(y) = x, for x > 0."""
+    return x + torch.log(-torch.expm1(-x))
+
+
+@ATTENTION_POSITIONS.register("kerple_log")
+class KerpleLog(AttentionPosition):
+    """KERPLE's logarithmic kernel (Chi et al. 2022) as a score bias, per head h:
+
+        b_h(i, j) = -r1_h * log(1 + r2_h * |i - j|),   r1_h, r2_h > 0 learned.
+
+    The paper's causal distance m - n becomes |i - j| in this bidirectional encoder (symmetric:
+    distance, not direction, like ``alibi``). r = softplus(raw) keeps both positive without the
+    reference code's in-place clamping; they start as there: r1 ~ U(0, 2), r2 ~ U(0, 1), floored
+    at 0.01. One set of parameters shared by all layers, like every bias here (KERPLE's code has
+    one per layer).
+    """
+
+    def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
+        r1 = (2.0 * torch.rand(n_heads)).clamp(min=0.01)
+        r2 = torch.rand(n_heads).clamp(min=0.01)
+        self.raw_r1 = nn.Parameter(inverse_softplus(r1))  # [H]
+        self.raw_r2 = nn.Parameter(inverse_softplus(r2))  # [H]
+
+    def strengths(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r1, r2), each [H], positive."""
+        return F.softplus(self.raw_r1), F.softplus(self.raw_r2)
+
+    def bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        r1, r2 = self.strengths()
+        distance = relative_distance(seq_len, device)  # [L, L]
+        return -r1[:, None, None] * torch.log1p(r2[:, None, None] * distance)  # [H, L, L]
+
+
+@ATTENTION_POSITIONS.register("fire")
+class FIRE(AttentionPosition):
+    """FIRE (Li et al. 2024): a score bias per head from a small MLP of the log-scaled distance,
+    normalised by the query's position:
+
+        b(i, j) = f_theta( psi(|i - j|) / psi(max(L, i)) ),   psi(x) = log(c x + 1),
+
+    f_theta: 1 -> mlp_width -> heads with a ReLU; c learned (from ``init_c``), the threshold
+    L = |s| * ``init_threshold`` with a learned multiplier s (from 1), as in the paper's
+    reference code, which also adds 1e-6 to the normaliser and takes |c|.
+
+    The paper's causal i - j >= 0 becomes |i - j| in this bidirectional encoder, still
+    normalised by the query's own position i as published, so keys to the right of a query can
+    give inputs above 1. The normaliser depends on i, so the bias is translation-invariant only
+    while every query is below L; it does not depend on the sequence length, so padding does
+    not change it. The output layer has no bias (a per-head constant, which softmax ignores).
+    One MLP shared by all layers, like every bias here. The MLP runs on L x L inputs once per
+    forward: at L = 4096 its hidden layer is 4096^2 x mlp_width floats.
+    """
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        n_layers: int = 1,
+        *,
+        mlp_width: int = 32,
+        init_c: float = 0.1,
+        init_threshold: float = 512.0,
+    ) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers)
+        width = positive_int("mlp_width", mlp_width)
+        self.init_threshold = positive_number("init_threshold", init_threshold)
+        self.mlp = nn.Sequential(
+            nn.Linear(1, width), nn.ReLU(), nn.Linear(width, n_heads, bias=False)
+        )
+        self.c = nn.Parameter(torch.tensor(positive_number("init_c", init_c)))
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))  # s: L = |s| * init_threshold
+
+    def normalised_distance(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """psi(|i - j|) / psi(max(L, i)), [L, L] in the parameters' dtype: the MLP's input."""
+        c = self.c.abs()
+        p = torch.arange(seq_len, device=device, dtype=c.dtype)
+        threshold = (self.threshold_scale * self.init_threshold).abs()
+        normaliser = torch.log1p(c * torch.maximum(p, threshold)) + 1e-6  # [L]: query i
+        distance = relative_distance(seq_len, device).to(c.dtype)  # [L, L]
+        return torch.log1p(c * distance) / normaliser[:, None]
+
+    def bias(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        u = self.normalised_distance(seq_len, device)  # [L, L]
+        return self.mlp(u[..., None]).permute(2, 0, 1)  # [L, L, H] -> [H, L, L]
+
+
 def build_attention_mask(
     keep: torch.Tensor | None, bias: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -181,20 +463,41 @@ def build_attention_mask(
     return bias[None].masked_fill(~keep[:, None, None, :], float("-inf"))  # [B, H, L, L]
 
 
+def add_score_terms(mask: torch.Tensor | None, terms: torch.Tensor) -> torch.Tensor:
+    """One layer's ``attn_mask``: the shared mask (None, bool [B, 1, 1, L] padding, or float
+    [B or 1, H, L, L]) plus content-dependent score terms [B, H, L, L]; padded keys stay -inf."""
+    if mask is None:
+        return terms
+    if mask.dtype == torch.bool:
+        return terms.masked_fill(~mask, float("-inf"))
+    return mask + terms
+
+
 def biased_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout_p: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    dropout_p: float,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """SDPA with an additive float mask [B or 1, H, L, L], computed in at least float32.
 
     SDPA needs a float mask in the dtype of q, so under bf16 autocast the bias (and the scores
     it is added to) would be rounded to bf16, whose 8 significant bits cannot tell apart large
     ALiBi distances. Here q, k, v and the mask are upcast to float32 (float64 stays float64) and
-    autocast is off for the call; the output returns in the dtype of q.
+    autocast is off for the call; the output returns in the dtype of q. ``scale`` is the factor
+    on q.k^T (None: 1/sqrt(Dh)).
     """
     dtype = torch.promote_types(q.dtype, torch.float32)
     with torch.autocast(device_type=q.device.type, enabled=False):
         y = F.scaled_dot_product_attention(
-            q.to(dtype), k.to(dtype), v.to(dtype), attn_mask=mask.to(dtype), dropout_p=dropout_p
+            q.to(dtype),
+            k.to(dtype),
+            v.to(dtype),
+            attn_mask=mask.to(dtype),
+            dropout_p=dropout_p,
+            scale=scale,
         )
     return y.to(q.dtype)
 
@@ -215,18 +518,28 @@ class SelfAttention(nn.Module):
         nn.init.zeros_(self.out.bias)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, position: AttentionPosition
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        position: AttentionPosition,
+        layer: int = 0,
     ) -> torch.Tensor:
+        """x [B, L, d], the encoder's shared mask, the position module, this layer's index."""
         B, L, d = x.shape
         qkv = self.qkv(x).view(B, L, 3, self.n_heads, self.head_dim)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, H, L, Dh]
         q, k = position.rotate(q, k)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            terms = position.score_terms(q, k, layer)  # [B, H, L, L] float32, or None
+            if terms is not None:
+                mask = add_score_terms(mask, terms)
         dropout_p = self.dropout if self.training else 0.0
+        scale = position.content_scale
         if mask is not None and mask.is_floating_point():
-            y = biased_attention(q, k, v, mask, dropout_p)  # [B, H, L, Dh]
+            y = biased_attention(q, k, v, mask, dropout_p, scale)  # [B, H, L, Dh]
         else:  # None or a bool padding mask: bf16 stays, flash/efficient kernels stay eligible
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
             )  # [B, H, L, Dh]
         y = y.transpose(1, 2).reshape(B, L, d)  # [B, L, H * Dh]
         return self.out(y)
@@ -261,17 +574,22 @@ class EncoderBlock(nn.Module):
         self.drop2 = nn.Dropout(dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, position: AttentionPosition
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        position: AttentionPosition,
+        layer: int = 0,
     ) -> torch.Tensor:
         if self.norm_first:
-            x = x + self.drop1(self.attn(self.norm1(x), mask, position))
+            x = x + self.drop1(self.attn(self.norm1(x), mask, position, layer))
             return x + self.drop2(self.ff(self.norm2(x)))
-        x = self.norm1(x + self.drop1(self.attn(x, mask, position)))
+        x = self.norm1(x + self.drop1(self.attn(x, mask, position, layer)))
         return self.norm2(x + self.drop2(self.ff(x)))
 
 
 class Encoder(nn.Module):
-    """A stack of blocks sharing one attention-level position module; final LayerNorm if pre-LN."""
+    """A stack of blocks sharing one attention-level position module (which keeps any per-layer
+    parameters itself, indexed by layer); final LayerNorm if pre-LN."""
 
     def __init__(
         self,
@@ -290,6 +608,6 @@ class Encoder(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             bias = self.attention_position.bias(x.size(1), x.device)  # [H, L, L] or None
             mask = build_attention_mask(keep, bias)  # computed once, shared by all layers
-        for block in self.blocks:
-            x = block(x, mask, self.attention_position)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, mask, self.attention_position, layer)
         return self.final_norm(x)

@@ -138,6 +138,7 @@ def build_classifier(
             spec.n_heads,
             head_dim,
             spec.max_len,
+            spec.n_layers,
             **spec.attention_position_kwargs,
         )
     final_norm = nn.LayerNorm(d) if spec.norm_first else None
@@ -204,6 +205,9 @@ def check_model_spec(spec: ModelSpec) -> list[str]:
         heads_ok = False
 
     head_dim = spec.d_model // spec.n_heads if heads_ok else 0
+    # The attention position serves every layer (some keep per-layer parameters); with an
+    # invalid n_layers (reported above) its options are still checked, for one layer.
+    n_layers = spec.n_layers if is_int(spec.n_layers) and spec.n_layers >= 1 else 1
     families = (
         ("fusion", FUSIONS, spec.fusion, spec.fusion_kwargs, d_ok, (spec.d_model,)),
         (
@@ -220,7 +224,7 @@ def check_model_spec(spec: ModelSpec) -> list[str]:
             spec.attention_position,
             spec.attention_position_kwargs,
             heads_ok,
-            (spec.n_heads, head_dim, spec.max_len),
+            (spec.n_heads, head_dim, spec.max_len, n_layers),
         ),
     )
     for field, registry, name, kwargs, sizes_ok, framework_args in families:
