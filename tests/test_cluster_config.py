@@ -1,27 +1,53 @@
-"""cluster.yaml, offline: Ray's own launcher validation, every trial of the study fits a node type,
-fractional-GPU packing reaches Ray's resource request, and the README walkthrough's commands exist."""
+"""cluster.yaml and the lab file cluster-onprem.yaml, offline: both are what fusion_ray.cluster
+renders, Ray's own launcher validation accepts them, every trial of the study fits a node type,
+fractional-GPU packing reaches Ray's resource request, the rendered shell commands do what they
+say, and the README walkthrough's commands exist."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import re
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
+from fusion_ray.cluster import EXAMPLE_LAB, Lab, render_aws, render_onprem
+from fusion_ray.cluster import main as cluster_main
 from fusion_ray.config import Resources, load_sweep, resources_for
 from fusion_ray.grid import expand
 from fusion_ray.orchestrate import trial_resources
 from tests.conftest import ROOT
 
 CLUSTER = ROOT / "cluster.yaml"
+LAB = ROOT / "cluster-onprem.yaml"
 DRIVER = "fusion_ray_driver"
 
 
 @pytest.fixture(scope="module")
 def cluster() -> dict:
     return yaml.safe_load(CLUSTER.read_text())
+
+
+@pytest.fixture(scope="module")
+def lab() -> dict:
+    return yaml.safe_load(LAB.read_text())
+
+
+def test_the_committed_files_are_the_rendered_ones():
+    """Both files come from fusion_ray.cluster's one node setup; edit that and render again."""
+    assert CLUSTER.read_text() == render_aws(), (
+        "cluster.yaml is stale: python -m fusion_ray.cluster aws > cluster.yaml"
+    )
+    assert LAB.read_text() == render_onprem(EXAMPLE_LAB), (
+        f"cluster-onprem.yaml is stale: {shlex.join(EXAMPLE_LAB.argv())} > cluster-onprem.yaml"
+    )
+    header = LAB.read_text().split("cluster_name:")[0]
+    assert shlex.join(EXAMPLE_LAB.argv()) in header, "the lab file names the command it came from"
 
 
 @pytest.fixture
@@ -71,7 +97,128 @@ def test_services_are_private_and_token_auth_is_on(cluster):
     assert ray.__version__ == "2.60.0", "cluster.yaml pins the Ray of this checkout; update both"
 
 
-def test_every_command_is_valid_bash(cluster):
+def test_rays_own_launcher_accepts_the_lab_file(lab):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    prepared = prepare_config(lab)
+    validate_config(prepared)
+    assert prepared["provider"] == {
+        "type": "local",
+        "head_ip": "192.0.2.10",
+        "worker_ips": ["192.0.2.11", "192.0.2.12"],
+    }
+    (node_type,) = prepared["available_node_types"].values()
+    assert node_type["min_workers"] == node_type["max_workers"] == 2, "every worker joins"
+    assert prepared["auth"] == {"ssh_user": "lab", "ssh_private_key": "~/.ssh/id_ed25519"}
+
+
+def _start_flags(command: str) -> dict[str, str]:
+    """The options of the `ray start` that ends a start command, as {option: value}."""
+    argv = shlex.split(command.split(";")[-1])
+    assert argv[:2] == ["ray", "start"], command
+    return dict(arg.split("=", 1) if "=" in arg else (arg, "") for arg in argv[2:])
+
+
+def test_the_lab_head_offers_the_driver_resource_and_keeps_trials_off(lab, cluster):
+    head = _start_flags(lab["head_start_ray_commands"][-1])
+    assert json.loads(head["--resources"]) == {DRIVER: 64}
+    assert head["--num-cpus"] == "0" and head["--num-gpus"] == "0"
+    # the AWS head has the same from its node type; every other flag is the same in both files
+    resources = ("--resources", "--num-cpus", "--num-gpus")
+    aws = _start_flags(cluster["head_start_ray_commands"][-1])
+    assert {k: v for k, v in head.items() if k not in resources} == aws
+    assert aws["--dashboard-host"] == "127.0.0.1"
+    assert _start_flags(lab["worker_start_ray_commands"][-1])["--address"] == "$RAY_HEAD_IP:6379"
+    trials = yaml.safe_load(render_onprem(dataclasses.replace(EXAMPLE_LAB, head_trials=True)))
+    flags = _start_flags(trials["head_start_ray_commands"][-1])
+    assert "--num-cpus" not in flags and json.loads(flags["--resources"]) == {DRIVER: 64}
+
+
+def test_lab_services_are_private_and_token_auth_is_on(lab):
+    assert "0.0.0.0" not in LAB.read_text()
+    start = " ".join(lab["head_start_ray_commands"])
+    assert "mlflow server --host 127.0.0.1" in start
+    assert "--backend-store-uri sqlite:///$HOME/mlflow/mlflow.db" in start
+    assert '--artifacts-destination "/mnt/shared/fusion-ray/mlflow"' in start
+    setup = " ".join(lab["setup_commands"])
+    assert "export RAY_AUTH_MODE=token" in setup
+    assert 'FUSION_RAY_STORAGE="/mnt/shared/fusion-ray/ray_results"' in setup
+    assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in setup
+    assert lab["file_mounts"] == {
+        "~/fusion-ray": "~/.fusion-ray/checkout",
+        "~/.ray/auth_token": "~/.ray/auth_token",
+    }
+
+
+def _bash(command: str, home: Path) -> subprocess.CompletedProcess:
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
+
+
+def test_the_aws_profile_exports_what_the_driver_reads(cluster, tmp_path):
+    """The storage check and the profile, run for real in a scratch home."""
+    check, *_, profile, bashrc = cluster["setup_commands"]
+    (tmp_path / "fusion-ray.env").write_text("export FUSION_RAY_S3=/not/a/bucket\n")
+    refused = _bash(check, tmp_path)
+    assert refused.returncode == 1 and "must export FUSION_RAY_S3=s3://" in refused.stderr
+    (tmp_path / "fusion-ray.env").write_text("export FUSION_RAY_S3=s3://bucket/prefix\n")
+    assert _bash(check, tmp_path).returncode == 0
+    assert _bash(f"{profile} && {bashrc} && {bashrc}", tmp_path).returncode == 0
+    assert (tmp_path / ".bashrc").read_text() == ". ~/.fusion-ray-profile\n", "added once"
+    shown = _bash(
+        ". ~/.fusion-ray-profile && echo $PATH $FUSION_RAY_STORAGE $MLFLOW_TRACKING_URI "
+        "$RAY_AUTH_MODE $RAY_ADDRESS",
+        tmp_path,
+    )
+    assert shown.stdout.split() == [
+        f"{tmp_path}/venv/bin:/usr/bin:/bin",
+        "s3://bucket/prefix/ray_results",
+        "http://127.0.0.1:5000",
+        "token",
+        "auto",
+    ]
+
+
+def test_the_lab_setup_refuses_missing_storage_and_another_ray(tmp_path):
+    shared, other = tmp_path / "shared", tmp_path / "other"
+    lab = Lab("h", (), "u", "/k", str(shared), python_env=sys.prefix, head_trials=True)
+    check, environment, profile, _ = yaml.safe_load(render_onprem(lab))["setup_commands"]
+    missing = _bash(check, tmp_path)
+    assert missing.returncode == 1 and f"{shared} is not a writable folder" in missing.stderr
+    shared.mkdir()
+    assert _bash(check, tmp_path).returncode == 0
+    assert _bash(environment, tmp_path).returncode == 0, "this interpreter has the pinned Ray"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "python").write_text("#!/bin/sh\necho 2.9.0\n")
+    (other / "bin" / "python").chmod(0o755)
+    lab = dataclasses.replace(lab, python_env=str(other))
+    environment = yaml.safe_load(render_onprem(lab))["setup_commands"][1]
+    refused = _bash(environment, tmp_path)
+    assert refused.returncode == 1 and "must have Ray 2.60.0" in refused.stderr
+    assert _bash(profile, tmp_path).returncode == 0
+    shown = _bash(". ~/.fusion-ray-profile && echo $PYTHONPATH $FUSION_RAY_STORAGE", tmp_path)
+    assert shown.stdout.split() == [f"{tmp_path}/fusion-ray", f"{shared}/ray_results"]
+
+
+def test_a_lab_file_with_problems_is_refused_with_all_of_them(capsys):
+    code = cluster_main(
+        ["onprem", "--head", "10.0.0.1", "--workers", "10.0.0.1", "--user", "lab"]
+        + ["--key", "~/.ssh/id", "--storage", "shared/fusion-ray", "--mlflow-port", "6379"]
+    )
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", "nothing is written when the file cannot work"
+    assert "--workers 10.0.0.1: list each node once, not the head" in err
+    assert "--storage 'shared/fusion-ray': an absolute path mounted on every node" in err
+    assert "ports [6379, 8076, 8265, 6379]: distinct numbers" in err
+    assert cluster_main(["onprem", "--head", "h", "--user", "u", "--key", "k", "--storage", "/s"])
+    assert "no --workers: give some, or --head-trials" in capsys.readouterr().err
+    assert cluster_main(["aws"]) == 0
+    assert capsys.readouterr().out == CLUSTER.read_text()
+
+
+@pytest.mark.parametrize("path", [CLUSTER, LAB], ids=lambda p: p.name)
+def test_every_command_is_valid_bash(path):
+    cluster = yaml.safe_load(path.read_text())
     for key in (
         "setup_commands",
         "head_setup_commands",
@@ -86,8 +233,10 @@ def test_every_command_is_valid_bash(cluster):
 
 
 def test_the_head_profile_feeds_the_sweep_files(cluster, study):
-    """FUSION_RAY_STORAGE and MLFLOW_TRACKING_URI, as exported on the head, reach the study's files."""
-    head_profile = " ".join(cluster["head_setup_commands"])
+    """FUSION_RAY_STORAGE and MLFLOW_TRACKING_URI, as exported on the head, reach the study's files.
+    The login profile is the same on every node (nodes sharing a home directory agree)."""
+    assert cluster["head_setup_commands"] == [] and cluster["worker_setup_commands"] == []
+    head_profile = " ".join(cluster["setup_commands"])
     assert 'FUSION_RAY_STORAGE="$FUSION_RAY_S3/ray_results"' in head_profile
     assert "MLFLOW_TRACKING_URI=http://127.0.0.1:5000" in head_profile
     assert study.storage_path == "s3://example-bucket/fusion-ray/ray_results"
