@@ -647,14 +647,26 @@ def _combination_problems(spec: SweepSpec, combos: list[Combination]) -> list[st
         model_spec, more = check("model", model, workers)
         found = found + more + check("train", train, workers)[1]
         if data_spec is not None and model_spec is not None:
-            if model_spec.max_len < data_spec.max_length:
-                found.append(
-                    f"model.max_len: {model_spec.max_len} is shorter than data.max_length "
-                    f"{data_spec.max_length}; set model.max_len >= {data_spec.max_length}"
-                )
+            found += _max_len_problems(model_spec.max_len, data_spec, "model.max_len")
         for problem in found:
             problems.setdefault(problem, f"{combo.where}: {problem}")
     return list(problems.values())
+
+
+def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
+    """The model's position tables must cover every length a document is fed at: data.max_length
+    and each of data.eval_lengths (positions never trained keep their initial values)."""
+    from fusion_ray.data.prepare import longest_input_length
+
+    longest = longest_input_length(data)
+    if max_len >= longest:
+        return []
+    what = (
+        f"data.max_length {data.max_length}"
+        if longest == data.max_length
+        else f"the longest of data.eval_lengths ({longest}), which the position tables must cover"
+    )
+    return [f"{where}: {max_len} is shorter than {what}; set model.max_len >= {longest}"]
 
 
 def _section_problems(
@@ -673,7 +685,7 @@ def _section_problems(
     elif section == "model":
         problems += [f"model: {p}" for p in check_model_spec(value)]
     else:
-        problems += [f"train.{p}" for p in check_train_spec(value)]
+        problems += [f"train.{p}" for p in check_train_spec(value, workers)]
         if value.batch_size < workers:
             problems.append(
                 f"train.batch_size: {value.batch_size} is smaller than resources.workers "
@@ -875,16 +887,12 @@ def _preset_problems(spec: SweepSpec, name: str, preset: DatasetPreset) -> list[
     problems += found
     if model_spec is not None:
         problems += [f"{where}.model: {p}" for p in check_model_spec(model_spec)]
-        if model_spec.max_len < data.max_length:
-            problems.append(
-                f"{where}.model.max_len: {model_spec.max_len} is shorter than data.max_length "
-                f"{data.max_length}; set model.max_len >= {data.max_length}"
-            )
+        problems += _max_len_problems(model_spec.max_len, data, f"{where}.model.max_len")
     train_spec, found = validate_as(TrainSpec, train, f"{where}.train (with defaults.train)")
     problems += found
     if train_spec is not None:
-        problems += [f"{where}.train.{p}" for p in check_train_spec(train_spec)]
         workers = (preset.resources or spec.resources).workers
+        problems += [f"{where}.train.{p}" for p in check_train_spec(train_spec, workers)]
         if train_spec.batch_size < workers:
             problems.append(
                 f"{where}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "

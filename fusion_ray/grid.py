@@ -29,7 +29,11 @@ _NOT_IN_ID = ("data.cache_dir",)
 # Settings added to the schema after cell ids were first issued, with their defaults: while a
 # sweep leaves one at its default it stays out of the id, so growing the schema does not
 # change the ids (and re-run the finished cells) of sweeps that do not use the new setting.
-_ID_DEFAULTS = {"train.pad_to_multiple": 1}
+_ID_DEFAULTS = {
+    "train.pad_to_multiple": 1,
+    "train.micro_batch_size": None,
+    "data.eval_lengths": [],
+}
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -30,11 +30,13 @@ from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
     EPOCH_METRICS,
+    EVAL_LENGTH_METRIC_PREFIXES,
     FAILURE_TAG,
     FINAL_METRICS,
     GATES_FILE,
     INIT_METRICS,
     LATENCY_RATIO_METRIC,
+    LENGTH_PREDICTIONS_FILE,
     PARENT_TAG,
     PREDICTIONS_FILE,
     ROLE_SWEEP,
@@ -258,6 +260,7 @@ class Tracker:
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
         names = (*FINAL_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
+        names += tuple(k for k in result if k.startswith(EVAL_LENGTH_METRIC_PREFIXES))
         metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
@@ -266,8 +269,9 @@ class Tracker:
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
         """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,
-        and ``gate_by_position.parquet`` beside it when the checkpoint has one (the loop writes
-        it for gated operators only); False when the predictions are missing."""
+        and beside it ``gate_by_position.parquet`` (the loop writes it for gated operators only)
+        and ``test_predictions_by_length.parquet`` (with data.eval_lengths only) when the
+        checkpoint has them; False when the predictions are missing."""
         from ray.train import Checkpoint
 
         with Checkpoint(checkpoint_uri).as_directory() as directory:
@@ -275,9 +279,9 @@ class Tracker:
             if not path.exists():
                 return False
             self.client.log_artifact(run_id, str(path))
-            gates = Path(directory, GATES_FILE)
-            if gates.exists():
-                self.client.log_artifact(run_id, str(gates))
+            for name in (GATES_FILE, LENGTH_PREDICTIONS_FILE):
+                if Path(directory, name).exists():
+                    self.client.log_artifact(run_id, str(Path(directory, name)))
         return True
 
     def finish(self, run_id: str) -> None:

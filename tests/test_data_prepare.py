@@ -300,3 +300,51 @@ def test_check_data_spec_collects_every_problem_at_once():
     assert check_data_spec(DataSpec()) == []
     assert any("unknown data source" in p for p in check_data_spec(DataSpec(source="s3")))
     assert any("fewer than the 4 classes" in p for p in check_data_spec(DataSpec(num_classes=3)))
+
+
+def _relative(tmp_path: Path, **overrides) -> DataSpec:
+    """The relative synthetic task: training documents of 8-64 words, test documents four times
+    as long (32-256 words)."""
+    kwargs = {"regime": "short", "relative": True, "length_scale": 0.5, "test_length_scale": 4}
+    spec = _synthetic(tmp_path, max_length=64)
+    return replace(spec, source_kwargs={**spec.source_kwargs, **kwargs}, **overrides)
+
+
+def test_eval_lengths_keep_the_test_split_longer_and_everything_else_as_before(tmp_path):
+    base = prepare_data(_relative(tmp_path))
+    long = prepare_data(_relative(tmp_path, eval_lengths=[32, 64, 256]))
+    assert long.cache_key != base.cache_key and not long.cache_hit
+    assert (base.test_long, base.test_max_length, long.test_max_length) == (None, 64, 256)
+    # training, validation and the usual test split (at max_length) are what they were
+    for split in ("train", "validation", "test"):
+        assert _texts_of(long, split) == _texts_of(base, split)
+        np.testing.assert_array_equal(getattr(long, split).lengths, getattr(base, split).lengths)
+    assert long.stats == base.stats and long.vocab_size == base.vocab_size
+    # the test split up to 256 tokens: every document whole, and truncating it gives the rest
+    assert (long.test.lengths > 64).any() and long.test.lengths.max() <= 256
+    assert [len(d) for d in long.test_long.ids] == long.test.lengths.tolist()
+    for length in (32, 64, 100, 256):
+        cut = long.test_at(length)
+        assert [tuple(d.tolist()) for d in cut.ids] == [
+            tuple(d[:length].tolist()) for d in long.test_long.ids
+        ]
+        np.testing.assert_array_equal(cut.lengths, long.test.lengths)
+    assert _texts_of(long, "test") == [tuple(d.tolist()) for d in long.test_at(64).ids]
+    with pytest.raises(ValueError, match="add 512 to data.eval_lengths"):
+        long.test_at(512)
+    with pytest.raises(ValueError, match="add 128 to data.eval_lengths"):
+        base.test_at(128)
+    # read back from the cache: the same splits
+    again = prepare_data(_relative(tmp_path, eval_lengths=[32, 64, 256]))
+    assert again.cache_hit and again.test_max_length == 256
+    assert [tuple(d.tolist()) for d in again.test_long.ids] == [
+        tuple(d.tolist()) for d in long.test_long.ids
+    ]
+
+
+def test_eval_lengths_within_max_length_keep_the_cache_key(tmp_path):
+    base = _relative(tmp_path)
+    key = cache_mod.make_key(cache_settings(base))
+    for lengths in ([], [16, 32], [64]):
+        assert cache_mod.make_key(cache_settings(replace(base, eval_lengths=lengths))) == key
+    assert cache_mod.make_key(cache_settings(replace(base, eval_lengths=[65]))) != key

@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from fusion_ray.data import DataSpec, check_data_spec, prepare_data
+from fusion_ray.data import DataSpec, cache_settings, check_data_spec, prepare_data
+from fusion_ray.data.cache import make_key
 from fusion_ray.data.sources import SyntheticSource
 from fusion_ray.data.synthetic import (
+    MIN_SHARE,
     REGIMES,
     class_orders,
     generate_split,
@@ -170,3 +174,130 @@ def test_prepared_synthetic_regimes_are_small_and_fast(tmp_path):
     # Pseudo-words are whole tokens: token counts are word counts.
     assert 35 <= data.stats["train"]["mean"] <= 50
     assert data.stats["train"]["clip_rate"] < 0.02
+
+
+# ----------------------------------------------------------------------------- train short, test long
+
+
+def _digest(texts: list[str], labels: np.ndarray) -> str:
+    return hashlib.sha256(("\n".join(texts) + str(labels.tolist())).encode()).hexdigest()[:16]
+
+
+def test_the_windowed_tasks_and_their_cache_keys_are_unchanged():
+    """Caches and finished runs rely on these documents: options added later must not move them."""
+    pinned = {
+        ("short", "train"): "e59899fef9d52586",
+        ("short", "test"): "b3502a4b1a830b55",
+        ("medium", "train"): "769bef426b51f9e2",
+        ("medium", "test"): "665d67a5c1614435",
+        ("long", "train"): "f4820c4daab781fb",
+        ("long", "test"): "6649653717b75245",
+    }
+    for (regime, split), digest in pinned.items():
+        assert _digest(*_gen(regime, split, 40)) == digest, (regime, split)
+    # the source passes the same arguments as before (the test split stands for all three)
+    test = SyntheticSource(regime="short", n_train=1, n_validation=1, n_test=40).load()
+    assert (
+        _digest(test.splits["test"].texts, np.array(test.splits["test"].labels))
+        == (pinned[("short", "test")])
+    )
+    base = DataSpec(source_kwargs={"regime": "short"})
+    assert cache_settings(base)["source_kwargs"] == {
+        "regime": "short",
+        "n_train": None,
+        "n_validation": None,
+        "n_test": None,
+        "num_classes": None,
+        "window": None,
+        "length_scale": 1.0,
+        "topic_rate": 0.5,
+        "generator_seed": 0,
+    }
+    spelled = DataSpec(
+        source_kwargs={"regime": "short", "relative": False, "test_length_scale": 1.0}
+    )
+    assert make_key(cache_settings(spelled)) == make_key(cache_settings(base))
+    relative = DataSpec(source_kwargs={"regime": "short", "relative": True}, max_length=128)
+    assert make_key(cache_settings(relative)) != make_key(cache_settings(base))
+
+
+@functools.cache
+def _relative_splits() -> dict:
+    """300 training and 300 test documents of the relative task, test eight times as long."""
+    source = SyntheticSource(
+        regime="short", relative=True, test_length_scale=8, n_train=300, n_test=300
+    )
+    return source.load().splits
+
+
+def _relative_split(split: str) -> tuple[list[list[str]], np.ndarray]:
+    raw = _relative_splits()[split]
+    return [t.split() for t in raw.texts], np.asarray(raw.labels)
+
+
+def test_relative_documents_are_short_in_training_and_long_in_test():
+    train, _ = _relative_split("train")
+    test, labels = _relative_split("test")
+    train_words = np.array([len(w) for w in train])
+    test_words = np.array([len(w) for w in test])
+    assert train_words.min() >= 16 and train_words.max() <= 128
+    assert test_words.min() >= 128 and test_words.max() <= 1024
+    assert 6 <= np.median(test_words) / np.median(train_words) <= 10
+    # topic words reach the end of the documents: segments span each whole document
+    topics = set().union(*_topic_sets(4))
+    last_topic = [max(i for i, w in enumerate(words) if w in topics) / len(words) for words in test]
+    assert np.median(last_topic) > 0.95
+    assert set(labels.tolist()) == {0, 1, 2, 3}
+
+
+def test_the_relative_task_is_solvable_at_every_length_by_a_rule():
+    """The mean-position rule recovers every test document's label whenever the whole document
+    is visible, at every length; truncated inside the first segment it sees one topic, which
+    leaves two orders of the four classes: no better than a coin between them."""
+    test, labels = _relative_split("test")
+    n = len(test)
+
+    def rule_accuracy(views: list[list[str]]) -> np.ndarray:
+        return np.array(
+            [_order_rule(" ".join(v), 4) == y for v, y in zip(views, labels, strict=True)]
+        )
+
+    assert rule_accuracy(test).all()  # every document, 128 to 1024 words
+    ladder = []
+    for length in (128, 256, 512, 1024):
+        correct = rule_accuracy([words[:length] for words in test])
+        whole = np.array([len(words) <= length for words in test])
+        assert correct[whole].all(), length  # whole documents: always right
+        ladder.append(correct.mean())
+    assert ladder == sorted(ladder) and ladder[0] < 0.9 and ladder[-1] == 1.0
+    first = rule_accuracy([words[: int(MIN_SHARE * len(words))] for words in test]).mean()
+    assert first <= 0.5 + 3.5 * np.sqrt(0.25 / n), first
+    # and word counts still say nothing: the label lives in the order only
+    train = _relative_split("train")
+    bag = _naive_bayes_accuracy(
+        ([" ".join(w) for w in train[0]], train[1]), ([" ".join(w) for w in test], labels), 4
+    )
+    assert abs(bag - 0.25) < 3.5 * np.sqrt(0.25 * 0.75 / n), bag
+
+
+def test_relative_options_are_validated():
+    def problems(**kwargs) -> list[str]:
+        return SyntheticSource(regime="short", **kwargs).problems()
+
+    assert problems(relative=True, test_length_scale=8) == []
+    assert any("has no window" in p for p in problems(relative=True, window=64))
+    assert any("relative: must be true or false" in p for p in problems(relative="yes"))
+    assert any("test_length_scale" in p for p in problems(test_length_scale=0))
+    assert any("test_length_scale" in p for p in problems(test_length_scale=True))
+    # max_length must hold every training document of a relative task (not the longer tests)
+    spec = DataSpec(
+        source_kwargs={"regime": "short", "relative": True, "test_length_scale": 8},
+        max_length=96,
+    )
+    found = check_data_spec(spec)
+    assert any("longest training document" in p and "128 words" in p for p in found), found
+    assert check_data_spec(replace(spec, max_length=128)) == []
+    # a windowed task with longer test documents: the window still bounds the label
+    windowed = SyntheticSource(regime="short", window=48, test_length_scale=8)
+    assert windowed.label_span() == 48
+    assert SyntheticSource(regime="short", test_length_scale=0.5).label_span() == 96

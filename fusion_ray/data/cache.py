@@ -2,7 +2,9 @@
 
 Layout of ``<cache_dir>/prepared/<key>/``: ``meta.json`` (vocab size, classes, stats, the settings
 that made the key), ``tokenizer.json``, and per split ``<split>.ids.npy`` (all documents' ids
-concatenated, int32), ``<split>.offsets.npy``, ``<split>.labels.npy``, ``<split>.lengths.npy``.
+concatenated, int32; truncated at max_length, the test split's at the longest of
+data.eval_lengths when that is longer), ``<split>.offsets.npy``, ``<split>.labels.npy``,
+``<split>.lengths.npy``.
 A directory only appears under its final name through ``os.replace`` of a finished temporary
 directory, so a reader never sees a half-written entry.
 """

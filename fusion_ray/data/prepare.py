@@ -55,6 +55,13 @@ class TokenizedSplit:
         """Tokens actually fed to the model (after truncation): what a batch's padding depends on."""
         return np.fromiter((len(d) for d in self.ids), dtype=np.int64, count=len(self.ids))
 
+    def truncated(self, max_length: int) -> TokenizedSplit:
+        """The same documents cut to their first ``max_length`` tokens (views, no copies);
+        ``lengths`` keeps each document's length before any truncation."""
+        return TokenizedSplit(
+            ids=[d[:max_length] for d in self.ids], labels=self.labels, lengths=self.lengths
+        )
+
 
 @dataclass
 class PreparedData:
@@ -74,6 +81,22 @@ class PreparedData:
     """The cache entry directory (tokenizer.json and meta.json live there)."""
     label_names: list[str] | None = field(default=None)
     """Class names when the source had string labels (index = class id)."""
+    test_max_length: int = 0
+    """Tokens the test split was prepared up to: data.max_length, or the longest of
+    data.eval_lengths when that is longer."""
+    test_long: TokenizedSplit | None = None
+    """When test_max_length exceeds data.max_length: the test documents truncated at
+    test_max_length (``test`` holds the same documents truncated at data.max_length)."""
+
+    def test_at(self, length: int) -> TokenizedSplit:
+        """The test split truncated at ``length`` tokens (at most ``test_max_length``), for the
+        per-length evaluation of data.eval_lengths."""
+        if not 1 <= length <= self.test_max_length:
+            raise ValueError(
+                f"the test split was prepared up to {self.test_max_length} tokens, not {length}; "
+                f"add {length} to data.eval_lengths"
+            )
+        return (self.test if self.test_long is None else self.test_long).truncated(length)
 
     def tokenizer(self) -> tokenizers.Tokenizer:
         """The fitted tokenizer, for decoding and inspection."""
@@ -142,18 +165,14 @@ def check_data_spec(spec: DataSpec) -> list[str]:
         )
     if not is_int(spec.max_length) or spec.max_length < 1:
         problems.append(f"data.max_length: must be a positive integer, got {spec.max_length!r}")
+    problems += eval_length_problems(spec.eval_lengths)
     if (
         isinstance(source, SyntheticSource)
         and not found
         and is_int(spec.max_length)
         and spec.max_length < source.label_span()
     ):
-        problems.append(
-            f"data.max_length: {spec.max_length} is shorter than the synthetic {source.regime!r} "
-            f"regime's label window ({source.label_span()} words), so truncation would let word "
-            "counts reveal the label; raise data.max_length or set data.source_kwargs.window to "
-            f"at most {spec.max_length}"
-        )
+        problems.append(_label_span_problem(source, spec.max_length))
     if spec.cache_dir is not None:
         if not isinstance(spec.cache_dir, str):
             problems.append(f"data.cache_dir: must be a path or null, got {spec.cache_dir!r}")
@@ -165,22 +184,73 @@ def check_data_spec(spec: DataSpec) -> list[str]:
     return problems
 
 
+def _label_span_problem(source: SyntheticSource, max_length: int) -> str:
+    """data.max_length cuts into the words that carry a synthetic document's label."""
+    if source.relative:
+        return (
+            f"data.max_length: {max_length} is shorter than the longest training document of the "
+            f"relative synthetic {source.regime!r} task ({source.label_span()} words, all of "
+            "them label-bearing), so truncation would let word counts reveal the label; raise "
+            "data.max_length or lower data.source_kwargs.length_scale"
+        )
+    return (
+        f"data.max_length: {max_length} is shorter than the synthetic {source.regime!r} "
+        f"regime's label window ({source.label_span()} words), so truncation would let word "
+        "counts reveal the label; raise data.max_length or set data.source_kwargs.window to "
+        f"at most {max_length}"
+    )
+
+
+def eval_length_problems(eval_lengths: Any) -> list[str]:
+    """What is wrong with data.eval_lengths: not a list of positive integers, a repeat, or not in
+    increasing order (the message gives the list to write instead)."""
+    where = "data.eval_lengths"
+    if not isinstance(eval_lengths, list):
+        return [
+            f"{where}: must be a list of token counts such as [512, 1024], got {eval_lengths!r}"
+        ]
+    bad = [v for v in eval_lengths if not is_int(v) or v < 1]
+    if bad:
+        return [f"{where}: every length must be a positive integer, got {bad[0]!r}"]
+    fixed = sorted(set(eval_lengths))
+    if eval_lengths != fixed:
+        what = (
+            "repeats a length" if len(fixed) < len(eval_lengths) else "is not in increasing order"
+        )
+        return [f"{where}: {eval_lengths} {what}; write {fixed}"]
+    return []
+
+
+def longest_input_length(spec: DataSpec) -> int:
+    """The most tokens of a document any model of this data is fed: data.max_length, or the
+    longest of data.eval_lengths when that is longer (model.max_len must cover it). The test
+    split is prepared up to this length."""
+    lengths = spec.eval_lengths if isinstance(spec.eval_lengths, list) else []
+    return max([int(spec.max_length), *(int(v) for v in lengths if is_int(v))])
+
+
 # ---------------------------------------------------------------------------------------------
 # Building
 # ---------------------------------------------------------------------------------------------
 
 
 def _resolved_kwargs(registry: Registry, name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """kwargs with defaults filled in, so spelling out a default does not change the cache key."""
-    bound = inspect.signature(registry.get(name)).bind(**kwargs)
+    """kwargs with defaults filled in, so spelling out a default does not change the cache key.
+
+    Options an entry added later (its ``CACHE_KEY_DEFAULTS``) are left out while they hold their
+    default, so the data prepared before they existed keeps its key.
+    """
+    entry = registry.get(name)
+    bound = inspect.signature(entry).bind(**kwargs)
     bound.apply_defaults()
-    return dict(bound.arguments)
+    later = getattr(entry, "CACHE_KEY_DEFAULTS", {})
+    return {k: v for k, v in bound.arguments.items() if not (k in later and v == later[k])}
 
 
 def cache_settings(spec: DataSpec) -> dict[str, Any]:
     """What the cached result depends on (and nothing else: not cache_dir, not any trial setting)."""
     source = SOURCES.get(spec.source)(**spec.source_kwargs)
-    return {
+    settings = {
         "source": spec.source,
         "source_kwargs": _resolved_kwargs(SOURCES, spec.source, spec.source_kwargs),
         "source_files": source.fingerprint(),
@@ -193,6 +263,10 @@ def cache_settings(spec: DataSpec) -> dict[str, Any]:
         "max_length": int(spec.max_length),
         "tokenizers_version": tokenizers.__version__,
     }
+    test_max_length = longest_input_length(spec)
+    if test_max_length > spec.max_length:  # only then: other keys stay what they always were
+        settings["test_max_length"] = test_max_length
+    return settings
 
 
 def _label_index(split_name: str, raw: RawSplit, num_classes: int | None) -> np.ndarray:
@@ -341,7 +415,10 @@ def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, 
     stats: dict[str, dict[str, float]] = {}
     for name in ("train", "validation", "test"):
         d = docs[name]
-        ids, lengths = _encode(tok, d.texts, spec.max_length)
+        # The test split is kept up to the longest evaluation length; PreparedData.test cuts it
+        # to max_length again, so the usual test metrics are unchanged.
+        limit = longest_input_length(spec) if name == "test" else spec.max_length
+        ids, lengths = _encode(tok, d.texts, limit)
         nonempty = lengths > 0  # e.g. only characters the normaliser removes
         dropped = d.dropped_empty + int((~nonempty).sum())
         ids = [x for x, k in zip(ids, nonempty, strict=True) if k]
@@ -384,10 +461,14 @@ def _from_entry(path: Path, key: str, hit: bool) -> PreparedData:
             ids=ids, labels=np.asarray(a["labels"]), lengths=np.asarray(a["lengths"])
         )
 
+    max_length = int(meta["settings"]["max_length"])
+    test_max_length = int(meta["settings"].get("test_max_length", max_length))
+    test = split("test")
+    test_long = test if test_max_length > max_length else None
     return PreparedData(
         train=split("train"),
         validation=split("validation"),
-        test=split("test"),
+        test=test if test_long is None else test_long.truncated(max_length),
         vocab_size=int(meta["vocab_size"]),
         num_classes=int(meta["num_classes"]),
         pad_id=int(meta["pad_id"]),
@@ -396,6 +477,8 @@ def _from_entry(path: Path, key: str, hit: bool) -> PreparedData:
         cache_hit=hit,
         cache_path=str(path),
         label_names=meta.get("label_names"),
+        test_max_length=test_max_length,
+        test_long=test_long,
     )
 
 

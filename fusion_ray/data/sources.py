@@ -499,7 +499,15 @@ class SyntheticSource:
     regime, so the regimes differ in length only. ``window`` (words) bounds the label-bearing
     segments and defaults to the regime's (short 96, medium 256, long 512); data.max_length must
     be at least the window, so truncation cannot reveal the label through word counts.
+
+    For train short, test long: ``relative: true`` spreads the segments over each whole document
+    (no window: the label is the topics' relative order at any length), and
+    ``test_length_scale`` multiplies ``length_scale`` for the test split only (e.g. 8: test
+    documents eight times as long as the training and validation ones).
     """
+
+    CACHE_KEY_DEFAULTS = {"relative": False, "test_length_scale": 1.0}
+    """Options added after data was cached: out of the cache key at these values."""
 
     def __init__(
         self,
@@ -513,6 +521,8 @@ class SyntheticSource:
         length_scale: float = 1.0,
         topic_rate: float = 0.5,
         generator_seed: int = 0,
+        relative: bool = False,
+        test_length_scale: float = 1.0,
     ) -> None:
         self.regime = regime
         self.window = window
@@ -521,6 +531,8 @@ class SyntheticSource:
         self.length_scale = length_scale
         self.topic_rate = topic_rate
         self.generator_seed = generator_seed
+        self.relative = relative
+        self.test_length_scale = test_length_scale
 
     def problems(self) -> list[str]:
         p = "data.source_kwargs"
@@ -540,9 +552,20 @@ class SyntheticSource:
             )
         if self.window is not None and (not is_int(self.window) or self.window < 8):
             problems.append(f"{p}.window: must be an integer >= 8 or null, got {self.window!r}")
-        if not isinstance(self.length_scale, (int, float)) or not 0.05 <= self.length_scale <= 100:
+        for name in ("length_scale", "test_length_scale"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                value = None
+            if value is None or not 0.05 <= value <= 100:
+                problems.append(
+                    f"{p}.{name}: must be a number in 0.05..100, got {getattr(self, name)!r}"
+                )
+        if not isinstance(self.relative, bool):
+            problems.append(f"{p}.relative: must be true or false, got {self.relative!r}")
+        elif self.relative and self.window is not None:
             problems.append(
-                f"{p}.length_scale: must be a number in 0.05..100, got {self.length_scale!r}"
+                f"{p}.window: a relative task spreads the topics over each whole document and "
+                "has no window; remove window or set relative: false"
             )
         if not isinstance(self.topic_rate, (int, float)) or not 0.0 < self.topic_rate <= 1.0:
             problems.append(f"{p}.topic_rate: must be a number in (0, 1], got {self.topic_rate!r}")
@@ -555,11 +578,21 @@ class SyntheticSource:
     def fingerprint(self) -> dict[str, Any]:
         return {"synthetic_version": synthetic.SYNTHETIC_VERSION}
 
+    def split_length_scale(self, split: str) -> float:
+        """The length scale of one split's documents (the test split's times test_length_scale)."""
+        scale = float(self.length_scale)
+        return scale * float(self.test_length_scale) if split == "test" else scale
+
     def label_span(self) -> int:
-        """The longest stretch of words (from the start) that can carry the label."""
+        """The longest stretch of words (from the start) that can carry the label in the training
+        and validation documents, and in the test documents unless the task is relative (whose
+        longer test documents are what data.eval_lengths truncates step by step)."""
         regime = synthetic.REGIMES[self.regime]
-        longest = synthetic.document_length_bounds(regime, float(self.length_scale))[1]
-        return min(longest, self.window or regime.window)
+        splits = ("train", "validation") if self.relative else SPLITS
+        longest = max(
+            synthetic.document_length_bounds(regime, self.split_length_scale(s))[1] for s in splits
+        )
+        return longest if self.relative else min(longest, self.window or regime.window)
 
     def resolved_num_classes(self) -> int:
         return self.num_classes or synthetic.REGIMES[self.regime].num_classes
@@ -582,8 +615,9 @@ class SyntheticSource:
                 num_classes=num_classes,
                 generator_seed=self.generator_seed,
                 window=self.window,
-                length_scale=float(self.length_scale),
+                length_scale=self.split_length_scale(split),
                 topic_rate=float(self.topic_rate),
+                relative=self.relative,
             )
             splits[split] = RawSplit(
                 texts, labels.tolist(), origin=f"synthetic {self.regime} {split}"

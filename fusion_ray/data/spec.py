@@ -31,5 +31,11 @@ class DataSpec:
     """Keyword options of the tokenizer (vocab_size, min_frequency, ...)."""
     max_length: int = 512
     """Documents are truncated to this many tokens."""
+    eval_lengths: list[int] = field(default_factory=list)
+    """Train short, test long: after training, at the best validation epoch, every test document
+    is also evaluated truncated at each of these lengths (positive, distinct, increasing; longer
+    than max_length allowed, model.max_len must cover the longest). The test split is then kept
+    up to the longest of them; training, validation and the usual test metrics stay at
+    max_length. Empty: no per-length evaluation."""
     cache_dir: str | None = None
     """Where tokenised splits are cached; None uses $FUSION_RAY_CACHE or ~/.cache/fusion_ray."""

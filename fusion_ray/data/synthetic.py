@@ -15,6 +15,14 @@ Keeping the label-bearing segments inside the first ``window`` words (``window <
 which ``check_data_spec`` enforces) means truncation never leaks the label, while documents keep
 their long-tailed lengths (and the clip rate stays meaningful).
 
+The relative variant (``relative=True``), for train short, test long: the segments span each
+whole document instead of a window, so the label is the order of the topics at every length and
+no absolute position carries it (topic t's segment of a 40-word document and of a 320-word one
+cover the same fraction). Trained on short documents and tested on longer ones (the source's
+``test_length_scale``), a model that learnt the order rather than the positions it saw keeps
+its accuracy; evaluated truncated (``data.eval_lengths``), only the topics inside the truncation
+are visible, so short truncations of long documents hide part of the label.
+
 Everything is drawn from uniform doubles of a PCG64 stream seeded by
 ``SeedSequence([generator_seed, regime, split, index])``, so documents are identical across machines and
 NumPy versions, each split is independent of the other splits' sizes (growing ``n_train`` keeps the
@@ -143,10 +151,12 @@ def generate_split(
     topic_rate: float = 0.5,
     n_filler: int = 2000,
     topic_words: int = 4,
+    relative: bool = False,
 ) -> tuple[list[str], np.ndarray]:
     """``n`` documents and labels of one split; deterministic in all arguments.
 
     ``window`` None takes the regime's; a window longer than a document spans the whole document.
+    ``relative`` makes the segments span every whole document (the window is not used).
     """
     window = regime.window if window is None else int(window)
     orders = class_orders(num_classes)
@@ -171,7 +181,7 @@ def generate_split(
         cuts = np.sort(rng.random(m - 1))
         spacings = np.diff(np.concatenate([[0.0], cuts, [1.0]]))
         shares = MIN_SHARE + (1.0 - m * MIN_SHARE) * spacings
-        span = min(length, window)
+        span = length if relative else min(length, window)
         bounds = np.rint(np.cumsum(shares) * span).astype(np.int64)
         bounds[-1] = span
         seg_of_pos = np.searchsorted(bounds, np.arange(span), side="right")  # segment index

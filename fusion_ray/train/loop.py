@@ -3,7 +3,8 @@
 Ray Train runs ``train_worker`` on each DDP worker; a one-worker trial runs ``run_trial`` directly
 inside its Tune trainable; ``run_local`` runs it with no Ray at all. The loop reads top to bottom:
 data -> model (its initial scales) -> optimiser -> (resume) -> epochs of train + validate +
-checkpoint -> best model on test (predictions, gate by position) -> latency -> final report.
+checkpoint -> best model on test (predictions, gate by position, each of data.eval_lengths) ->
+latency -> final report.
 """
 
 from __future__ import annotations
@@ -36,15 +37,18 @@ from fusion_ray.data import (
 from fusion_ray.model import ModelSpec, build_classifier, check_model_spec, count_parameters
 from fusion_ray.model.fusion import GatedFusion
 from fusion_ray.schema import (
+    EVAL_LENGTH_METRIC_PREFIXES,
     GATE_COLUMNS,
     GATES_FILE,
     INIT_METRICS,
     LATENCY_RATIO_METRIC,
+    LENGTH_PREDICTION_COLUMNS,
+    LENGTH_PREDICTIONS_FILE,
     PREDICTIONS_FILE,
 )
 from fusion_ray.seeds import derive_seed
 from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
-from fusion_ray.train.spec import TrainSpec, TrialConfig
+from fusion_ray.train.spec import TrainSpec, TrialConfig, micro_batch_problems
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -455,7 +459,7 @@ def run_trial(
     # --- test at the best validation epoch: predictions, gate by position, latency
     assert best_state is not None, "no epoch ran: train.epochs must be >= 1"
     _unwrap(model).load_state_dict(best_state)
-    final, predictions, gates = score_best_model(model, data, trial, reporter, pad_to, baseline)
+    final, files = score_best_model(model, data, trial, reporter, pad_to, baseline)
     final.update(
         best_val_acc=progress.best_val_acc,
         best_epoch=progress.best_epoch,
@@ -467,7 +471,7 @@ def run_trial(
         **init_scales,
     )
     # the final checkpoint: the last state again (a resumed finished run only re-tests) + files
-    _save_and_report(reporter, final, last_state, predictions, gates)
+    _save_and_report(reporter, final, last_state, files)
     return final
 
 
@@ -478,14 +482,17 @@ def score_best_model(
     reporter: Reporter,
     pad_to: int | None,
     baseline: ModelSpec | None = None,
-) -> tuple[dict[str, Any], pd.DataFrame, pd.DataFrame | None]:
-    """Test metrics of the loaded (best) weights, the per-document predictions (``length``
-    before truncation, ``label``, ``pred``), the gate by position on the test split (gated
-    operators; None for the others), and the inference latency, with its ratio to the
-    baseline's when ``baseline`` is given (both timed on rank 0 only; other ranks report 0.0
-    latency and no ratio)."""
+) -> tuple[dict[str, Any], dict[str, pd.DataFrame]]:
+    """Test metrics of the loaded (best) weights and the files of the final checkpoint, by name:
+    the per-document predictions (PREDICTIONS_FILE: ``length`` before truncation, ``label``,
+    ``pred``), the gate by position on the test split (GATES_FILE, gated operators only), and
+    with data.eval_lengths the metrics and predictions at each length (``evaluate_lengths``).
+    The metrics include the inference latency, with its ratio to the baseline's when
+    ``baseline`` is given (both timed on rank 0 only; other ranks report 0.0 latency and no
+    ratio)."""
     spec, device = trial.train, reporter.device
     test = _evaluate_split(model, data.test, spec, reporter, pad_to, want_predictions=True)
+    by_length, length_predictions = evaluate_lengths(model, data, trial, reporter)
     gates = None
     if isinstance(_unwrap(model).fusion, GatedFusion):
         gates = gate_by_position(
@@ -508,12 +515,67 @@ def score_best_model(
         "test_correct": test["correct"],
         "test_total": test["total"],
         "test_loss": test["loss"],
+        **by_length,
         **latency,
     }
-    predictions = pd.DataFrame(
-        {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
-    )
-    return metrics, predictions, gates
+    files = {
+        PREDICTIONS_FILE: pd.DataFrame(
+            {"length": data.test.lengths, "label": data.test.labels, "pred": test["predictions"]}
+        )
+    }
+    if gates is not None:
+        files[GATES_FILE] = gates
+    if length_predictions is not None:
+        files[LENGTH_PREDICTIONS_FILE] = length_predictions
+    return metrics, files
+
+
+def evaluate_lengths(
+    model: nn.Module, data: PreparedData, trial: TrialConfig, reporter: Reporter
+) -> tuple[dict[str, float], pd.DataFrame | None]:
+    """Train short, test long: the loaded (best) weights on the test split truncated at each of
+    data.eval_lengths. Returns the final metrics ``test_acc_at_<L>``, ``test_correct_at_<L>``
+    and ``test_total_at_<L>`` per length L, and the predictions, one row per document and
+    length (LENGTH_PREDICTION_COLUMNS); ({}, None) without eval lengths.
+
+    A length beyond data.max_length runs in proportionally fewer documents per batch (never more
+    than train.eval_batch_size), so a batch holds about as many tokens as at max_length; with
+    ``padding: max_length`` each batch is padded to L.
+    """
+    spec, max_length = trial.train, trial.data.max_length
+    acc_prefix, correct_prefix, total_prefix = EVAL_LENGTH_METRIC_PREFIXES
+    metrics: dict[str, float] = {}
+    frames = []
+    for length in trial.data.eval_lengths:
+        split = data.test_at(length)
+        result = evaluate(
+            model,
+            split,
+            batch_size=max(1, spec.eval_batch_size * max_length // max(length, max_length)),
+            device=reporter.device,
+            spec=spec,
+            pad_to=length if spec.padding == "max_length" else None,
+            rank=reporter.rank,
+            world_size=reporter.world_size,
+            want_predictions=True,
+        )
+        metrics[f"{acc_prefix}{length}"] = result["correct"] / max(result["total"], 1)
+        metrics[f"{correct_prefix}{length}"] = result["correct"]
+        metrics[f"{total_prefix}{length}"] = result["total"]
+        frames.append(
+            pd.DataFrame(
+                {
+                    "doc": np.arange(len(split), dtype=np.int64),
+                    "length": split.lengths,
+                    "label": split.labels,
+                    "eval_length": np.full(len(split), length, dtype=np.int64),
+                    "pred": result["predictions"],
+                }
+            )
+        )
+    if not frames:
+        return metrics, None
+    return metrics, pd.concat(frames, ignore_index=True)[list(LENGTH_PREDICTION_COLUMNS)]
 
 
 def _evaluate_split(
@@ -562,29 +624,27 @@ def train_epoch(
     pad_to: int | None,
 ) -> tuple[float, float]:
     """One epoch of optimiser steps over this rank's share of every global batch; returns the mean
-    training loss over all ranks' documents and the epoch's seconds."""
+    training loss over all ranks' documents and the epoch's seconds. With
+    ``spec.micro_batch_size`` each step accumulates the gradients of several micro-batches."""
     started = time.perf_counter()
     device, world_size = reporter.device, reporter.world_size
+    problems = micro_batch_problems(spec, world_size)
+    if problems:
+        raise ValueError(f"train.{problems[0]}")
     model.train()
     sampler.set_epoch(epoch)
     # The loss sum stays on the device: reading it every step would stall the GPU each time.
     loss_sum, docs = torch.zeros((), dtype=torch.float64, device=device), 0
     for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
         reporter.on_train_batch(epoch, local_indices)
-        batch = collate(split, local_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
-        input_ids, mask, labels = device_batch(batch, device)  # [b, L], [b, L] or None, [b]
-        with precision_context(device, spec):
-            logits = model(input_ids, mask)  # [b, C]
-        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-        # DDP averages gradients over ranks, so this is the mean over the global batch.
-        loss = batch_loss * world_size / len(global_batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_sum += accumulate_gradients(
+            model, split, local_indices, len(global_batch), world_size, spec, pad_to, device
+        )
         if spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
         optimizer.step()
         scheduler.step()
-        loss_sum += batch_loss.detach()
         docs += len(local_indices)
     total, docs = _all_reduce_sum([float(loss_sum), docs], device)
     if not math.isfinite(total):
@@ -593,6 +653,56 @@ def train_epoch(
             f"train.grad_clip, or use train.precision: fp32"
         )
     return total / docs, time.perf_counter() - started
+
+
+def micro_batches(indices: Sequence[int], size: int | None) -> list[list[int]]:
+    """One step's documents on this rank cut into consecutive micro-batches of ``size`` (the
+    last one shorter when an epoch's final batch is); None keeps them whole. Consecutive cuts
+    keep the sampler's length order, so each micro-batch is padded little."""
+    indices = list(indices)
+    if size is None:
+        return [indices]
+    return [indices[start : start + size] for start in range(0, len(indices), size)]
+
+
+def accumulate_gradients(
+    model: nn.Module,
+    split: TokenizedSplit,
+    indices: Sequence[int],
+    global_size: int,
+    world_size: int,
+    spec: TrainSpec,
+    pad_to: int | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Add to the parameters' gradients those of this rank's documents ``indices`` of a global
+    batch of ``global_size``, one micro-batch at a time; returns their summed loss on the device.
+
+    Each micro-batch's loss is its documents' summed cross-entropy times world_size /
+    global_size (DDP averages over ranks), never a mean over the micro-batch, so the gradients
+    add up to the mean over the whole global batch however the micro-batches differ in size or
+    padding. Under DDP only the last micro-batch's backward pass averages gradients over ranks
+    (``no_sync`` for the others): one all-reduce per step, as without micro-batches.
+    """
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    chunks = micro_batches(indices, spec.micro_batch_size)
+    for i, chunk in enumerate(chunks):
+        batch = collate(split, chunk, pad_to=pad_to, multiple=spec.pad_to_multiple)
+        input_ids, mask, labels = device_batch(batch, device)  # [m, L], [m, L] or None, [m]
+        with _gradient_sync(model, i == len(chunks) - 1):
+            with precision_context(device, spec):
+                logits = model(input_ids, mask)  # [m, C]
+            batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            (batch_loss * world_size / global_size).backward()
+        loss_sum += batch_loss.detach()
+    return loss_sum
+
+
+def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
+    """DDP's ``no_sync`` unless ``sync``: gradients then stay local and accumulate in ``.grad``."""
+    if sync or not isinstance(model, nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
 
 
 def checkpoint_state(
@@ -641,18 +751,15 @@ def _save_and_report(
     reporter: Reporter,
     metrics: dict[str, Any],
     state: dict[str, Any],
-    predictions: pd.DataFrame | None = None,
-    gates: pd.DataFrame | None = None,
+    files: Mapping[str, pd.DataFrame] | None = None,
 ) -> None:
-    """Report ``metrics`` with a checkpoint of ``state`` (and the test predictions and the gate
-    by position, if given)."""
+    """Report ``metrics`` with a checkpoint of ``state`` and, beside it, ``files`` (parquet by
+    file name: the test predictions, the gate by position, the predictions by length)."""
     with tempfile.TemporaryDirectory() as ckpt_dir:
         if reporter.rank == 0:
             torch.save(state, Path(ckpt_dir, CHECKPOINT_FILE))
-            if predictions is not None:
-                predictions.to_parquet(Path(ckpt_dir, PREDICTIONS_FILE), index=False)
-            if gates is not None:
-                gates.to_parquet(Path(ckpt_dir, GATES_FILE), index=False)
+            for name, frame in (files or {}).items():
+                frame.to_parquet(Path(ckpt_dir, name), index=False)
         reporter.report(metrics, checkpoint_dir=ckpt_dir)
 
 

@@ -28,6 +28,12 @@ class TrainSpec:
     """Linear warm-up steps from 0 to lr."""
     batch_size: int = 64
     """Documents per optimiser step, summed over all workers."""
+    micro_batch_size: int | None = None
+    """Documents per forward and backward pass on each worker: each worker's share of a step's
+    ``batch_size`` documents is cut into micro-batches of this size whose gradients add up before
+    the one optimiser step (gradient accumulation), so a step that does not fit in memory at once
+    still trains on the same documents in the same order; the result equals one pass up to float
+    round-off. Must divide batch_size / workers. None: one pass per step."""
     eval_batch_size: int = 128
     """Documents per evaluation batch on each worker."""
     epochs: int = 20
@@ -66,9 +72,10 @@ class TrialConfig:
     """The blocking factor: same seed => same shared init and batch order for every operator."""
 
 
-def check_train_spec(spec: TrainSpec) -> list[str]:
+def check_train_spec(spec: TrainSpec, workers: int = 1) -> list[str]:
     """Every value of ``spec`` that would fail or mislead only after training started, as
-    ``field: problem`` messages (types are checked by the schema before this runs)."""
+    ``field: problem`` messages (types are checked by the schema before this runs); ``workers``
+    is the trial's number of DDP workers, which share each step's documents."""
     problems = []
     for name in ("lr", "weight_decay", "grad_clip"):
         value = getattr(spec, name)
@@ -91,4 +98,23 @@ def check_train_spec(spec: TrainSpec) -> list[str]:
         )
     if spec.patience is not None and spec.patience < 1:
         problems.append("patience: must be >= 1 or null")
-    return problems
+    return problems + micro_batch_problems(spec, workers)
+
+
+def micro_batch_problems(spec: TrainSpec, workers: int = 1) -> list[str]:
+    """Why ``micro_batch_size`` cannot cut each worker's share of a step evenly, if it cannot:
+    the share is batch_size / workers, so micro_batch_size must divide it exactly."""
+    size = spec.micro_batch_size
+    if size is None:
+        return []
+    if size < 1:
+        return [f"micro_batch_size: must be >= 1 or null (got {size})"]
+    if spec.batch_size % (workers * size):
+        share = spec.batch_size / workers
+        return [
+            f"micro_batch_size: {size} does not divide each worker's share of batch_size "
+            f"({spec.batch_size} over {workers} worker(s) = {share:g} documents); use a divisor "
+            f"of the share, make batch_size a multiple of {workers * size}, or null for one pass "
+            "per step"
+        ]
+    return []
