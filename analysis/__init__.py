@@ -12,11 +12,13 @@ Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame 
 cells, metrics checked), ``other_settings`` (the runs left out as other settings, described),
 ``pairing`` (seed pairs against the baseline, checked; why nothing can be compared), ``paired``
 (statistics and their registry), ``interaction`` (does an operator effect depend on a grid
-axis; the embedding-scale check), ``lengths`` (per-document length analysis), ``gates`` (the
-gated operators' weight on E by position), ``reproduction`` (the study's published numbers
-beside ours), ``tables``, ``plots``, ``context`` (a report's options and everything computed
-for it), ``figures`` and ``markdown`` (its writers), ``report`` (``build_report`` and the CLI),
-``synthetic`` (schema-conformant fake sweeps for tests, benchmarks and demos).
+axis; the embedding-scale check), ``lengths`` (per-document length analysis),
+``extrapolation`` (train short, test long: the operator effect at each evaluation length, its
+slope against log2 of the length, the truncation ladder), ``gates`` (the gated operators' weight
+on E by position), ``reproduction`` (the study's published numbers beside ours), ``tables``,
+``plots``, ``context`` (a report's options and everything computed for it), ``figures`` and
+``markdown`` (its writers), ``report`` (``build_report`` and the CLI), ``synthetic``
+(schema-conformant fake sweeps for tests, benchmarks and demos).
 """
 
 from analysis.load import (

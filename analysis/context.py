@@ -3,10 +3,11 @@
 ``build_context`` loads the experiment (only its sweep's cells, when the parent run lists them),
 counts the runs of other settings, pairs the runs within every combination of the grid's
 non-fusion axes (refusing a report with nothing to compare), runs the statistics, the
-interaction tests of the extra grid axes and the length analysis, checks the embedding-scale
-confound, orders datasets and operators, builds the tables, sets the study's published numbers
-beside ours (``analysis.reproduction``), reads the gated runs' gate by position
-(``analysis.gates``) and gathers the warnings. The writers (``analysis.report``,
+interaction tests of the extra grid axes, the length analysis and, for runs evaluated at several
+truncation lengths, the train-short-test-long analysis (``analysis.extrapolation``), checks the
+embedding-scale confound, orders datasets and operators, builds the tables, sets the study's
+published numbers beside ours (``analysis.reproduction``), reads the gated runs' gate by
+position (``analysis.gates``) and gathers the warnings. The writers (``analysis.report``,
 ``analysis.figures``, ``analysis.markdown``) read the resulting ``ReportContext`` and compute
 nothing of their own.
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.extrapolation import Extrapolation, analyse_extrapolation, extrapolation_tables
 from analysis.gates import gate_ends, gate_frame, gate_summary, is_gated
 from analysis.interaction import (
     Interactions,
@@ -70,7 +72,9 @@ class ReportOptions:
     ignore_params: Sequence[str] = ()
     """Params allowed to differ inside a pair (e.g. a cache directory)."""
     lengths: bool = True
-    """Run the length analysis (reads every paired run's test_predictions.parquet)."""
+    """Run the length analysis (reads every paired run's test_predictions.parquet) and, for
+    runs evaluated at several lengths, the truncation ladder (reads every paired run's
+    test_predictions_by_length.parquet)."""
     length_buckets: int = 4
     """Length quantile buckets of the length analysis."""
     position: str | None = None
@@ -162,6 +166,9 @@ class ReportContext:
     gates: GateAnalysis | None = None
     """The gate of the gated operators by position (None when no analysed run logged it, or
     with ``make_figures`` off)."""
+    extrapolation: Extrapolation | None = None
+    """Train short, test long: accuracy and the operator effect at each evaluation length
+    (None when no analysed run logged per-length metrics)."""
 
     @property
     def keys(self) -> list[str]:
@@ -238,24 +245,18 @@ def build_context(
     scaling = scaling_check(pairing, comps.table, interactions)
     summary = operator_summary(pairing.runs, keys)
     inputs = TableInputs(
-        summary,
-        comps.table,
-        comps.settings,
-        o.baseline,
-        keys,
-        datasets,
-        setting,
-        list(levels),
-        levels,
+        summary, comps.table, comps.settings, o.baseline, keys, datasets, setting, [*levels], levels
     )
     tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
     tables["table3"].footnotes += alias_footnotes(pairing)
     tables |= interaction_tables(interactions, keys, comps.settings, list(levels))
+    extrapolation = extrapolate(pairing, o, datasets, operators, levels)
+    tables |= extrapolation_tables(extrapolation, keys, list(levels), comps.settings)
     warnings = ([scaling.warning] if scaling.warning else []) + collect_warnings(
         exp, pairing, comps, lengths
     )
-    if interactions is not None:
-        warnings += interactions.warnings
+    warnings += interactions.warnings if interactions is not None else []
+    warnings += extrapolation.warnings if extrapolation is not None else []
     gates = None
     if o.make_figures:
         gates = analyse_gates(exp, pairing, datasets, operators, levels, warnings)
@@ -281,7 +282,28 @@ def build_context(
         scaling=scaling,
         reproduction=reproduction_table(pairing.runs),
         gates=gates,
+        extrapolation=extrapolation,
     )
+
+
+def extrapolate(
+    pairing: Pairing,
+    options: ReportOptions,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    levels: dict[str, list[str]],
+) -> Extrapolation | None:
+    """The train-short-test-long analysis of the paired runs, its frames in display order;
+    None when no run logged per-length metrics. The truncation ladder reads the by-length
+    predictions only with ``options.lengths``."""
+    if pairing.pairs.empty:
+        return None
+    ex = analyse_extrapolation(pairing, options.settings, read_predictions=options.lengths)
+    if ex is None:
+        return None
+    for name in ("accuracy", "stats", "slopes", "ladder"):
+        setattr(ex, name, display_order(getattr(ex, name), datasets, operators, levels))
+    return ex
 
 
 def analyse_gates(

@@ -2,7 +2,8 @@
 
 With extra grid axes, the paired-delta figures get a panel per level (one figure per setting,
 and per dataset one with a panel per setting), and the summary and length figures a line style
-and marker per level. The gate figure (``analysis.gates``) has a panel per dataset and setting.
+and marker per level. The gate figure (``analysis.gates``) has a panel per dataset and setting;
+the train-short-test-long figure a panel per dataset (and level of every extra axis).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def draw_figures(ctx: ReportContext, fig_dir: Path) -> tuple[list[DrawnFigure], 
     _paired_delta_figures(ctx, fig_dir, colors, drawn)
     _summary_figures(ctx, fig_dir, colors, drawn)
     _length_figure(ctx, fig_dir, colors, drawn)
+    _extrapolation_figure(ctx, fig_dir, colors, drawn)
     _gate_figure(ctx, fig_dir, drawn)
     return drawn.figures, drawn.files
 
@@ -172,6 +174,32 @@ def _length_figure(
         style_order=order,
     )
     drawn.add("Accuracy by length quantile inside each dataset", paths)
+
+
+def _extrapolation_figure(
+    ctx: ReportContext, fig_dir: Path, colors: dict[str, str], drawn: _Drawn
+) -> None:
+    """Accuracy against evaluation length: a panel per dataset and level of the other group
+    keys (extra axes, ``--by`` params), a line per operator and position setting."""
+    ex = ctx.extrapolation
+    if ex is None or ex.accuracy.empty:
+        return
+    lines = [k for k in ("position", "attention_position") if k in ctx.keys]
+    others = [k for k in ctx.keys if k not in lines and k != "dataset"]
+    curves = ex.accuracy.copy()
+    curves["panel"] = [
+        ", ".join([str(d), *(f"{k}={v}" for k, v in zip(others, rest, strict=True))])
+        for d, *rest in curves[["dataset", *others]].itertuples(index=False, name=None)
+    ]
+    curves["setting"] = curves[lines].astype(str).agg(" / ".join, axis=1)
+    paths = plots.accuracy_by_eval_length(
+        curves,
+        ctx.operators,
+        "Accuracy against evaluation length (band: ± sd over seeds)",
+        fig_dir,
+        colors=colors,
+    )
+    drawn.add("Accuracy against evaluation length (dashed: the training length)", paths)
 
 
 def _gate_figure(ctx: ReportContext, fig_dir: Path, drawn: _Drawn) -> None:

@@ -16,6 +16,12 @@ A sweep's grid may have axes beyond dataset, position, attention position and fu
 dotted setting, e.g. ``model.scale_embeddings``): each trial run's tag ``axis.<key>`` becomes a
 column named ``<key>`` (the value as text), and ``Experiment.axis_levels`` gives each axis's
 levels, its reference level first (from the parent run's ``grid_axes`` tag when it has one).
+
+Runs evaluated at several truncation lengths (``data.eval_lengths``: train short, test long) log
+``test_acc_at_<L>``, ``test_correct_at_<L>`` and ``test_total_at_<L>`` per length L; each becomes
+a float column of that name, after the optional columns, only when some run of the experiment
+logged it (``eval_length_metrics``), so the frame of a sweep without them is unchanged. They are
+checked where they are used (``analysis.extrapolation``), not here.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from analysis.schema import (
     AXIS_TAG_PREFIX,
     CELLS_ARTIFACT,
     EPOCH_METRICS,
+    EVAL_LENGTH_METRIC_PREFIXES,
     FINAL_METRICS,
     GRID_AXES_TAG,
     INIT_METRICS,
@@ -80,6 +87,24 @@ BASE_COLUMNS = [
 OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC)
 OPTIONAL_TAGS = (POSITION_ALIAS_TAG,)
 OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
+
+
+def eval_length_metric(name: str) -> tuple[str, int] | None:
+    """(prefix, L) of a per-length metric name such as ``test_correct_at_128``, else None."""
+    for prefix in EVAL_LENGTH_METRIC_PREFIXES:
+        rest = name[len(prefix) :] if name.startswith(prefix) else ""
+        if rest.isdigit() and rest.isascii() and int(rest) > 0:
+            return prefix, int(rest)
+    return None
+
+
+def eval_length_metrics(columns: Sequence[Any]) -> list[str]:
+    """The per-length metric columns among ``columns``, by length, then in the order of
+    ``EVAL_LENGTH_METRIC_PREFIXES`` (accuracy, correct, total)."""
+    found = [(eval_length_metric(c), c) for c in columns if isinstance(c, str)]
+    order = {p: i for i, p in enumerate(EVAL_LENGTH_METRIC_PREFIXES)}
+    ranked = sorted((parsed[1], order[parsed[0]], c) for parsed, c in found if parsed is not None)
+    return [c for _, _, c in ranked]
 
 
 class AnalysisError(ValueError):
@@ -145,7 +170,8 @@ def axis_key(tag: str) -> str:
 
     Raises AnalysisError when the key would replace a column the analysis already has."""
     key = tag[len(AXIS_TAG_PREFIX) :]
-    if not key or key in BASE_COLUMNS or key in OPTIONAL_COLUMNS or key.startswith(PARAM_PREFIX):
+    clashes = key in BASE_COLUMNS or key in OPTIONAL_COLUMNS or eval_length_metric(key) is not None
+    if not key or clashes or key.startswith(PARAM_PREFIX):
         raise AnalysisError(
             f"a run carries the tag {tag!r}, whose axis name {key!r} clashes with a column the "
             "analysis reads; extra grid axes are dotted settings such as "
@@ -223,6 +249,7 @@ def _frame_from_entities(runs: Sequence[Any]) -> pd.DataFrame:
         for name in METRICS:
             row[name] = data.metrics.get(name, math.nan)
         row.update((name, data.metrics[name]) for name in OPTIONAL_METRICS if name in data.metrics)
+        row.update((name, data.metrics[name]) for name in eval_length_metrics(data.metrics))
         row.update((tag, data.tags[tag]) for tag in OPTIONAL_TAGS if tag in data.tags)
         for tag, value in data.tags.items():
             if tag.startswith(AXIS_TAG_PREFIX):
@@ -241,12 +268,14 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
             df[col] = None
     params = sorted(c for c in df.columns if c.startswith(PARAM_PREFIX))
     optional = [c for c in OPTIONAL_COLUMNS if c in df and df[c].notna().any()]
-    axes = sorted(c for c in df.columns if c not in {*BASE_COLUMNS, *OPTIONAL_COLUMNS, *params})
-    df = df[BASE_COLUMNS + optional + axes + params]
+    at_length = [c for c in eval_length_metrics(df.columns) if df[c].notna().any()]
+    known = {*BASE_COLUMNS, *OPTIONAL_COLUMNS, *eval_length_metrics(df.columns), *params}
+    axes = sorted(c for c in df.columns if c not in known)
+    df = df[BASE_COLUMNS + optional + at_length + axes + params]
     for col in [*OPTIONAL_TAGS, *axes]:
         if col in df:
             df[col] = df[col].astype(object).where(df[col].notna(), None)
-    for col in OPTIONAL_METRICS:
+    for col in [*OPTIONAL_METRICS, *at_length]:
         if col in df:
             df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     df["seed"] = pd.to_numeric(df["seed"], errors="coerce").astype("Int64")
@@ -297,9 +326,15 @@ def _sql_queries(experiment_id: str) -> dict[str, tuple[Any, list[str]]]:
     params_q = sa.select(params_t.c.run_uuid, params_t.c.key, params_t.c.value).where(
         params_t.c.run_uuid.in_(ids)
     )
+    at_length = [
+        metrics_t.c.key.startswith(p, autoescape=True) for p in EVAL_LENGTH_METRIC_PREFIXES
+    ]
     metrics_q = sa.select(
         metrics_t.c.run_uuid, metrics_t.c.key, metrics_t.c.value, metrics_t.c.is_nan
-    ).where(metrics_t.c.run_uuid.in_(ids), metrics_t.c.key.in_([*METRICS, *OPTIONAL_METRICS]))
+    ).where(
+        metrics_t.c.run_uuid.in_(ids),
+        sa.or_(metrics_t.c.key.in_([*METRICS, *OPTIONAL_METRICS]), *at_length),
+    )
     long = ["run_id", "key", "value"]
     return {
         "info": (info_q, INFO_COLUMNS),
@@ -369,7 +404,7 @@ def _frame_from_sql(uri: str, experiment_id: str) -> pd.DataFrame:
     metric_wide = _wide(metrics.drop(columns="is_nan"), frame.index)
     for name in METRICS:
         frame[name] = metric_wide[name] if name in metric_wide else math.nan
-    for name in OPTIONAL_METRICS:
+    for name in [*OPTIONAL_METRICS, *eval_length_metrics(metric_wide.columns)]:
         if name in metric_wide:
             frame[name] = metric_wide[name]
     for tag in OPTIONAL_TAGS:

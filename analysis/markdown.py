@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from analysis.context import ARTIFACT_PATH, ReportContext
+from analysis.extrapolation import CSV_FILES
 from analysis.interaction import ADDITIVE, SCALE_AXIS
 from analysis.paired import method_lines
 from analysis.reproduction import reproduction_markdown
@@ -15,6 +16,7 @@ from analysis.schema import (
     CELLS_ARTIFACT,
     GATES_FILE,
     GRID_AXES_TAG,
+    LENGTH_PREDICTIONS_FILE,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,
     POSITION_ALIAS_TAG,
@@ -48,6 +50,7 @@ def render_report(ctx: ReportContext) -> str:
         *_paired_statistics(ctx),
         *_interactions(ctx),
         *_length_analysis(ctx),
+        *_extrapolation(ctx),
         *_gates(ctx),
         *_figures(ctx),
         *_gaps(ctx),
@@ -363,6 +366,61 @@ def _length_analysis(ctx: ReportContext) -> list[str]:
     return [*lines, "", "All settings: `length_stats.csv`, `length_accuracy.csv`.", ""]
 
 
+#: The truncation ladder, in words (report.md's "Train short, test long" section).
+LADDER_TEXT = (
+    "**Truncation ladder.** For consecutive evaluation lengths L1 < L2, each run's predictions "
+    f"(`{LENGTH_PREDICTIONS_FILE}`) give its accuracy at L1 and at L2 on the same test "
+    "documents; the gain is the difference (pp). Documents no longer than L1 read the same at "
+    "both lengths and are left out; the others are split in two. Documents longer than L2 are "
+    "cut at both lengths, L2 showing L2 − L1 more tokens of each: a gain on them comes from "
+    "seeing more of each document. Documents that fit in L2 (L1 + 1 to L2 tokens) are read "
+    "whole at L2. Up to the training length T the added tokens sit at trained positions, so the "
+    "gain is what more evidence is worth there. Whether the model can use positions beyond the "
+    "training length is what the steps beyond T show, on documents that fit in L2 above all "
+    "(the whole document is read): with L1 ≥ T every added token sits at a position never "
+    "trained on, so a gain means the model drew evidence from such positions and a loss that "
+    "reading them cost more than they brought; a gain near zero cannot tell evidence the model "
+    "could not use from evidence that adds nothing. Δ gain: the operator's gain minus the "
+    "baseline's, per seed, on the same documents."
+)
+
+
+def _extrapolation(ctx: ReportContext) -> list[str]:
+    """Train short, test long: the effect at each evaluation length, whether it changes with
+    the length, and the truncation ladder (no section without per-length metrics)."""
+    ex = ctx.extrapolation
+    if ex is None:
+        return []
+    trained = ", ".join(map(str, ex.train_lengths)) or "not logged"
+    lines = [
+        "## Train short, test long",
+        "",
+        f"Each run trains on documents truncated at its training length T (param "
+        f"`data.max_length`: {trained}); its model of the best validation epoch, chosen at T "
+        "only, is then evaluated on the test split truncated at each evaluation length L "
+        f"({', '.join(map(str, ex.lengths))}), a document no longer than L being read whole. "
+        "Beyond T, tokens sit at positions the model never trained on. The figure *Accuracy "
+        "against evaluation length* (under Figures) draws the curves, mean ± sd over seeds.",
+        "",
+    ]
+    for name, absent in (
+        ("extrapolation:by_length", "No seed pair has counts at an evaluation length."),
+        ("extrapolation:interaction", "Not tested: no comparison has two evaluation lengths."),
+    ):
+        table = ctx.tables.get(name)
+        lines += [table.to_markdown() if table is not None else absent, ""]
+    lines += [LADDER_TEXT, ""]
+    ladder = ctx.tables.get("extrapolation:ladder")
+    if ladder is not None:
+        lines += [ladder.to_markdown(), ""]
+    elif not ex.predictions_read:
+        lines += ["Not computed: --no-lengths, so the by-length predictions were not read.", ""]
+    else:
+        lines += ["No run's by-length predictions gave a ladder step (see the warnings).", ""]
+    files = ", ".join(f"`{n}`" for a, n in CSV_FILES.items() if len(getattr(ex, a)))
+    return [*lines, f"Every column: {files}.", ""]
+
+
 def _figures(ctx: ReportContext) -> list[str]:
     lines = ["## Figures", ""]
     if not ctx.figures:
@@ -415,6 +473,12 @@ def _listing(
 def _files(ctx: ReportContext) -> list[str]:
     interaction = " `interaction.csv`," if ctx.interactions is not None else ""
     gates = f" `{GATES_CSV}`," if ctx.gates is not None else ""
+    ex = ctx.extrapolation
+    extrapolation = (
+        "".join(f" `{n}`," for a, n in CSV_FILES.items() if len(getattr(ex, a)))
+        if ex is not None
+        else ""
+    )
     reproduction = (
         f"; `{REPRODUCTION_CSV}`: the paper's numbers beside ours"
         if ctx.reproduction is not None
@@ -425,7 +489,7 @@ def _files(ctx: ReportContext) -> list[str]:
         "## Files",
         "",
         f"`stats.csv`, `stats.json` (with every setting),{interaction} `length_stats.csv`, "
-        f"`length_accuracy.csv`,{gates} `runs.csv`, `tables/` (Markdown, LaTeX, CSV"
+        f"`length_accuracy.csv`,{extrapolation}{gates} `runs.csv`, `tables/` (Markdown, LaTeX, CSV"
         f"{reproduction}), `figures/` (PNG, PDF).",
         "",
     ]

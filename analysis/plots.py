@@ -4,7 +4,8 @@
   integer seed axis, a zero line, wins k/n in each legend entry (the study's Figures 3, 5, 6, 7);
 - accuracy by length regime per operator (datasets ordered by median document length);
 - accuracy against measured latency;
-- accuracy by length quantile inside each dataset, with paired deltas per bucket.
+- accuracy by length quantile inside each dataset, with paired deltas per bucket;
+- accuracy against evaluation length (train short, test long), the training length marked.
 
 The summary figures take an optional ``style_key``: a column whose values (e.g. the levels of an
 extra grid axis) get a line style and marker each, so the levels share a panel.
@@ -24,7 +25,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
 FORMATS = ("png", "pdf")
 
@@ -357,3 +358,50 @@ def _bucket_delta_panel(
     ax.axhline(0.0, color="0.2", lw=0.9)
     ax.set_xlabel("document length (tokens, quantile buckets)")
     ax.set_ylabel(f"Δ vs {baseline} (pp)")
+
+
+def accuracy_by_eval_length(
+    curves: pd.DataFrame,
+    operators: Sequence[str],
+    title: str,
+    out_dir: Path,
+    stem: str = "accuracy_by_eval_length",
+    colors: dict[str, str] | None = None,
+) -> list[Path]:
+    """Accuracy against evaluation length, one panel per value of ``curves["panel"]`` (in
+    order of appearance): a line per operator (colour) and ``setting`` (line style and marker),
+    mean ± sd over seeds as a band, a log2 x axis with a tick at each length, and a dashed
+    vertical line at each training length ``train_length``."""
+    panels = list(dict.fromkeys(curves["panel"]))
+    if not panels:
+        return []
+    colors = colors or operator_colors(operators)
+    settings = list(dict.fromkeys(curves["setting"]))
+    styles = level_styles(settings)
+    fig, axes = _panels(len(panels), width=5.2, height=3.8, sharey=True)
+    for ax, panel in zip(axes, panels, strict=True):
+        sub = curves[curves["panel"] == panel]
+        for op in present(operators, sub, "operator"):
+            for setting in present(settings, sub, "setting"):
+                r = sub[(sub["operator"] == op) & (sub["setting"] == setting)]
+                r = r.sort_values("eval_length")
+                x, y = r["eval_length"].to_numpy(float), r["acc_mean"].to_numpy(float)
+                sd = r["acc_sd"].fillna(0.0).to_numpy(float)
+                ls, mk = styles[setting]
+                label = op if len(settings) == 1 else f"{op} ({setting})"
+                ax.plot(x, y, ls=ls, marker=mk, ms=4, lw=1.2, color=colors[op], label=label)
+                ax.fill_between(x, y - sd, y + sd, color=colors[op], alpha=0.12, lw=0)
+        for i, t in enumerate(sorted(sub["train_length"].dropna().unique())):
+            label = "training length" if i == 0 else None
+            ax.axvline(float(t), color="0.3", ls="--", lw=0.9, label=label)
+        lengths = sorted(sub["eval_length"].unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks([float(v) for v in lengths], [str(int(v)) for v in lengths])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel("evaluation length (tokens, log2 scale)")
+        ax.set_ylabel("test accuracy (%)")
+        ax.yaxis.set_tick_params(labelleft=True)
+        ax.set_title(str(panel))
+        _grid_and_legend(ax, "both")
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_dir, stem)

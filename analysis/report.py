@@ -8,6 +8,11 @@ runs the paired statistics, and writes into ``--out``:
     interaction.csv      one row per interaction test (only for grids with extra axes)
     length_stats.csv     per-length-bucket comparisons and long-minus-short contrasts
     length_accuracy.csv  accuracy by length bucket per operator
+    extrapolation.csv    train short, test long (only for runs with data.eval_lengths): one row
+                         per comparison and evaluation length; extrapolation_accuracy.csv, the
+                         accuracy curves; extrapolation_interaction.csv, the slope of each
+                         operator effect against log2(evaluation length); truncation_ladder.csv,
+                         accuracy gained from a longer truncation on the same documents
     gates_by_position.csv  gated operators' gate on E per position bucket, over seeds (only
                          when gated runs logged gate_by_position.parquet; not with --no-figures)
     runs.csv             the tidy frame of trial runs that was analysed
@@ -40,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.context import ARTIFACT_PATH, ReportContext, ReportOptions, build_context
+from analysis.extrapolation import CSV_FILES
 from analysis.figures import draw_figures
 from analysis.lengths import LengthAnalysis
 from analysis.load import AnalysisError, Experiment
@@ -47,7 +53,13 @@ from analysis.markdown import GATES_CSV, REPRODUCTION_CSV, render_report
 from analysis.other_settings import OtherSettings
 from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
-from analysis.schema import GATES_FILE, PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
+from analysis.schema import (
+    GATES_FILE,
+    LENGTH_PREDICTIONS_FILE,
+    PREDICTIONS_FILE,
+    ROLE_SWEEP,
+    ROLE_TAG,
+)
 from analysis.tables import Table
 
 __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
@@ -149,6 +161,7 @@ def write_data_files(ctx: ReportContext) -> list[Path]:
         lengths.accuracy.to_csv(p2, index=False)
         files += [p1, p2]
     files += write_optional_tables(ctx)
+    files += write_extrapolation(ctx)
     runs_csv = out_dir / "runs.csv"
     ctx.experiment.runs.to_csv(runs_csv, index=False)
     stats_json = out_dir / "stats.json"
@@ -173,6 +186,44 @@ def write_optional_tables(ctx: ReportContext) -> list[Path]:
     return files
 
 
+def write_extrapolation(ctx: ReportContext) -> list[Path]:
+    """The train-short-test-long CSVs (``extrapolation.CSV_FILES``) that have rows; nothing
+    when no analysed run logged per-length metrics."""
+    ex = ctx.extrapolation
+    if ex is None:
+        return []
+    files = []
+    for attribute, name in CSV_FILES.items():
+        frame = getattr(ex, attribute)
+        if len(frame):
+            frame.to_csv(ctx.out_dir / name, index=False)
+            files.append(ctx.out_dir / name)
+    return files
+
+
+def _extrapolation_record(ctx: ReportContext) -> dict[str, Any]:
+    """stats.json's block on the train-short-test-long analysis: lengths, families, rows."""
+    ex = ctx.extrapolation
+    assert ex is not None
+    return {
+        "eval_lengths": ex.lengths,
+        "train_lengths": ex.train_lengths,
+        "files": [n for a, n in CSV_FILES.items() if len(getattr(ex, a))],
+        "by_length": {"m": len(ex.stats), "rows": _records(ex.stats)},
+        "slopes": {
+            "m": len(ex.slopes),
+            "test": "exact two-sided Wilcoxon signed-rank of the per-seed least-squares slopes "
+            "of the delta (pp) on log2(evaluation length); Holm over all slope tests",
+            "rows": _records(ex.slopes),
+        },
+        "truncation_ladder": {
+            "predictions_read": ex.predictions_read,
+            "m": len(ex.ladder),
+            "rows": _records(ex.ladder),
+        },
+    }
+
+
 def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict[str, Any]:
     exp, o, lengths, pairing = ctx.experiment, ctx.options, ctx.lengths, ctx.pairing
     extra: dict[str, Any] = {}
@@ -191,6 +242,8 @@ def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict
         extra["scaling_effects"] = _records(ctx.scaling.effects)
     if ctx.reproduction is not None:
         extra["reproduction"] = {"file": REPRODUCTION_CSV, "rows": _records(ctx.reproduction)}
+    if ctx.extrapolation is not None:
+        extra["extrapolation"] = _extrapolation_record(ctx)
     if ctx.gates is not None:
         extra["gates"] = {
             "file": GATES_CSV,
@@ -324,7 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-lengths",
         action="store_true",
-        help=f"skip the length analysis (does not read {PREDICTIONS_FILE})",
+        help=f"skip the length analysis and the truncation ladder (reads neither "
+        f"{PREDICTIONS_FILE} nor {LENGTH_PREDICTIONS_FILE})",
     )
     p.add_argument("--length-buckets", type=int, default=4, help="length quantile buckets (4)")
     p.add_argument(

@@ -1,0 +1,796 @@
+"""Train short, test long: the operator effect at evaluation lengths beyond the training length.
+
+A sweep with ``data.eval_lengths`` evaluates each run's best model (the epoch chosen on
+validation at the training length, param ``data.max_length``) on the test split truncated at
+every evaluation length L, and logs per L the final metrics ``test_acc_at_<L>``,
+``test_correct_at_<L>`` and ``test_total_at_<L>`` (columns of the tidy frame, ``analysis.load``)
+and the artifact ``test_predictions_by_length.parquet`` (a row per test document and L). From
+them, for the runs of a Pairing:
+
+- curves: accuracy against L per operator and setting, mean and sd over seeds (``accuracy``);
+- the operator effect at each L: integer paired deltas against the baseline with the main
+  comparisons' statistics (``analysis.paired.describe_deltas``), Holm over every (comparison, L)
+  test, a family apart from the main one (``stats``);
+- does the effect change with L: per seed, the least-squares slope of the delta (pp) against
+  log2(L); exact two-sided Wilcoxon signed-rank test over seeds, Holm over the comparisons
+  (``slopes``);
+- the truncation ladder: for consecutive lengths L1 < L2, accuracy at L2 minus accuracy at L1 on
+  the same documents, per run, from the predictions (each run's file read once, in place for a
+  local artifact store); its mean per operator, and the paired delta of that gain against the
+  baseline (``ladder``, its own Holm family). Documents longer than L2 are cut at both lengths,
+  so their gain comes from seeing more of each document; documents that fit in L2 (longer than
+  L1, at most L2 tokens) are read whole at L2.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import tempfile
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.load import (
+    ACC_TOLERANCE,
+    PARAM_PREFIX,
+    eval_length_metric,
+    eval_length_metrics,
+    local_artifact_path,
+)
+from analysis.paired import (
+    StatsSettings,
+    common_denominator,
+    describe_deltas,
+    finish_family,
+    hodges_lehmann,
+    holm,
+    holm_min_attainable_p,
+    integer_deltas,
+    min_attainable_p,
+    seeds_needed,
+    wilcoxon_signed_rank,
+)
+from analysis.schema import (
+    EVAL_LENGTH_METRIC_PREFIXES,
+    LENGTH_PREDICTION_COLUMNS,
+    LENGTH_PREDICTIONS_FILE,
+)
+from analysis.tables import Table, column_label, fmt
+
+#: The param holding a run's training length (documents are truncated to it in training).
+TRAIN_LENGTH_PARAM = PARAM_PREFIX + "data.max_length"
+#: The three Holm families of this analysis, as warnings and report.md name them.
+STATS_FAMILY = "operator effect at each evaluation length"
+SLOPE_FAMILY = "slope of the operator effect against log2(evaluation length)"
+LADDER_FAMILY = "truncation ladder"
+#: The two sets of documents of a ladder step L1 -> L2.
+LONGER = "longer than L2"
+FIT = "fit in L2"
+#: Slopes computed in floats are rounded to this many decimals before ranking, so that
+#: round-off cannot break a tie or turn an exact zero into a sign.
+SCORE_DECIMALS = 6
+#: The report's files of this analysis: attribute of ``Extrapolation`` -> file name.
+CSV_FILES = {
+    "stats": "extrapolation.csv",
+    "accuracy": "extrapolation_accuracy.csv",
+    "slopes": "extrapolation_interaction.csv",
+    "ladder": "truncation_ladder.csv",
+}
+#: The long frame of per-length counts.
+COUNT_COLUMNS = ("run_id", "eval_length", "correct", "total")
+#: Per run and ladder step: the documents and how many of them are right at L1 and at L2.
+LADDER_RUN_COLUMNS = ("run_id", "l1", "l2", "documents", "n_docs", "correct_l1", "correct_l2")
+
+
+@dataclass
+class Extrapolation:
+    """The train-short-test-long analysis of a report (``analyse_extrapolation``)."""
+
+    lengths: list[int]
+    """Every evaluation length logged by an analysed run, ascending."""
+    accuracy: pd.DataFrame
+    """Curves: one row per (group, operator, training length, L): runs, mean, sd, min and max
+    of accuracy (%) over seeds."""
+    stats: pd.DataFrame
+    """One row per (group, operator, L): accuracies and the paired statistics against the
+    baseline at L, Holm over the whole table (``STATS_FAMILY``)."""
+    slopes: pd.DataFrame
+    """One row per (group, operator): the per-seed slope of the delta against log2(L), its
+    exact two-sided Wilcoxon test and Holm over the table (``SLOPE_FAMILY``)."""
+    seed_slopes: pd.DataFrame
+    """One row per (group, operator, seed): its slope (pp per doubling of L)."""
+    ladder: pd.DataFrame
+    """One row per (group, operator, step L1 -> L2, documents): mean gain of the operator and
+    of the baseline, and the paired statistics of their difference, Holm over the table
+    (``LADDER_FAMILY``). Empty when no predictions were read."""
+    ladder_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """One row per (run, step, documents): ``LADDER_RUN_COLUMNS`` and ``gain`` (pp)."""
+    predictions_read: bool = False
+    """Whether the by-length predictions were read (the ladder needs them)."""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def train_lengths(self) -> list[int]:
+        """The training lengths of the analysed runs, ascending."""
+        values = self.accuracy["train_length"].dropna() if len(self.accuracy) else []
+        return sorted({int(v) for v in values})
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def logged_lengths(runs: pd.DataFrame) -> list[int]:
+    """The evaluation lengths L with a per-length metric column in ``runs``, ascending."""
+    parsed = (eval_length_metric(c) for c in eval_length_metrics(runs.columns))
+    return sorted({p[1] for p in parsed if p is not None})
+
+
+def length_counts(runs: pd.DataFrame, warns: list[str] | None = None) -> pd.DataFrame:
+    """The long frame of per-length counts: one row per (run, L) with both counts logged,
+    columns ``COUNT_COLUMNS`` (integers). Counts that cannot be true (a fraction, correct above
+    total, a total of 0, an accuracy off correct / total) are left out, said in ``warns``."""
+    acc_p, correct_p, total_p = EVAL_LENGTH_METRIC_PREFIXES
+    frames, bad = [], []
+    ids = runs["run_id"].to_numpy()
+    for length in logged_lengths(runs):
+        if f"{correct_p}{length}" not in runs or f"{total_p}{length}" not in runs:
+            continue
+        c = pd.to_numeric(runs[f"{correct_p}{length}"], errors="coerce").to_numpy(float)
+        t = pd.to_numeric(runs[f"{total_p}{length}"], errors="coerce").to_numpy(float)
+        a = runs.get(f"{acc_p}{length}", pd.Series(np.nan, index=runs.index)).to_numpy(float)
+        have = ~np.isnan(c) & ~np.isnan(t)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            whole = (np.mod(c, 1) == 0) & (np.mod(t, 1) == 0)
+            agrees = np.isnan(a) | (np.abs(a - c / t) <= ACC_TOLERANCE)
+            ok = have & whole & (c >= 0) & (c <= t) & (t > 0) & agrees
+        bad += [f"{r} at {length}" for r in ids[have & ~ok]]
+        frames.append(
+            pd.DataFrame(
+                {
+                    "run_id": ids[ok],
+                    "eval_length": length,
+                    "correct": c[ok].astype(np.int64),
+                    "total": t[ok].astype(np.int64),
+                }
+            )
+        )
+    if bad and warns is not None:
+        warns.append(
+            f"train short, test long: {len(bad)} per-length count(s) cannot be true (not whole, "
+            "correct above total, total 0, or accuracy off correct / total) and are left out: "
+            f"{', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}."
+        )
+    if not frames:
+        return pd.DataFrame(columns=list(COUNT_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+def train_lengths(runs: pd.DataFrame) -> pd.Series:
+    """Each run's training length (param ``data.max_length``), NaN where not logged; indexed
+    by run id."""
+    if TRAIN_LENGTH_PARAM not in runs:
+        return pd.Series(np.nan, index=runs["run_id"].to_numpy(), dtype=float)
+    values = pd.to_numeric(runs[TRAIN_LENGTH_PARAM], errors="coerce").astype(float)
+    return pd.Series(values.to_numpy(), index=runs["run_id"].to_numpy())
+
+
+# ----------------------------------------------------------------------------- the analysis
+
+
+def analyse_extrapolation(
+    pairing: Any,
+    settings: StatsSettings | None = None,
+    read_predictions: bool = True,
+    max_workers: int = 8,
+) -> Extrapolation | None:
+    """Curves, per-length comparisons, slope tests and (with ``read_predictions``) the
+    truncation ladder of a Pairing's runs; None when no run logged a per-length metric."""
+    settings = settings or StatsSettings()
+    runs = pairing.runs
+    lengths = logged_lengths(runs)
+    if not lengths:
+        return None
+    warns: list[str] = []
+    keys = list(pairing.keys)
+    counts = length_counts(runs, warns)
+    trained = train_lengths(runs)
+    accuracy = accuracy_curves(counts, runs, keys, trained)
+    paired = paired_counts(counts, pairing.pairs, keys, trained, warns)
+    stats = length_comparisons(paired, keys, pairing.baseline, settings)
+    warns += finish_family(stats, settings, family=STATS_FAMILY, cautions=False)
+    slopes, seed_slopes = slope_tests(paired, keys, pairing.baseline, settings)
+    warns += finish_slopes(slopes, settings)
+    ladder, ladder_runs = pd.DataFrame(), pd.DataFrame()
+    if read_predictions and len(pairing.pairs):
+        ladder_runs = ladder_counts(pairing, counts, max_workers, warns)
+        ladder = ladder_comparisons(ladder_runs, pairing, trained, settings, warns)
+        warns += finish_family(ladder, settings, family=LADDER_FAMILY, cautions=False)
+    return Extrapolation(
+        lengths=lengths,
+        accuracy=accuracy,
+        stats=stats,
+        slopes=slopes,
+        seed_slopes=seed_slopes,
+        ladder=ladder,
+        ladder_runs=ladder_runs,
+        predictions_read=read_predictions,
+        warnings=warns,
+    )
+
+
+def accuracy_curves(
+    counts: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str], trained: pd.Series
+) -> pd.DataFrame:
+    """Accuracy (%) per (group, operator, training length, L): runs, mean, sd (ddof 1), min,
+    max over seeds."""
+    meta = runs[["run_id", *keys, "operator", "seed"]]
+    per_run = counts.merge(meta, on="run_id")
+    per_run["train_length"] = per_run["run_id"].map(trained)
+    per_run["acc"] = 100.0 * per_run["correct"] / per_run["total"]
+    cols = [*keys, "operator", "train_length", "eval_length"]
+    if per_run.empty:
+        return pd.DataFrame(columns=[*cols, "n_runs", "acc_mean", "acc_sd", "acc_min", "acc_max"])
+    return (
+        per_run.groupby(cols, sort=True, dropna=False)["acc"]
+        .agg(
+            n_runs="size",
+            acc_mean="mean",
+            acc_sd=lambda s: s.std(ddof=1),
+            acc_min="min",
+            acc_max="max",
+        )
+        .reset_index()
+    )
+
+
+def paired_counts(
+    counts: pd.DataFrame,
+    pairs: pd.DataFrame,
+    keys: Sequence[str],
+    trained: pd.Series,
+    warns: list[str],
+) -> pd.DataFrame:
+    """One row per (seed pair, L) where both runs logged counts at L: the pair's keys, both
+    correct counts, the total and the training length. A pair whose two runs have different
+    totals at L (not the same test documents) is left out at L, said in ``warns``."""
+    ident = pairs[[*keys, "operator", "seed", "run_id", "baseline_run_id"]]
+    base = counts.rename(
+        columns={"run_id": "baseline_run_id", "correct": "baseline_correct", "total": "b_total"}
+    )
+    merged = ident.merge(counts, on="run_id").merge(base, on=["baseline_run_id", "eval_length"])
+    differ = merged["total"] != merged["b_total"]
+    if differ.any():
+        shown = ", ".join(
+            f"{r.run_id} vs {r.baseline_run_id} at {r.eval_length}"
+            for r in merged[differ].head(3).itertuples()
+        )
+        warns.append(
+            f"train short, test long: {int(differ.sum())} seed pair(s) were evaluated on "
+            f"different numbers of test documents at an evaluation length, and are left out "
+            f"there ({shown})."
+        )
+    merged = merged[~differ].drop(columns="b_total")
+    merged["train_length"] = merged["run_id"].map(trained)
+    return merged.sort_values([*keys, "operator", "eval_length", "seed"], kind="stable")
+
+
+def _where(length: int, train: float) -> bool | float:
+    """Whether ``length`` lies beyond the training length (NaN when that is unknown)."""
+    return math.nan if pd.isna(train) else bool(length > train)
+
+
+def length_comparisons(
+    paired: pd.DataFrame, keys: Sequence[str], baseline: str, settings: StatsSettings
+) -> pd.DataFrame:
+    """The operator effect at each L: one row per (group, operator, L) with the accuracies and
+    ``describe_deltas`` of the integer paired deltas (the family columns are added by
+    ``finish_family``)."""
+    rows = []
+    for gkey, grp in paired.groupby([*keys, "operator", "eval_length"], sort=True):
+        correct = grp["correct"].to_numpy(np.int64)
+        base = grp["baseline_correct"].to_numpy(np.int64)
+        total = grp["total"].to_numpy(np.int64)
+        num, denom = integer_deltas(correct, base, total)
+        acc, base_acc = 100.0 * correct / total, 100.0 * base / total
+        n, train = len(grp), grp["train_length"].iloc[0]
+        row = dict(zip([*keys, "operator", "eval_length"], gkey, strict=True))
+        row.update(
+            baseline=baseline,
+            train_length=train,
+            beyond_training=_where(int(row["eval_length"]), train),
+            seeds=",".join(str(int(s)) for s in grp["seed"]),
+            test_total=int(total[0]) if len(set(total)) == 1 else -1,
+            acc_mean=float(acc.mean()),
+            acc_sd=float(acc.std(ddof=1)) if n > 1 else math.nan,
+            baseline_acc_mean=float(base_acc.mean()),
+            baseline_acc_sd=float(base_acc.std(ddof=1)) if n > 1 else math.nan,
+        )
+        name = "|".join(map(str, gkey))
+        row.update(describe_deltas(num, denom, settings, f"extrapolation|{name}"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- slopes
+
+
+def slope_weights(lengths: Sequence[int]) -> np.ndarray:
+    """u_L = k log2(L) - sum over the k lengths of log2: the centred log-lengths times k, so
+    that the least-squares slope of y against log2(L) is k * sum(u y) / sum(u^2). Integers
+    when every L is a power of two."""
+    x = np.log2(np.asarray(lengths, dtype=float))
+    return len(x) * x - x.sum()
+
+
+def seed_scores(num: np.ndarray, lengths: Sequence[int]) -> np.ndarray:
+    """Per seed (row of ``num``: integer deltas at each of ``lengths``), sum(u_L num_L): the
+    slope up to a positive factor shared by the comparison, rounded to ``SCORE_DECIMALS`` (exact
+    integers for power-of-two lengths), so that ties and zeros are exact."""
+    return np.round(num.astype(float) @ slope_weights(lengths), SCORE_DECIMALS) + 0.0
+
+
+def slope_tests(
+    paired: pd.DataFrame, keys: Sequence[str], baseline: str, settings: StatsSettings
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(one slope test per (group, operator) with two or more lengths, the per-seed slopes).
+
+    Only seeds paired at every length of the comparison enter it. Per seed the slope, in pp per
+    doubling of L, is the least-squares slope of the delta against log2(L); the test is the
+    exact two-sided Wilcoxon signed-rank test of the slopes (the direction of a change is not
+    known in advance), run on ``seed_scores`` (a positive multiple of the slopes)."""
+    rows, per_seed = [], []
+    for gkey, grp in paired.groupby([*keys, "operator"], sort=True):
+        lengths = sorted(grp["eval_length"].unique())
+        values = ["correct", "baseline_correct", "total", "train_length"]
+        wide = grp.pivot(index="seed", columns="eval_length", values=values)
+        wide = wide[wide["correct"].notna().all(axis=1)]
+        if len(lengths) < 2 or wide.empty:
+            continue
+        total = wide["total"][lengths].to_numpy(np.int64)
+        denom = common_denominator(total.ravel())
+        delta = wide["correct"][lengths].to_numpy(np.int64)
+        delta = (delta - wide["baseline_correct"][lengths].to_numpy(np.int64)) * (denom // total)
+        u = slope_weights(lengths)
+        scores = seed_scores(delta, lengths)
+        factor = 100.0 * len(lengths) / (denom * float(u @ u))  # pp per doubling per score
+        slope = factor * scores
+        ident = dict(zip([*keys, "operator"], gkey, strict=True))
+        seeds = [int(s) for s in wide.index]
+        per_seed += [{**ident, "seed": s, "slope": v} for s, v in zip(seeds, slope, strict=True)]
+        pp = 100.0 * delta / denom
+        row = {**ident, "baseline": baseline, "lengths": ",".join(map(str, lengths))}
+        row["train_length"] = wide["train_length"].iloc[0, 0]
+        row.update(_slope_test(scores, factor, pp, seeds, settings))
+        rows.append(row)
+    columns = [*keys, "operator", "seed", "slope"]
+    return pd.DataFrame(rows), pd.DataFrame(per_seed, columns=columns)
+
+
+def _slope_test(
+    scores: np.ndarray,
+    factor: float,
+    pp: np.ndarray,
+    seeds: Sequence[int],
+    settings: StatsSettings,
+) -> dict[str, Any]:
+    """The columns of one slope test from its per-seed scores (the slopes are ``factor`` times
+    them, ``factor`` > 0) and deltas (pp, a row per seed, a column per length). The
+    Hodges-Lehmann estimate is taken on the scores and scaled, so round-off in the slopes cannot
+    move it."""
+    test = wilcoxon_signed_rank(scores, "two-sided", settings.zero_method)
+    hl = hodges_lehmann(scores, settings.confidence)
+    slope = factor * scores
+    nonzero = int(np.count_nonzero(scores))
+    return {
+        "n_pairs": len(scores),
+        "seeds": ",".join(map(str, seeds)),
+        "median_delta_shortest": float(np.median(pp[:, 0])),
+        "median_delta_longest": float(np.median(pp[:, -1])),
+        "mean_slope": float(slope.mean()),
+        "median_slope": float(np.median(slope)),
+        "hl_estimate": factor * hl.estimate,
+        "hl_ci_low": factor * hl.low,
+        "hl_ci_high": factor * hl.high,
+        "hl_confidence": hl.confidence,
+        "wins": int((scores > 0).sum()),
+        "losses": int((scores < 0).sum()),
+        "ties": int((scores == 0).sum()),
+        "wilcoxon_stat": test.statistic,
+        "p_wilcoxon": test.pvalue,
+        "wilcoxon_method": test.method,
+        "n_zeros": test.n_zeros,
+        "n_nonzero": nonzero,
+        "min_attainable_p": min_attainable_p(nonzero, "two-sided"),
+    }
+
+
+def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
+    """Holm over the slope tests and the attainable-significance guard, in place; returns the
+    guard's warning."""
+    if table.empty:
+        return []
+    m, alpha = len(table), settings.alpha
+    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float), alpha)
+    table["significant"] = table["p_holm"] <= alpha
+    floor = holm_min_attainable_p(table["min_attainable_p"].to_numpy(dtype=float))
+    table["min_attainable_p_holm"] = floor
+    table["can_reach_alpha"] = floor <= alpha
+    blocked = int((~table["can_reach_alpha"]).sum())
+    if not blocked:
+        return []
+    return [
+        f"{SLOPE_FAMILY}: {blocked} of {m} test(s) cannot reach alpha = {alpha} whatever the "
+        f"data (exact two-sided Wilcoxon, Holm over m = {m}); seeds with a non-zero slope "
+        f"needed: {seeds_needed(alpha, m, 'two-sided')}."
+    ]
+
+
+# ----------------------------------------------------------------------------- the ladder
+
+
+def read_length_predictions(artifact_uri: str) -> pd.DataFrame | None:
+    """A run's ``test_predictions_by_length.parquet`` (columns LENGTH_PREDICTION_COLUMNS), or
+    None when it has none. Local artifact stores are read in place; others go through
+    ``mlflow.artifacts.download_artifacts``. An unreadable file raises."""
+    import pyarrow.parquet as pq
+
+    columns = list(LENGTH_PREDICTION_COLUMNS)
+    local = local_artifact_path(artifact_uri)
+    if local is not None:
+        path = local / LENGTH_PREDICTIONS_FILE
+        return pq.read_table(path, columns=columns).to_pandas() if path.exists() else None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{artifact_uri.rstrip('/')}/{LENGTH_PREDICTIONS_FILE}", dst_path=tmp
+            )
+        except (MlflowException, OSError):
+            return None
+        return pq.read_table(path, columns=columns).to_pandas()
+
+
+def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:
+    try:
+        return read_length_predictions(artifact_uri)
+    except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
+        return err
+
+
+def read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
+    """run id -> its by-length predictions, or None when it has none or they cannot be read
+    (said in ``warns``); each run's file is read once, a thread pool for the I/O."""
+    uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        preds = dict(zip(uris, pool.map(_read_or_error, uris.values()), strict=True))
+    broken = {r: p for r, p in preds.items() if isinstance(p, Exception)}
+    if broken:
+        run_id, err = next(iter(broken.items()))
+        warns.append(
+            f"{LADDER_FAMILY}: {len(broken)} {LENGTH_PREDICTIONS_FILE} file(s) could not be read "
+            f"and are left out (run {run_id}: {err!r})."
+        )
+    missing = sorted(r for r, p in preds.items() if p is None)
+    if missing:
+        warns.append(
+            f"{LADDER_FAMILY}: {len(missing)} of {len(preds)} paired runs have no "
+            f"{LENGTH_PREDICTIONS_FILE} and are left out of the ladder (e.g. "
+            f"{', '.join(missing[:3])})."
+        )
+    return {r: p for r, p in preds.items() if isinstance(p, pd.DataFrame)}
+
+
+def docs_key(doc: np.ndarray, length: np.ndarray, label: np.ndarray) -> str:
+    """A fingerprint of a set of documents (ids, lengths, labels), to check that two runs'
+    ladder steps cover the same documents."""
+    order = np.argsort(doc, kind="stable")
+    stacked = np.stack([doc[order], length[order], label[order]]).astype(np.int64)
+    return hashlib.blake2b(stacked.tobytes(), digest_size=8).hexdigest()
+
+
+def run_ladder(preds: pd.DataFrame, logged: Mapping[int, tuple[int, int]]) -> list[dict] | None:
+    """One run's ladder rows (``LADDER_RUN_COLUMNS`` and ``docs_key``) from its by-length
+    predictions, or None when they disagree with its logged counts ``logged`` (L -> (correct,
+    total)), repeat a document at a length, or give a document two lengths or labels."""
+    right = preds["pred"].to_numpy() == preds["label"].to_numpy()
+    frame = preds.assign(right=right)
+    by_length = {}
+    for length, at in frame.groupby("eval_length", sort=True):
+        counted = (int(at["right"].sum()), len(at))
+        if (int(length) in logged and counted != logged[int(length)]) or not at["doc"].is_unique:
+            return None
+        by_length[int(length)] = at.set_index("doc")
+    rows = []
+    lengths = sorted(by_length)
+    for l1, l2 in zip(lengths, lengths[1:], strict=False):
+        a, b = by_length[l1], by_length[l2]
+        common = a.index.intersection(b.index).sort_values()
+        a, b = a.loc[common], b.loc[common]
+        if not (a["length"].equals(b["length"]) and a["label"].equals(b["label"])):
+            return None
+        size = b["length"].to_numpy(np.int64)
+        for documents, mask in ((LONGER, size > l2), (FIT, (size > l1) & (size <= l2))):
+            if not mask.any():
+                continue
+            rows.append(
+                {
+                    "l1": l1,
+                    "l2": l2,
+                    "documents": documents,
+                    "n_docs": int(mask.sum()),
+                    "correct_l1": int(a["right"].to_numpy()[mask].sum()),
+                    "correct_l2": int(b["right"].to_numpy()[mask].sum()),
+                    "docs_key": docs_key(
+                        common.to_numpy()[mask], size[mask], b["label"].to_numpy()[mask]
+                    ),
+                }
+            )
+    return rows
+
+
+def ladder_counts(
+    pairing: Any, counts: pd.DataFrame, max_workers: int, warns: list[str]
+) -> pd.DataFrame:
+    """Every paired run's ladder rows (``run_ladder``), each run's predictions read once; runs
+    whose predictions disagree with their logged per-length counts are left out (warned)."""
+    pairs = pairing.pairs
+    used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
+    runs = pairing.runs[pairing.runs["run_id"].isin(used)]
+    preds = read_all(runs, max_workers, warns)
+    logged: dict[str, dict[int, tuple[int, int]]] = {}
+    for r in counts.itertuples(index=False):
+        logged.setdefault(r.run_id, {})[int(r.eval_length)] = (int(r.correct), int(r.total))
+    rows, inconsistent = [], []
+    for run_id, frame in preds.items():
+        found = run_ladder(frame, logged.get(run_id, {}))
+        if found is None:
+            inconsistent.append(run_id)
+            continue
+        rows += [{"run_id": run_id, **r} for r in found]
+    if inconsistent:
+        warns.append(
+            f"{LADDER_FAMILY}: {len(inconsistent)} run(s) have by-length predictions that "
+            "disagree with their logged test_correct_at_<L> / test_total_at_<L>, or list a "
+            "document twice or with two lengths, and are left out: "
+            f"{', '.join(sorted(inconsistent)[:5])}{' ...' if len(inconsistent) > 5 else ''}."
+        )
+    out = pd.DataFrame(rows, columns=[*LADDER_RUN_COLUMNS, "docs_key"])
+    out["gain"] = 100.0 * (out["correct_l2"] - out["correct_l1"]) / out["n_docs"]
+    return out
+
+
+def ladder_comparisons(
+    ladder_runs: pd.DataFrame,
+    pairing: Any,
+    trained: pd.Series,
+    settings: StatsSettings,
+    warns: list[str],
+) -> pd.DataFrame:
+    """Per (group, operator, step, documents): the operator's and the baseline's mean gain
+    (pp) over the paired seeds and ``describe_deltas`` of the integer difference of their gains
+    (correct-count changes over the step's documents). A seed pair whose two runs' steps cover
+    different documents is left out (warned)."""
+    keys = list(pairing.keys)
+    step = ["l1", "l2", "documents"]
+    ident = pairing.pairs[[*keys, "operator", "seed", "run_id", "baseline_run_id"]]
+    base = ladder_runs.rename(columns=lambda c: c if c in step else f"b_{c}")
+    merged = ident.merge(ladder_runs, on="run_id").merge(
+        base.rename(columns={"b_run_id": "baseline_run_id"}), on=["baseline_run_id", *step]
+    )
+    differ = (merged["docs_key"] != merged["b_docs_key"]) | (merged["n_docs"] != merged["b_n_docs"])
+    if differ.any():
+        warns.append(
+            f"{LADDER_FAMILY}: {int(differ.sum())} seed pair step(s) cover different test "
+            "documents in the two runs (another test split?) and are left out."
+        )
+    merged = merged[~differ]
+    rows = []
+    for gkey, grp in merged.groupby([*keys, "operator", *step], sort=True):
+        grp = grp.sort_values("seed")
+        own = (grp["correct_l2"] - grp["correct_l1"]).to_numpy(np.int64)
+        theirs = (grp["b_correct_l2"] - grp["b_correct_l1"]).to_numpy(np.int64)
+        n_docs, train = int(grp["n_docs"].iloc[0]), trained.get(grp["run_id"].iloc[0], math.nan)
+        row = dict(zip([*keys, "operator", *step], gkey, strict=True))
+        row.update(
+            baseline=pairing.baseline,
+            train_length=train,
+            beyond_training=_where(int(row["l2"]), train),
+            n_docs=n_docs,
+            seeds=",".join(str(int(s)) for s in grp["seed"]),
+            acc_l1_mean=float(100.0 * grp["correct_l1"].mean() / n_docs),
+            acc_l2_mean=float(100.0 * grp["correct_l2"].mean() / n_docs),
+            gain_mean=float(100.0 * own.mean() / n_docs),
+            baseline_acc_l1_mean=float(100.0 * grp["b_correct_l1"].mean() / n_docs),
+            baseline_acc_l2_mean=float(100.0 * grp["b_correct_l2"].mean() / n_docs),
+            baseline_gain_mean=float(100.0 * theirs.mean() / n_docs),
+        )
+        name = "|".join(map(str, gkey))
+        row.update(describe_deltas(own - theirs, n_docs, settings, f"ladder|{name}"))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def _times_train(length: int, train: float) -> str:
+    """``128 (2× T)``: an evaluation length and its ratio to the training length T."""
+    return str(length) if pd.isna(train) else f"{length} ({length / train:g}× T)"
+
+
+def _pp(value: float) -> str:
+    """``+1.25``: a signed value in pp, round-off below 1e-9 shown as +0.00 (not -0.00)."""
+    return f"{0.0 if abs(value) < 1e-9 else value:+.2f}"
+
+
+def _interval(estimate: float, low: float, high: float) -> str:
+    """``+1.25 [+0.50, +2.00]``."""
+    return f"{_pp(estimate)} [{_pp(low)}, {_pp(high)}]"
+
+
+def _p_cells(r: Any) -> dict[str, str]:
+    return {
+        "p": f"{r['p_wilcoxon']:.4g}",
+        "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else ""),
+        "wins": f"{int(r['wins'])}/{int(r['n_pairs'])}",
+    }
+
+
+def _guard_note(table: pd.DataFrame, alpha: float) -> list[str]:
+    blocked = table[~table["can_reach_alpha"].astype(bool)] if len(table) else table
+    if not len(blocked):
+        return []
+    return [
+        f"{len(blocked)} of {len(table)} tests cannot reach {alpha} with their number of seeds "
+        f"(smallest attainable Holm-adjusted p = {blocked['min_attainable_p_holm'].min():.3g})."
+    ]
+
+
+def length_table(
+    stats: pd.DataFrame, keys: Sequence[str], axes: Sequence[str], record: Mapping[str, Any]
+) -> Table:
+    """ "Operator effect at each evaluation length": per comparison and L, the accuracies and
+    the paired statistics, Holm over all (comparison, L) tests."""
+    alpha, alt = record.get("alpha", 0.05), record.get("alternative", "two-sided")
+    rows = []
+    for _, r in stats.iterrows():
+        base = r["baseline"]
+        rows.append(
+            {
+                **{column_label(k, axes): r[k] for k in keys},
+                "operator": r["operator"],
+                "L": _times_train(int(r["eval_length"]), r["train_length"]),
+                "n": int(r["n_pairs"]),
+                "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]),
+                f"{base} (%)": fmt(r["baseline_acc_mean"], r["baseline_acc_sd"]),
+                "Δ mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
+                "HL (pp)": _pp(r["hl_estimate"]),
+                **_p_cells(r),
+            }
+        )
+    notes = [
+        "Accuracy: mean ± sd over the paired seeds of the test split truncated at L (the model "
+        "of each run's best validation epoch, chosen at its training length T only). Δ: "
+        "operator − baseline accuracy from the integer correct counts at L. Exact "
+        f"{alt} Wilcoxon signed-rank test of the per-seed deltas (zero_method = "
+        f"{record.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over "
+        f"all m = {len(stats)} (comparison, L) tests, a family apart from the comparisons at "
+        "the training length."
+    ]
+    return Table(
+        "extrapolation_by_length",
+        "Operator effect at each evaluation length.",
+        pd.DataFrame(rows),
+        stats.reset_index(drop=True),
+        notes + _guard_note(stats, alpha),
+    )
+
+
+def slope_table(
+    slopes: pd.DataFrame, keys: Sequence[str], axes: Sequence[str], record: Mapping[str, Any]
+) -> Table:
+    """ "Does the operator effect change with evaluation length?": the per-seed slopes of the
+    delta against log2(L), their exact two-sided Wilcoxon test and Holm."""
+    alpha = record.get("alpha", 0.05)
+    rows = []
+    for _, r in slopes.iterrows():
+        rows.append(
+            {
+                **{column_label(k, axes): r[k] for k in keys},
+                "operator": r["operator"],
+                "lengths": r["lengths"].replace(",", ", "),
+                "n": int(r["n_pairs"]),
+                "Δ median, shortest L (pp)": _pp(r["median_delta_shortest"]),
+                "Δ median, longest L (pp)": _pp(r["median_delta_longest"]),
+                "slope: median [HL CI] (pp per doubling)": _interval(
+                    r["median_slope"], r["hl_ci_low"], r["hl_ci_high"]
+                ),
+                **_p_cells(r),
+            }
+        )
+    notes = [
+        "Per seed: the least-squares slope of the operator's paired delta against the baseline "
+        "(pp) on log2(L) over the evaluation lengths, in pp per doubling of L (the interval is "
+        "the Hodges-Lehmann one; wins: positive slopes). Exact two-sided Wilcoxon signed-rank "
+        f"test of the slopes over seeds (zero_method = {record.get('zero_method', 'wilcox')}); "
+        f"`*`: Holm-adjusted p ≤ {alpha}, Holm over all m = {len(slopes)} slope tests (a family "
+        "of its own)."
+    ]
+    return Table(
+        "extrapolation_interaction",
+        "Does the operator effect change with evaluation length?",
+        pd.DataFrame(rows),
+        slopes.reset_index(drop=True),
+        notes + _guard_note(slopes, alpha),
+    )
+
+
+def _documents(r: Any) -> str:
+    """A ladder row's documents in words: ``> 128 tokens`` or ``65-128 tokens``."""
+    if r["documents"] == LONGER:
+        return f"> {int(r['l2'])} tokens"
+    return f"{int(r['l1']) + 1}-{int(r['l2'])} tokens"
+
+
+def ladder_table(
+    ladder: pd.DataFrame, keys: Sequence[str], axes: Sequence[str], record: Mapping[str, Any]
+) -> Table:
+    """The truncation ladder: per comparison, step and documents, the mean gains of the
+    operator and of the baseline and the paired statistics of their difference."""
+    alpha, alt = record.get("alpha", 0.05), record.get("alternative", "two-sided")
+    rows = []
+    for _, r in ladder.iterrows():
+        rows.append(
+            {
+                **{column_label(k, axes): r[k] for k in keys},
+                "operator": r["operator"],
+                "L1 → L2": f"{int(r['l1'])} → {_times_train(int(r['l2']), r['train_length'])}",
+                "documents": _documents(r),
+                "docs": int(r["n_docs"]),
+                "n": int(r["n_pairs"]),
+                "gain (pp)": _pp(r["gain_mean"]),
+                f"{r['baseline']} gain (pp)": _pp(r["baseline_gain_mean"]),
+                "Δ gain mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
+                **_p_cells(r),
+            }
+        )
+    notes = [
+        "Gain: accuracy at L2 minus accuracy at L1 on the same documents (pp), mean over the "
+        "paired seeds. Δ gain: the operator's gain minus the baseline's, per seed, from integer "
+        f"correct counts; exact {alt} Wilcoxon signed-rank test over seeds (zero_method = "
+        f"{record.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over all "
+        f"m = {len(ladder)} ladder tests (a family of its own)."
+    ]
+    return Table(
+        "truncation_ladder",
+        "Truncation ladder: accuracy gained from a longer truncation, on the same documents.",
+        pd.DataFrame(rows),
+        ladder.reset_index(drop=True),
+        notes + _guard_note(ladder, alpha),
+    )
+
+
+def extrapolation_tables(
+    ex: Extrapolation | None, keys: Sequence[str], axes: Sequence[str], record: Mapping[str, Any]
+) -> dict[str, Table]:
+    """The report's tables of this analysis, those with rows: ``extrapolation:by_length``,
+    ``extrapolation:interaction`` and ``extrapolation:ladder``."""
+    if ex is None:
+        return {}
+    made = {
+        "extrapolation:by_length": (ex.stats, length_table),
+        "extrapolation:interaction": (ex.slopes, slope_table),
+        "extrapolation:ladder": (ex.ladder, ladder_table),
+    }
+    return {
+        name: build(frame, keys, axes, record)
+        for name, (frame, build) in made.items()
+        if len(frame)
+    }
