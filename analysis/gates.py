@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from analysis.load import FINISHED, tag_column  # noqa: E402
+from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
 from analysis.plots import operator_colors  # noqa: E402
 from analysis.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
 
@@ -82,17 +82,29 @@ def gate_frame(client: Any, runs: Iterable[str], max_workers: int = 8) -> pd.Dat
     return frame
 
 
+def _read_gates(client: Any, run_id: str, artifact_uri: str | None) -> pd.DataFrame | None:
+    """One run's gate table, or None without one: read in place from a local artifact store,
+    else listed and downloaded through ``client``."""
+    local = local_artifact_path(artifact_uri) if artifact_uri else None
+    if local is not None:
+        path = local / GATES_FILE
+        return pd.read_parquet(path, columns=list(GATE_COLUMNS)) if path.is_file() else None
+    if GATES_FILE not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        return pd.read_parquet(
+            client.download_artifacts(run_id, GATES_FILE, tmp), columns=list(GATE_COLUMNS)
+        )
+
+
 def _run_gates(client: Any, run_id: str) -> tuple[dict[str, str], pd.DataFrame] | None:
     """(tags, gate table with the identifying columns in front) of one run, or None."""
     run = client.get_run(run_id)
     if run.info.status != FINISHED:
         return None
-    if GATES_FILE not in {a.path for a in client.list_artifacts(run_id)}:
+    table = _read_gates(client, run_id, run.info.artifact_uri)
+    if table is None:
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        table = pd.read_parquet(
-            client.download_artifacts(run_id, GATES_FILE, tmp), columns=list(GATE_COLUMNS)
-        )
     tags = dict(run.data.tags)
     for offset, (column, tag) in enumerate(zip(ID_COLUMNS, ["run_id", *RUN_TAGS], strict=True)):
         table.insert(offset, column, run_id if tag == "run_id" else tags.get(tag))
