@@ -134,6 +134,21 @@ class Rule(Strict):
         return dict(self.model_extra or {})
 
 
+#: Train settings an override may set: how a step is computed, not what it computes (the same
+#: batches, the same mean gradient up to round-off), so cells with and without them pair.
+OVERRIDABLE_TRAIN = ("micro_batch_size", "eval_batch_size")
+
+
+class Override(Strict):
+    """Settings for the cells a rule selects, e.g. gradient accumulation where a method's memory
+    needs it: ``{where: {attention_positions: [t5_bias]}, train: {micro_batch_size: 16}}``. Only
+    settings that do not change what is computed (OVERRIDABLE_TRAIN); ``where`` may not name
+    fusions, so every operator of a paired block gets the same value."""
+
+    where: Rule
+    train: dict[str, Any] = Field(min_length=1)
+
+
 class Defaults(Strict):
     """Model and training settings shared by every dataset unless a preset overrides them."""
 
@@ -203,6 +218,8 @@ class SweepSpec(Strict):
     """Extra sub-grids crossed with the seeds (e.g. ``{datasets: [arxiv], fusions: [gate_cnn]}``)."""
     exclude: list[Rule] = Field(default_factory=list)
     """Cells matching any of these rules are dropped."""
+    overrides: list[Override] = Field(default_factory=list)
+    """Settings for the cells a rule selects (applied over the presets, in order)."""
     datasets: dict[str, DatasetPreset]
     defaults: Defaults = Field(default_factory=Defaults)
     resources: Resources = Field(default_factory=Resources)
@@ -560,8 +577,11 @@ def combination_settings(
     spec: SweepSpec, combination: Combination
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The data, model and train settings of one grid point: the dataset's preset (defaults
-    merged in), the registry axes, then the setting axes on top."""
+    merged in), the overrides whose rule it matches, the registry axes, then the setting axes."""
     data, model, train = resolve_specs(spec, combination.dataset)
+    for override in spec.overrides:
+        if _matches(override.where, combination):
+            train = {**train, **override.train}
     sections = {
         "data": dataclasses.asdict(data),
         "model": {
@@ -609,6 +629,7 @@ def semantic_problems(spec: SweepSpec) -> list[str]:
     problems, known = _axis_problems(spec)
     problems += _setting_axis_problems(spec)
     problems += _exclude_problems(spec, known)
+    problems += _override_problems(spec, known)
     problems += _grid_owned_problems(spec)
     for name, preset in spec.datasets.items():
         problems += _preset_problems(spec, name, preset)
@@ -727,6 +748,55 @@ def _setting_key_problem(key: str) -> str | None:
     if inner and not field.endswith("_kwargs"):
         return f"{section}.{field} has no inner settings; use {section}.{field} itself"
     return None
+
+
+def _override_problems(spec: SweepSpec, known: dict[str, set[str]]) -> list[str]:
+    """Overrides select cells like exclude rules, never by operator, and set only settings that
+    leave what is computed unchanged, and none that a grid axis varies."""
+    problems = []
+    for i, override in enumerate(spec.overrides):
+        where = f"overrides[{i}]"
+        if override.where.fusions is not None:
+            problems.append(
+                f"{where}.where.fusions: an override may not select operators (the operators of a "
+                "paired block must train alike); select datasets, positions or attention_positions"
+            )
+        problems += _rule_problems(f"{where}.where", override.where, known, spec)
+        for key in override.train:
+            if key not in OVERRIDABLE_TRAIN:
+                problems.append(
+                    f"{where}.train.{key}: an override may set only {', '.join(OVERRIDABLE_TRAIN)} "
+                    "(settings that change what is computed belong in the presets or a grid axis)"
+                )
+            elif f"train.{key}" in spec.grid.settings:
+                problems.append(
+                    f"{where}.train.{key}: varied by the grid axis train.{key}; remove it here"
+                )
+    return problems
+
+
+def _rule_problems(
+    where: str, rule: Rule, known: dict[str, set[str]], spec: SweepSpec
+) -> list[str]:
+    """Values a rule names that no grid has (registry axes and setting axes)."""
+    problems = []
+    for axis in AXES:
+        for value in getattr(rule, axis) or []:
+            if value not in known[axis]:
+                problems.append(
+                    f"{where}.{axis}: {value!r} is in no grid; allowed: {', '.join(sorted(known[axis]))}"
+                )
+    for key, values in rule.settings.items():
+        if key not in spec.grid.settings:
+            problems.append(f"{where}.{key}: not a setting axis of grid:")
+            continue
+        allowed = {axis_text(v) for v in spec.grid.settings[key]}
+        for value in values if isinstance(values, list) else [values]:
+            if axis_text(value) not in allowed:
+                problems.append(
+                    f"{where}.{key}: {axis_text(value)!r} is not a value of the axis; allowed: {', '.join(sorted(allowed))}"
+                )
+    return problems
 
 
 def _setting_axis_problems(spec: SweepSpec) -> list[str]:

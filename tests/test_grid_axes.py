@@ -215,3 +215,60 @@ def test_a_registered_alias_is_the_same_model(alias):
     a.eval()
     b.eval()
     assert torch.equal(a(ids, mask), b(ids, mask))
+
+
+# ----------------------------------------------------------------------------- overrides
+
+
+def _with_override(override):
+    def mutate(raw):
+        raw["grid"]["attention_positions"] = ["none", "alibi"]
+        raw["overrides"] = [override]
+
+    return mutate
+
+
+def test_an_override_sets_how_a_step_is_computed_for_the_cells_it_selects(tmp_path):
+    override = {"where": {"attention_positions": ["alibi"]}, "train": {"micro_batch_size": 8}}
+    cells = expand(load_sweep(_sweep(tmp_path, _with_override(override))))
+    by_attention = {
+        a: {c.trial.train.micro_batch_size for c in cells if c.attention_position == a}
+        for a in ("none", "alibi")
+    }
+    assert by_attention == {"none": {None}, "alibi": {8}}
+    # Every operator of a paired block gets the same value, so the pair's configs still agree.
+    for seed in (0, 1):
+        block = [c for c in cells if c.seed == seed and c.attention_position == "alibi"]
+        assert {c.fusion for c in block} == {"add", "gate_scalar"}
+        assert {c.trial.train.micro_batch_size for c in block} == {8}
+    # Cells it does not select keep the ids they had without it.
+    plain = expand(load_sweep(_sweep(tmp_path / "plain")))
+    assert {c.cell_id for c in cells if c.attention_position == "none"} >= {
+        c.cell_id for c in plain
+    }
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        (
+            {"where": {"fusions": ["add"]}, "train": {"micro_batch_size": 8}},
+            "overrides[0].where.fusions: an override may not select operators",
+        ),
+        (
+            {"where": {"attention_positions": ["alibi"]}, "train": {"lr": 0.1}},
+            "overrides[0].train.lr: an override may set only micro_batch_size, eval_batch_size",
+        ),
+        (
+            {"where": {"attention_positions": ["rope"]}, "train": {"micro_batch_size": 8}},
+            "overrides[0].where.attention_positions: 'rope' is in no grid",
+        ),
+        (  # 32 documents per step cannot be cut into micro-batches of 5
+            {"where": {"attention_positions": ["alibi"]}, "train": {"micro_batch_size": 5}},
+            "micro_batch_size",
+        ),
+    ],
+)
+def test_bad_overrides_are_refused_before_anything_runs(tmp_path, override, expected):
+    problems = _problems(_sweep(tmp_path, _with_override(override)))
+    assert any(expected in p for p in problems), problems
