@@ -272,7 +272,7 @@ def _run_trainer(
         run_config=RunConfig(
             name=f"{config['tune_run']}-{config['cell_id']}",
             storage_path=config["train_storage_path"],
-            failure_config=FailureConfig(max_failures=0),
+            failure_config=FailureConfig(max_failures=0, max_preemption_failures=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=[TuneReportCallback()],
         ),
