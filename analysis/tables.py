@@ -402,7 +402,7 @@ def table3(inputs: TableInputs) -> Table:
         sub = inputs.summary[inputs.summary["dataset"] == d]
         found = list(dict.fromkeys(map(tuple, sub[keys].to_numpy())))
         rows += _levels_in_order(found, keys, inputs.axes, inputs.levels)
-    return accuracy_table(
+    table = accuracy_table(
         inputs,
         "table3_positions",
         "Table 3. Test accuracy (%) per position family and fusion operator.",
@@ -410,6 +410,19 @@ def table3(inputs: TableInputs) -> Table:
         row_keys=keys,
         row_order=rows,
     )
+    if _has_order_blind_control(inputs.summary):
+        table.footnotes.append(
+            "position `none` with attention position `none` is the order-blind control: no "
+            "position information reaches the model, which then sees a bag of words."
+        )
+    return table
+
+
+def _has_order_blind_control(summary: pd.DataFrame) -> bool:
+    """Whether any row has no position signal at either level."""
+    if not {"position", "attention_position"} <= set(summary.columns):
+        return False
+    return bool(((summary["position"] == "none") & (summary["attention_position"] == "none")).any())
 
 
 LATENCY_LOGGED = "logged"

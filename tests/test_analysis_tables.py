@@ -115,6 +115,30 @@ def test_table2_latency_ratio_and_table3_rows(tmp_path):
     assert [p.suffix for p in paths] == [".md", ".tex", ".csv"] and all(p.exists() for p in paths)
 
 
+def test_table3_names_the_order_blind_control_only_when_it_is_there():
+    runs = runs_frame()
+    setting = {"position": "sinusoidal", "attention_position": "none"}
+    plain = table3(
+        TableInputs(
+            operator_summary(runs, KEYS),
+            comparisons(),
+            SETTINGS,
+            "add",
+            KEYS,
+            ["imdb", "arxiv"],
+            setting,
+        )
+    )
+    assert not any("order-blind" in note for note in plain.footnotes)
+    blind = runs[runs["dataset"] == "arxiv"].assign(position="none")
+    summary = operator_summary(pd.concat([runs, blind]), KEYS)
+    table = table3(
+        TableInputs(summary, comparisons(), SETTINGS, "add", KEYS, ["imdb", "arxiv"], setting)
+    )
+    assert any("order-blind control" in note for note in table.footnotes)
+    assert ("arxiv", "none") in set(map(tuple, table.data[["dataset", "position"]].to_numpy()))
+
+
 def test_latex_escaping():
     assert latex_cell("gate_cnn(k=3) 50% ± 1 `add` & #") == (
         "gate\\_cnn(k=3) 50\\% $\\pm$ 1 \\texttt{add} \\& \\#"
