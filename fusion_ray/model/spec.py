@@ -23,7 +23,8 @@ class ModelSpec:
     dropout: float = 0.1
     """Dropout in attention, feed-forward and after fusion."""
     activation: Literal["relu", "gelu"] = "relu"
-    """Feed-forward activation (the study used PyTorch's default, relu)."""
+    """Feed-forward activation: relu (PyTorch's default, as in the study's ArXiv notebooks) or
+    gelu (the AG News / IMDB notebook; sweeps/study_faithful.yaml sets it there)."""
     norm_first: bool = False
     """Pre-LayerNorm blocks when true; post-LN (the study's nn.TransformerEncoder default) when false."""
     scale_embeddings: bool = True
