@@ -48,8 +48,7 @@ from analysis.paired import (
     describe_deltas,
     finish_family,
     hodges_lehmann,
-    holm,
-    holm_min_attainable_p,
+    holm_columns,
     integer_deltas,
     min_attainable_p,
     seeds_needed,
@@ -415,12 +414,7 @@ def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     if table.empty:
         return []
     m, alpha = len(table), settings.alpha
-    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float), alpha)
-    table["significant"] = table["p_holm"] <= alpha
-    floor = holm_min_attainable_p(table["min_attainable_p"].to_numpy(dtype=float))
-    table["min_attainable_p_holm"] = floor
-    table["can_reach_alpha"] = floor <= alpha
-    blocked = int((~table["can_reach_alpha"]).sum())
+    blocked = holm_columns(table, alpha)
     if not blocked:
         return []
     return [

@@ -32,8 +32,7 @@ from analysis.paired import (
     StatsSettings,
     common_denominator,
     hodges_lehmann,
-    holm,
-    holm_min_attainable_p,
+    holm_columns,
     min_attainable_p,
     seeds_needed,
     wilcoxon_signed_rank,
@@ -190,12 +189,7 @@ def _finish_family(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     if table.empty:
         return []
     m, alpha = len(table), settings.alpha
-    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float), alpha)
-    table["significant"] = table["p_holm"] <= alpha
-    floor = holm_min_attainable_p(table["min_attainable_p"].to_numpy(dtype=float))
-    table["min_attainable_p_holm"] = floor
-    table["can_reach_alpha"] = floor <= alpha
-    blocked = int((~table["can_reach_alpha"]).sum())
+    blocked = holm_columns(table, alpha)
     if not blocked:
         return []
     return [
