@@ -7,7 +7,9 @@ once unpadded (every document 4,096 tokens: the mask is dropped, the flash-eligi
 once padded (one document shorter, so a padding mask is needed). Starting at the preset's
 batch of 64, the batch halves until the step fits; the table gives the largest batch that
 fits, its peak memory (``torch.cuda.max_memory_allocated``), its step time, and the gradient
-accumulation needed to keep the preset's 64 documents per optimiser step.
+accumulation needed to keep the preset's 64 documents per optimiser step. Then the same for
+evaluation (``model.eval()``, no gradients, bf16 autocast): the largest batch up to
+``--eval-batch`` (the loop's ``train.eval_batch_size``, 128) whose forward pass fits, and its peak.
 
     python bench/attention_memory.py [--length 4096] [--batch 64]
 """
@@ -77,10 +79,48 @@ def one_step(
         torch.cuda.empty_cache()
 
 
+@torch.no_grad()
+def eval_pass(
+    spec: ModelSpec, batch: int, length: int, padded: bool, device: torch.device
+) -> tuple[float, float]:
+    """(peak GiB, seconds) of one evaluation forward pass, as ``one_step`` for training."""
+    torch.cuda.empty_cache()
+    model = build_classifier(spec, VOCAB, CLASSES, seed=0).to(device).eval()
+    ids = torch.randint(1, VOCAB, (batch, length), device=device)
+    mask = None
+    if padded:
+        mask = torch.ones(batch, length, dtype=torch.bool, device=device)
+        mask[-1, length // 2 :] = False
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            model(ids, mask).float().argmax(-1)
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) / 2**30, time.perf_counter() - t
+    finally:
+        del model, ids, mask
+        torch.cuda.empty_cache()
+
+
+def largest_fitting(measure, batch: int) -> tuple[int, float | None, float | None]:
+    """(batch, peak GiB, seconds) of the largest batch, halving from ``batch``, that fits."""
+    while batch >= 1:
+        try:
+            return (batch, *measure(batch))
+        except torch.OutOfMemoryError:
+            batch //= 2
+    return 0, None, None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", type=int, default=4096)
     parser.add_argument("--batch", type=int, default=64, help="the preset's documents per step")
+    parser.add_argument(
+        "--eval-batch", type=int, default=128, help="the loop's train.eval_batch_size"
+    )
     parser.add_argument("--out", default=None, help="JSON results file")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -92,54 +132,45 @@ def main() -> None:
     methods = [("sinusoidal", a) for a in ATTENTION_POSITIONS.names()]
     methods += [(p, "none") for p in POSITIONS.names() if p != "sinusoidal"]
     print(
-        f"{'position':<16} {'attention':<9} {'batch':<8} {'fits':>5} {'peak GiB':>9} "
-        f"{'s/step':>7} {'accum':>5}"
+        f"{'position':<16} {'attention':<12} {'batch':<8} {'fits':>5} {'peak GiB':>9} "
+        f"{'s/step':>7} {'accum':>5}  {'eval':>6} {'peak GiB':>9} {'s/pass':>7}"
     )
     rows = []
     for position, attention in methods:
+        spec = arxiv_spec(args.length, position, attention)
         for padded in (False, True):
-            batch, row = args.batch, None
-            while batch >= 1:
-                try:
-                    peak, seconds = one_step(
-                        arxiv_spec(args.length, position, attention),
-                        batch,
-                        args.length,
-                        padded,
-                        device,
-                    )
-                    row = {
-                        "position": position,
-                        "attention_position": attention,
-                        "padded": padded,
-                        "batch": batch,
-                        "peak_gib": peak,
-                        "seconds_per_step": seconds,
-                        "accumulation": math.ceil(args.batch / batch),
-                    }
-                    break
-                except torch.OutOfMemoryError:
-                    batch //= 2
-            if row is None:
-                row = {
-                    "position": position,
-                    "attention_position": attention,
-                    "padded": padded,
-                    "batch": 0,
-                    "peak_gib": None,
-                    "seconds_per_step": None,
-                    "accumulation": None,
-                }
-                print(
-                    f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
-                    f"{'none':>5}: not even one document fits"
-                )
-            else:
-                print(
-                    f"{position:<16} {attention:<9} {'padded' if padded else 'unpadded':<8} "
-                    f"{row['batch']:>5} {row['peak_gib']:>9.2f} {row['seconds_per_step']:>7.3f} "
-                    f"{row['accumulation']:>5}"
-                )
+            batch, peak, seconds = largest_fitting(
+                lambda b, spec=spec, padded=padded: one_step(spec, b, args.length, padded, device),
+                args.batch,
+            )
+            eval_batch, eval_peak, eval_seconds = largest_fitting(
+                lambda b, spec=spec, padded=padded: eval_pass(spec, b, args.length, padded, device),
+                args.eval_batch,
+            )
+            row = {
+                "position": position,
+                "attention_position": attention,
+                "padded": padded,
+                "batch": batch,
+                "peak_gib": peak,
+                "seconds_per_step": seconds,
+                "accumulation": math.ceil(args.batch / batch) if batch else None,
+                "eval_batch": eval_batch,
+                "eval_peak_gib": eval_peak,
+                "eval_seconds": eval_seconds,
+            }
+            padding = "padded" if padded else "unpadded"
+            train_text = (
+                f"{batch:>5} {peak:>9.2f} {seconds:>7.3f} {row['accumulation']:>5}"
+                if batch
+                else f"{'none':>5} {'-':>9} {'-':>7} {'-':>5}"
+            )
+            eval_text = (
+                f"{eval_batch:>6} {eval_peak:>9.2f} {eval_seconds:>7.3f}"
+                if eval_batch
+                else f"{'none':>6} {'-':>9} {'-':>7}"
+            )
+            print(f"{position:<16} {attention:<12} {padding:<8} {train_text}  {eval_text}", flush=True)
             rows.append(row)
     if args.out:
         Path(args.out).write_text(

@@ -1,8 +1,8 @@
-"""Aggregate throughput of 1, 2, 4 and 8 AG News trials sharing one GPU through Ray Tune.
+"""Aggregate throughput of 1, 2, 4 and 8 AG News (or IMDB) trials sharing one GPU through Ray Tune.
 
 Each trial is a Ray Tune function trainable holding the resources the sweep gives a one-worker
 trial (``fusion_ray.orchestrate.trial_resources``: ``cpus_per_worker`` CPUs and ``1 / n`` GPU, Ray's
-fractional GPUs), and trains the AG News preset (``add``, sinusoidal P, the stand-in of
+fractional GPUs), and trains the ``--preset`` (AG News by default) (``add``, sinusoidal P, the stand-in of
 ``bench/study_data.py``) with the loop's step (``bench/epoch_profile.Stepper``, variant
 ``lean``: the loop as it is on CUDA, batches padded to multiples of 64). Every trial first loads the data and warms up, then waits at a
 barrier (a Ray actor) so that all ``n`` train at the same time; the aggregate throughput is all
@@ -41,7 +41,7 @@ def packed_trial(config: dict[str, Any]) -> None:
 
     device = torch.device(config["device"])
     stepper = Stepper(
-        "ag_news",
+        config["preset"],
         config["variant"],
         device,
         data_root=config["data_root"],
@@ -118,13 +118,14 @@ def run_packed(n: int, args: argparse.Namespace, label: str) -> dict[str, Any]:
         "barrier": name,
         "trials": n,
         "variant": args.variant,
+        "preset": args.preset,
     }
     tuner = tune.Tuner(
         trainable,
         param_space={**base, "seed": tune.grid_search(list(range(n)))},
         tune_config=tune.TuneConfig(max_concurrent_trials=n),
         run_config=tune.RunConfig(
-            name=f"packing_{label}_{n}", storage_path=args.storage, verbose=0
+            name=f"packing_{args.preset}_{label}_{n}", storage_path=args.storage, verbose=0
         ),
     )
     results = tuner.fit()
@@ -173,6 +174,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--trials", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--preset", default="ag_news", choices=["ag_news", "imdb"])
     p.add_argument("--steps", type=int, default=300, help="timed steps per trial")
     p.add_argument("--variant", default="lean", help="bench/epoch_profile.py's step variant")
     p.add_argument("--warmup", type=int, default=20)
@@ -229,7 +231,7 @@ def main() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     t = time.perf_counter()
     data_spec, _, _ = study_specs(
-        "ag_news", Path(args.data_root), scale=args.scale, cache_dir=args.cache_dir
+        args.preset, Path(args.data_root), scale=args.scale, cache_dir=args.cache_dir
     )
     prepare_data(data_spec)  # tokenised once here; the trials load the cache
     print(f"data ready in {time.perf_counter() - t:.1f} s", flush=True)
