@@ -170,7 +170,9 @@ def main() -> None:
                 if eval_batch
                 else f"{'none':>6} {'-':>9} {'-':>7}"
             )
-            print(f"{position:<16} {attention:<12} {padding:<8} {train_text}  {eval_text}", flush=True)
+            print(
+                f"{position:<16} {attention:<12} {padding:<8} {train_text}  {eval_text}", flush=True
+            )
             rows.append(row)
     if args.out:
         Path(args.out).write_text(

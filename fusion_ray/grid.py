@@ -32,6 +32,7 @@ _NOT_IN_ID = ("data.cache_dir",)
 _ID_DEFAULTS = {
     "train.pad_to_multiple": 1,
     "train.micro_batch_size": None,
+    "train.cuda_graphs": False,
     "data.eval_lengths": [],
 }
 

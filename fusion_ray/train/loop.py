@@ -47,8 +47,14 @@ from fusion_ray.schema import (
     PREDICTIONS_FILE,
 )
 from fusion_ray.seeds import derive_seed
+from fusion_ray.train.graphs import GraphedSteps
 from fusion_ray.train.report import CHECKPOINT_FILE, LocalReporter, Reporter, TrainReporter
-from fusion_ray.train.spec import TrainSpec, TrialConfig, micro_batch_problems
+from fusion_ray.train.spec import (
+    TrainSpec,
+    TrialConfig,
+    cuda_graph_problems,
+    micro_batch_problems,
+)
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -103,10 +109,33 @@ def lr_lambda(spec: TrainSpec, total_steps: int):
 
 
 def make_optimizer(model: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
-    # On CUDA the fused kernels: a few launches per step instead of several per parameter group.
-    fused = next(model.parameters()).is_cuda
+    """AdamW or Adam. On CUDA the fused kernels (a few launches per step instead of several per
+    parameter group), capturable with the learning rate a device tensor, so that a step can be
+    recorded as a CUDA graph (``train.cuda_graphs``) and an eager step runs the same kernels."""
     cls = torch.optim.AdamW if spec.optimizer == "adamw" else torch.optim.Adam
-    return cls(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, fused=fused or None)
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return cls(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
+    optimizer = cls(
+        model.parameters(),
+        lr=torch.tensor(spec.lr, dtype=torch.float32, device=device),
+        weight_decay=spec.weight_decay,
+        fused=True,
+        capturable=True,
+    )
+    for group in optimizer.param_groups:
+        # The schedule's base rate as a number: each step it fills the device tensor in place
+        # from a float (a tensor base rate would be read back to the host every step).
+        group["initial_lr"] = spec.lr
+    return optimizer
+
+
+def _lr_on_device(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """After ``load_state_dict`` (which puts the saved learning-rate tensor in place of the
+    live one), the learning rate back on the device where a capturable optimiser reads it."""
+    for group in optimizer.param_groups:
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"] = group["lr"].to(device=device, dtype=torch.float32)
 
 
 def _eval_batches(
@@ -433,12 +462,20 @@ def run_trial(
     last_state = reporter.restore()
     if last_state is not None:
         progress, best_state = _restore(last_state, model, optimizer, scheduler, rank, device)
+    graphed = None
+    if spec.cuda_graphs and device.type == "cuda":  # after the restore: graphs record addresses
+        problems = cuda_graph_problems(spec, world_size)
+        if problems:
+            raise ValueError(f"train.{problems[0]}")
+        graphed = GraphedSteps(
+            model, optimizer, spec, device, lambda: precision_context(device, spec)
+        )
 
     # --- epochs: train, validate, keep the best weights, checkpoint
     while progress.epochs_done < spec.epochs and not progress.stopped_early:
         epoch = progress.epochs_done
         train_loss, epoch_seconds = train_epoch(
-            model, optimizer, scheduler, data.train, sampler, epoch, reporter, spec, pad_to
+            model, optimizer, scheduler, data.train, sampler, epoch, reporter, spec, pad_to, graphed
         )
         reporter.on_epoch_end(epoch, _unwrap(model))
         val = _evaluate_split(model, data.validation, spec, reporter, pad_to)
@@ -622,10 +659,12 @@ def train_epoch(
     reporter: Reporter,
     spec: TrainSpec,
     pad_to: int | None,
+    graphed: GraphedSteps | None = None,
 ) -> tuple[float, float]:
     """One epoch of optimiser steps over this rank's share of every global batch; returns the mean
     training loss over all ranks' documents and the epoch's seconds. With
-    ``spec.micro_batch_size`` each step accumulates the gradients of several micro-batches."""
+    ``spec.micro_batch_size`` each step accumulates the gradients of several micro-batches; with
+    ``graphed`` (``train.cuda_graphs`` on a GPU) a full batch's step is a CUDA graph replay."""
     started = time.perf_counter()
     device, world_size = reporter.device, reporter.world_size
     problems = micro_batch_problems(spec, world_size)
@@ -637,13 +676,17 @@ def train_epoch(
     loss_sum, docs = torch.zeros((), dtype=torch.float64, device=device), 0
     for local_indices, global_batch in zip(sampler, sampler.global_batches(), strict=True):
         reporter.on_train_batch(epoch, local_indices)
-        optimizer.zero_grad(set_to_none=True)
-        loss_sum += accumulate_gradients(
-            model, split, local_indices, len(global_batch), world_size, spec, pad_to, device
-        )
-        if spec.grad_clip is not None:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
-        optimizer.step()
+        if graphed is not None and graphed.handles(len(global_batch)):
+            batch = collate(split, local_indices, pad_to=pad_to, multiple=spec.pad_to_multiple)
+            loss_sum += graphed.step(*device_batch(batch, device))
+        else:
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum += accumulate_gradients(
+                model, split, local_indices, len(global_batch), world_size, spec, pad_to, device
+            )
+            if spec.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip)
+            optimizer.step()
         scheduler.step()
         docs += len(local_indices)
     total, docs = _all_reduce_sum([float(loss_sum), docs], device)
@@ -742,6 +785,7 @@ def _restore(
     """Load a checkpoint state into the model, optimiser and schedule; (progress, best weights)."""
     _unwrap(model).load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
+    _lr_on_device(optimizer, device)
     scheduler.load_state_dict(saved["scheduler"])
     _set_rng_state(saved["rng"][min(rank, len(saved["rng"]) - 1)], device)
     return Progress(**saved["progress"]), saved["best_model"]

@@ -1,0 +1,134 @@
+"""``train.cuda_graphs``: a full batch's training step recorded once per shape as a CUDA graph and
+replayed. It must change how fast a step runs and nothing else: on a GPU the run with graphs
+equals the run without bitwise (dropout included: the replays draw from the generator at the
+same positions as the eager steps), also across a resume; on a CPU the setting does nothing; a
+sweep that cannot use it is refused before anything runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from fusion_ray.config import load_sweep
+from fusion_ray.grid import expand
+from fusion_ray.train import TrainSpec, run_local
+from fusion_ray.train import graphs as graphs_module
+from fusion_ray.train.report import load_checkpoint_dir
+from fusion_ray.train.spec import check_train_spec
+from tests.conftest import tiny_sweep
+from tests.test_train_loop import tiny_trial
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+EPOCH_KEYS = ("epoch", "train_loss", "val_loss", "val_acc")
+FINAL_KEYS = ("test_acc", "test_loss", "best_val_acc", "best_epoch")
+
+
+def _epochs(out: Path) -> list[dict]:
+    import json
+
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    rows = [json.loads(line) for line in lines]
+    return [{k: r[k] for k in EPOCH_KEYS} for r in rows if "val_loss" in r and "test_acc" not in r]
+
+
+def _last_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint_dir(sorted((out / "checkpoints").glob("report_*"))[-1])["model"]
+
+
+def _sweep_with(tmp_path: Path, resources: dict | None = None, **train: object) -> Path:
+    path = tiny_sweep(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"].update(train)
+    if resources:
+        raw["resources"] = {**raw.get("resources", {}), **resources}
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+# ----------------------------------------------------------------------------- checks (CPU)
+
+
+def test_cuda_graphs_needs_one_worker_one_pass_and_few_shapes() -> None:
+    ok = TrainSpec(batch_size=32, cuda_graphs=True, pad_to_multiple=64)
+    assert check_train_spec(ok) == []
+    assert check_train_spec(TrainSpec(cuda_graphs=True, padding="max_length")) == []
+    (workers,) = check_train_spec(ok, workers=2)
+    assert workers.startswith("cuda_graphs: needs a one-worker trial (got 2 DDP workers)")
+    micro = TrainSpec(batch_size=32, cuda_graphs=True, pad_to_multiple=64, micro_batch_size=8)
+    (problem,) = check_train_spec(micro)
+    assert "micro_batch_size (8)" in problem
+    (shapes,) = check_train_spec(TrainSpec(cuda_graphs=True))
+    assert "set pad_to_multiple" in shapes
+
+
+def test_a_sweep_that_cannot_use_cuda_graphs_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cuda_graphs: one graph is recorded per batch shape"):
+        load_sweep(_sweep_with(tmp_path, cuda_graphs=True))
+    two_workers = _sweep_with(
+        tmp_path / "ddp", resources={"workers": 2}, cuda_graphs=True, pad_to_multiple=8
+    )
+    with pytest.raises(ValueError, match="cuda_graphs: needs a one-worker trial"):
+        load_sweep(two_workers)
+
+
+def test_cell_ids_leave_cuda_graphs_out_at_its_default_and_count_it_when_set(
+    tmp_path: Path,
+) -> None:
+    base = [c.cell_id for c in expand(load_sweep(_sweep_with(tmp_path / "a", pad_to_multiple=8)))]
+    off = _sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=False)
+    assert [c.cell_id for c in expand(load_sweep(off))] == base
+    on = expand(load_sweep(_sweep_with(tmp_path / "c", pad_to_multiple=8, cuda_graphs=True)))
+    assert {c.trial.train.cuda_graphs for c in on} == {True}
+    assert set(base).isdisjoint(c.cell_id for c in on)
+
+
+def test_on_a_cpu_cuda_graphs_changes_nothing(tmp_path: Path, data_cache: str) -> None:
+    eager = run_local(tiny_trial(data_cache, pad_to_multiple=8, epochs=2), str(tmp_path / "e"))
+    graphed = run_local(
+        tiny_trial(data_cache, pad_to_multiple=8, epochs=2, cuda_graphs=True),
+        str(tmp_path / "g"),
+    )
+    assert _epochs(tmp_path / "g") == _epochs(tmp_path / "e")
+    assert {k: graphed[k] for k in FINAL_KEYS} == {k: eager[k] for k in FINAL_KEYS}
+
+
+# ----------------------------------------------------------------------------- on a GPU
+
+
+@needs_cuda
+def test_graphed_training_equals_eager_training_bitwise(
+    tmp_path: Path, data_cache: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    captures: list[tuple] = []
+    capture = graphs_module.GraphedSteps._capture
+
+    def counting_capture(self, input_ids, mask, labels):
+        captures.append((tuple(input_ids.shape), mask is not None))
+        return capture(self, input_ids, mask, labels)
+
+    monkeypatch.setattr(graphs_module.GraphedSteps, "_capture", counting_capture)
+    cuda = torch.device("cuda")
+    trial = tiny_trial(data_cache, pad_to_multiple=8)
+    assert trial.model.dropout > 0
+    eager = run_local(trial, str(tmp_path / "eager"), device=cuda)
+    assert captures == []
+    graphed_trial = tiny_trial(data_cache, pad_to_multiple=8, cuda_graphs=True)
+    graphed = run_local(graphed_trial, str(tmp_path / "graphed"), device=cuda)
+    assert captures, "no step was graphed"
+    assert len(set(captures)) == len(captures), "a shape was captured twice"
+    assert _epochs(tmp_path / "graphed") == _epochs(tmp_path / "eager")
+    assert {k: graphed[k] for k in FINAL_KEYS} == {k: eager[k] for k in FINAL_KEYS}
+    w_eager, w_graphed = _last_weights(tmp_path / "eager"), _last_weights(tmp_path / "graphed")
+    assert all(torch.equal(w_eager[k], w_graphed[k]) for k in w_eager)
+
+    # resumed after epoch 0 (optimiser state and learning rate from the checkpoint), graphed
+    with pytest.raises(KeyboardInterrupt):
+        run_local(graphed_trial, str(tmp_path / "resumed"), device=cuda, stop_after_reports=1)
+    resumed = run_local(graphed_trial, str(tmp_path / "resumed"), device=cuda)
+    assert {k: resumed[k] for k in FINAL_KEYS} == {k: eager[k] for k in FINAL_KEYS}
+    w_resumed = _last_weights(tmp_path / "resumed")
+    assert all(torch.equal(w_eager[k], w_resumed[k]) for k in w_eager)
