@@ -2,7 +2,12 @@
 replayed. It must change how fast a step runs and nothing else: on a GPU the run with graphs
 equals the run without bitwise (dropout included: the replays draw from the generator at the
 same positions as the eager steps), also across a resume; on a CPU the setting does nothing; a
-sweep that cannot use it is refused before anything runs."""
+sweep that cannot use it is refused before anything runs; it never enters a cell's id.
+
+cuDNN's attention backward pass is not deterministic (PyTorch warns and goes on under
+``warn_only``): on the H100 two eager IMDB runs differed in the fifth digit of the training loss,
+so there graphs can only be held to that spread. On this test's tiny model and on AG News eager
+runs were reproducible, and graphs equalled them bitwise (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
@@ -75,15 +80,13 @@ def test_a_sweep_that_cannot_use_cuda_graphs_is_refused(tmp_path: Path) -> None:
         load_sweep(two_workers)
 
 
-def test_cell_ids_leave_cuda_graphs_out_at_its_default_and_count_it_when_set(
-    tmp_path: Path,
-) -> None:
+def test_cuda_graphs_never_changes_a_cell_id(tmp_path: Path) -> None:
+    """How a step is launched, not what it computes: a sweep that turns graphs on keeps the ids
+    (and finished cells) it had without them (tests/test_config.py pins Table 1's)."""
     base = [c.cell_id for c in expand(load_sweep(_sweep_with(tmp_path / "a", pad_to_multiple=8)))]
-    off = _sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=False)
-    assert [c.cell_id for c in expand(load_sweep(off))] == base
-    on = expand(load_sweep(_sweep_with(tmp_path / "c", pad_to_multiple=8, cuda_graphs=True)))
+    on = expand(load_sweep(_sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=True)))
     assert {c.trial.train.cuda_graphs for c in on} == {True}
-    assert set(base).isdisjoint(c.cell_id for c in on)
+    assert [c.cell_id for c in on] == base
 
 
 def test_on_a_cpu_cuda_graphs_changes_nothing(tmp_path: Path, data_cache: str) -> None:
