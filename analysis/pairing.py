@@ -19,7 +19,12 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import FINISHED, PARAM_PREFIX, AnalysisError, axis_columns
-from analysis.schema import OPERATOR_KWARGS_PREFIX, OPERATOR_PARAM, POSITION_ALIAS_TAG
+from analysis.schema import (
+    EXECUTION_PARAMS,
+    OPERATOR_KWARGS_PREFIX,
+    OPERATOR_PARAM,
+    POSITION_ALIAS_TAG,
+)
 
 #: A comparison is made inside each combination of these tags (and of the extra grid axes).
 GROUP_KEYS = ("dataset", "position", "attention_position")
@@ -274,8 +279,8 @@ def _groups_without_baseline(
 
 
 def _compared_params(clean: pd.DataFrame, ignore_params: Iterable[str]) -> list[str]:
-    """The param columns that must agree inside a pair."""
-    ignored = set(ignore_params)
+    """The param columns that must agree inside a pair (never the execution-only ones)."""
+    ignored = {*ignore_params, *EXECUTION_PARAMS}
     return [
         c
         for c in param_columns(clean)

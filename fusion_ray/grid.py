@@ -21,14 +21,14 @@ from fusion_ray.config import (
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.positions import POSITIONS
 from fusion_ray.model.spec import ModelSpec
-from fusion_ray.schema import AXIS_TAG_PREFIX, POSITION_ALIAS_TAG
+from fusion_ray.schema import AXIS_TAG_PREFIX, EXECUTION_PARAMS, POSITION_ALIAS_TAG
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
-# Settings that say where things live or how a step is launched, not what is computed: they
+# Settings that say where things live or how a step is executed, not what is computed: they
 # never change a cell's id. train.cuda_graphs replays the eager step's kernels on the same
 # inputs (bitwise equal on a GPU where the eager step is itself reproducible:
 # tests/test_cuda_graphs.py, bench/RESULTS.md).
-_NOT_IN_ID = ("data.cache_dir", "train.cuda_graphs")
+_NOT_IN_ID = ("data.cache_dir", *EXECUTION_PARAMS)
 # Settings added to the schema after cell ids were first issued, with their defaults: while a
 # sweep leaves one at its default it stays out of the id, so growing the schema does not
 # change the ids (and re-run the finished cells) of sweeps that do not use the new setting.

@@ -58,6 +58,9 @@ PREDICTION_COLUMNS = ("length", "label", "pred")
 #: Params are the trial's config flattened with dots; these say which operator a run used.
 OPERATOR_PARAM = "model.fusion"
 OPERATOR_KWARGS_PREFIX = "model.fusion_kwargs."
+#: Params that say how a run was executed, not what it computed (``train.cuda_graphs`` replays
+#: the eager step's kernels): logged, but out of cell ids and allowed to differ inside a pair.
+EXECUTION_PARAMS = ("train.cuda_graphs",)
 
 #: Grid axes beyond datasets, positions, attention_positions and fusions (any dotted setting such
 #: as ``model.scale_embeddings``). Each trial run carries the tag ``axis.<dotted key>`` with the

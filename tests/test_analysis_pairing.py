@@ -94,6 +94,19 @@ def test_param_mismatch_is_an_error_naming_the_param_and_runs():
     assert "--by" in msg and "--ignore-param" in msg
 
 
+def test_execution_only_params_may_differ_inside_a_pair():
+    """``train.cuda_graphs`` changes how a step is launched, not what it computes (and not the
+    cell id): a pair whose two runs differ in it is still a pair; any other train param is not."""
+    graphed = {"train.cuda_graphs": "True"}
+    rows = [
+        run(op, s, **({} if op == "add" else graphed)) for s in range(3) for op in ("add", "concat")
+    ]
+    assert len(pair_runs(frame(rows)).pairs) == 3
+    rows[1] = run("concat", 0, **graphed, **{"train.pad_to_multiple": "64"})
+    with pytest.raises(PairingError, match="train.pad_to_multiple"):
+        pair_runs(frame(rows))
+
+
 def test_missing_param_on_one_side_is_a_mismatch_and_all_problems_are_listed():
     rows = [run(op, s) for s in range(3) for op in ("add", "concat")]
     rows[1] = run("concat", 0, **{"data.max_length": "512"})
