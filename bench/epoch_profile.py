@@ -360,6 +360,20 @@ def time_eval_and_checkpoint(trainer: Stepper) -> tuple[float, float]:
     return eval_seconds, time.perf_counter() - t
 
 
+def capture_all_shapes(trainer: Stepper) -> float:
+    """Seconds to capture a graph for every batch shape of the epoch (one training step each),
+    so that no capture falls inside the timed steps."""
+    started, seen = time.perf_counter(), set()
+    for indices in list(trainer.sampler):
+        batch = collate(trainer.data.train, indices, multiple=trainer.multiple)
+        key = (tuple(batch["input_ids"].shape), not bool(batch["attention_mask"].all()))
+        if key not in seen:
+            seen.add(key)
+            trainer.step(indices)
+    sync(trainer.device)
+    return time.perf_counter() - started
+
+
 def run_variant(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device(args.device)
     trainer = Stepper(
@@ -370,17 +384,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         scale=args.scale,
         cache_dir=args.cache_dir,
     )
-    capture_seconds = None
-    if trainer.graphs is not None:  # capture every shape of the epoch before timing anything
-        started, seen = time.perf_counter(), set()
-        for indices in list(trainer.sampler):
-            batch = collate(trainer.data.train, indices, multiple=trainer.multiple)
-            key = (tuple(batch["input_ids"].shape), not bool(batch["attention_mask"].all()))
-            if key not in seen:
-                seen.add(key)
-                trainer.step(indices)
-        sync(device)
-        capture_seconds = time.perf_counter() - started
+    capture_seconds = capture_all_shapes(trainer) if trainer.graphs is not None else None
     batches, steps_per_epoch = iter(trainer.sampler), len(trainer.sampler)
     warmup = min(args.warmup, steps_per_epoch - 1)
     timed = min(args.steps, steps_per_epoch - warmup)

@@ -308,19 +308,19 @@ def test_the_ddp_recipe_in_cluster_yaml_fits_the_multi_gpu_type(cluster):
 def test_fractional_gpus_pack_trials_and_reach_rays_request(cluster, study):
     from ray.tune import PlacementGroupFactory
 
-    res = resources_for(study, "ag_news")  # the study's short-document preset: 8 per GPU
-    assert (res.use_gpu, res.gpus_per_worker, res.workers) == (True, 0.125, 1)
+    res = resources_for(study, "ag_news")  # the short-document preset: 2 per GPU (graphed steps)
+    assert (res.use_gpu, res.gpus_per_worker, res.workers) == (True, 0.5, 1)
     request = trial_resources(res)
-    assert request == {"CPU": 2, "GPU": 0.125}
+    assert request == {"CPU": 2, "GPU": 0.5}
     factory = PlacementGroupFactory([request])  # what fusion_ray.sweep hands to tune.with_resources
-    assert factory.required_resources == {"CPU": 2, "GPU": 0.125}
-    assert factory.bundles == [{"CPU": 2, "GPU": 0.125}]
+    assert factory.required_resources == {"CPU": 2, "GPU": 0.5}
+    assert factory.bundles == [{"CPU": 2, "GPU": 0.5}]
     node = cluster["available_node_types"]["gpu_1x"]["resources"]
-    # a gpu_1x node's 8 CPUs hold four of them, though its GPU share would allow eight
-    assert node["GPU"] / request["GPU"] == 8 and node["CPU"] / request["CPU"] == 4
-    imdb = trial_resources(resources_for(study, "imdb"))  # medium documents: 4 per GPU
-    assert imdb == {"CPU": 2, "GPU": 0.25}
-    assert min(node["GPU"] / imdb["GPU"], node["CPU"] / imdb["CPU"]) == 4, "four per gpu_1x node"
+    # a gpu_1x node's GPU holds two of them (its 8 CPUs would allow four)
+    assert node["GPU"] / request["GPU"] == 2 and node["CPU"] / request["CPU"] == 4
+    imdb = trial_resources(resources_for(study, "imdb"))  # medium documents: also 2 per GPU
+    assert imdb == {"CPU": 2, "GPU": 0.5}
+    assert min(node["GPU"] / imdb["GPU"], node["CPU"] / imdb["CPU"]) == 2, "two per gpu_1x node"
     # the same settings in a tiny sweep file are accepted and give the same request
     for fraction in (0.5, 0.25, 0.125):
         packed = Resources(use_gpu=True, gpus_per_worker=fraction, cpus_per_worker=1)

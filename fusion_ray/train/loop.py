@@ -462,14 +462,7 @@ def run_trial(
     last_state = reporter.restore()
     if last_state is not None:
         progress, best_state = _restore(last_state, model, optimizer, scheduler, rank, device)
-    graphed = None
-    if spec.cuda_graphs and device.type == "cuda":  # after the restore: graphs record addresses
-        problems = cuda_graph_problems(spec, world_size)
-        if problems:
-            raise ValueError(f"train.{problems[0]}")
-        graphed = GraphedSteps(
-            model, optimizer, spec, device, lambda: precision_context(device, spec)
-        )
+    graphed = graphed_steps(model, optimizer, spec, device, world_size)  # after the restore
 
     # --- epochs: train, validate, keep the best weights, checkpoint
     while progress.epochs_done < spec.epochs and not progress.stopped_early:
@@ -510,6 +503,23 @@ def run_trial(
     # the final checkpoint: the last state again (a resumed finished run only re-tests) + files
     _save_and_report(reporter, final, last_state, files)
     return final
+
+
+def graphed_steps(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    spec: TrainSpec,
+    device: torch.device,
+    world_size: int,
+) -> GraphedSteps | None:
+    """The CUDA-graph steps of ``train.cuda_graphs`` on a GPU, else None (eager steps). Made
+    after a checkpoint is restored: a graph records the addresses of the tensors it uses."""
+    if not (spec.cuda_graphs and device.type == "cuda"):
+        return None
+    problems = cuda_graph_problems(spec, world_size)
+    if problems:
+        raise ValueError(f"train.{problems[0]}")
+    return GraphedSteps(model, optimizer, spec, device, lambda: precision_context(device, spec))
 
 
 def score_best_model(
