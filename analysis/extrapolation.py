@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import tempfile
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from analysis.load import (
     PARAM_PREFIX,
     eval_length_metric,
     eval_length_metrics,
-    local_artifact_path,
+    read_run_parquet,
 )
 from analysis.paired import (
     StatsSettings,
@@ -429,26 +428,8 @@ def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
 
 def read_length_predictions(artifact_uri: str) -> pd.DataFrame | None:
     """A run's ``test_predictions_by_length.parquet`` (columns LENGTH_PREDICTION_COLUMNS), or
-    None when it has none. Local artifact stores are read in place; others go through
-    ``mlflow.artifacts.download_artifacts``. An unreadable file raises."""
-    import pyarrow.parquet as pq
-
-    columns = list(LENGTH_PREDICTION_COLUMNS)
-    local = local_artifact_path(artifact_uri)
-    if local is not None:
-        path = local / LENGTH_PREDICTIONS_FILE
-        return pq.read_table(path, columns=columns).to_pandas() if path.exists() else None
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{artifact_uri.rstrip('/')}/{LENGTH_PREDICTIONS_FILE}", dst_path=tmp
-            )
-        except (MlflowException, OSError):
-            return None
-        return pq.read_table(path, columns=columns).to_pandas()
+    None when it has none."""
+    return read_run_parquet(artifact_uri, LENGTH_PREDICTIONS_FILE, LENGTH_PREDICTION_COLUMNS)
 
 
 def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:

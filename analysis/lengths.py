@@ -17,7 +17,6 @@ per axis.
 from __future__ import annotations
 
 import math
-import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,38 +25,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import local_artifact_path
+from analysis.load import read_run_parquet
 from analysis.paired import StatsSettings, describe_deltas, finish_family
 from analysis.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 
 def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
-    """A run's test predictions (columns length, label, pred), or None when it has none.
-
-    Local artifact stores are read in place; others go through
-    ``mlflow.artifacts.download_artifacts``. An unreadable file raises.
-    """
-    import pyarrow.parquet as pq
-
-    local = local_artifact_path(artifact_uri)
-    if local is not None:
-        path = local / PREDICTIONS_FILE
-        return (
-            pq.read_table(path, columns=list(PREDICTION_COLUMNS)).to_pandas()
-            if path.exists()
-            else None
-        )
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{artifact_uri.rstrip('/')}/{PREDICTIONS_FILE}", dst_path=tmp
-            )
-        except (MlflowException, OSError):
-            return None
-        return pq.read_table(path, columns=list(PREDICTION_COLUMNS)).to_pandas()
+    """A run's test predictions (columns length, label, pred), or None when it has none."""
+    return read_run_parquet(artifact_uri, PREDICTIONS_FILE, PREDICTION_COLUMNS)
 
 
 def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:

@@ -579,6 +579,29 @@ def local_artifact_path(artifact_uri: str) -> Path | None:
     return None
 
 
+def read_run_parquet(artifact_uri: str, name: str, columns: Sequence[str]) -> pd.DataFrame | None:
+    """The parquet artifact ``name`` of a run (``columns`` only), or None when the run has none.
+    Local artifact stores are read in place; others go through
+    ``mlflow.artifacts.download_artifacts``. An unreadable file raises."""
+    import pyarrow.parquet as pq
+
+    local = local_artifact_path(artifact_uri)
+    if local is not None:
+        path = local / name
+        return pq.read_table(path, columns=list(columns)).to_pandas() if path.exists() else None
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"{artifact_uri.rstrip('/')}/{name}", dst_path=tmp
+            )
+        except (MlflowException, OSError):
+            return None
+        return pq.read_table(path, columns=list(columns)).to_pandas()
+
+
 def read_sweep_cells(client: Any, parent: Any) -> list[str] | None:
     """The cell ids in ``sweep_cells.json`` of the sweep's parent run ``parent`` (an MLflow
     ``Run``), or None when it has no such artifact (an older sweep, or another tool's runs).
