@@ -45,13 +45,10 @@ from analysis.paired import (
     StatsSettings,
     common_denominator,
     describe_deltas,
+    exact_family_warnings,
+    exact_test_columns,
     finish_family,
-    hodges_lehmann,
-    holm_columns,
     integer_deltas,
-    min_attainable_p,
-    seeds_needed,
-    wilcoxon_signed_rank,
 )
 from analysis.schema import (
     EVAL_LENGTH_METRIC_PREFIXES,
@@ -380,10 +377,7 @@ def _slope_test(
     them, ``factor`` > 0) and deltas (pp, a row per seed, a column per length). The
     Hodges-Lehmann estimate is taken on the scores and scaled, so round-off in the slopes cannot
     move it."""
-    test = wilcoxon_signed_rank(scores, "two-sided", settings.zero_method)
-    hl = hodges_lehmann(scores, settings.confidence)
     slope = factor * scores
-    nonzero = int(np.count_nonzero(scores))
     return {
         "n_pairs": len(scores),
         "seeds": ",".join(map(str, seeds)),
@@ -391,36 +385,14 @@ def _slope_test(
         "median_delta_longest": float(np.median(pp[:, -1])),
         "mean_slope": float(slope.mean()),
         "median_slope": float(np.median(slope)),
-        "hl_estimate": factor * hl.estimate,
-        "hl_ci_low": factor * hl.low,
-        "hl_ci_high": factor * hl.high,
-        "hl_confidence": hl.confidence,
-        "wins": int((scores > 0).sum()),
-        "losses": int((scores < 0).sum()),
-        "ties": int((scores == 0).sum()),
-        "wilcoxon_stat": test.statistic,
-        "p_wilcoxon": test.pvalue,
-        "wilcoxon_method": test.method,
-        "n_zeros": test.n_zeros,
-        "n_nonzero": nonzero,
-        "min_attainable_p": min_attainable_p(nonzero, "two-sided"),
+        **exact_test_columns(scores, settings, scale=factor),
     }
 
 
 def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     """Holm over the slope tests and the attainable-significance guard, in place; returns the
     guard's warning."""
-    if table.empty:
-        return []
-    m, alpha = len(table), settings.alpha
-    blocked = holm_columns(table, alpha)
-    if not blocked:
-        return []
-    return [
-        f"{SLOPE_FAMILY}: {blocked} of {m} test(s) cannot reach alpha = {alpha} whatever the "
-        f"data (exact two-sided Wilcoxon, Holm over m = {m}); seeds with a non-zero slope "
-        f"needed: {seeds_needed(alpha, m, 'two-sided')}."
-    ]
+    return exact_family_warnings(table, settings.alpha, SLOPE_FAMILY, "seeds with a non-zero slope")
 
 
 # ----------------------------------------------------------------------------- the ladder

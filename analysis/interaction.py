@@ -31,11 +31,8 @@ from analysis.load import PARAM_PREFIX
 from analysis.paired import (
     StatsSettings,
     common_denominator,
-    hodges_lehmann,
-    holm_columns,
-    min_attainable_p,
-    seeds_needed,
-    wilcoxon_signed_rank,
+    exact_family_warnings,
+    exact_test_columns,
 )
 from analysis.schema import INIT_METRICS
 
@@ -155,30 +152,15 @@ def _test(grp: pd.DataFrame, baseline: str, settings: StatsSettings) -> dict[str
     ) * (denom // total_ref)
     num = at_level - at_ref
     pp = 100.0 * num / denom
-    signed_rank = wilcoxon_signed_rank(num, "two-sided", settings.zero_method)
-    hl = hodges_lehmann(pp, settings.confidence)
-    n = len(num)
     return {
         "baseline": baseline,
-        "n_pairs": n,
+        "n_pairs": len(num),
         "seeds": ",".join(str(int(s)) for s in grp["seed"]),
         "median_delta_reference": float(np.median(100.0 * at_ref / denom)),
         "median_delta_level": float(np.median(100.0 * at_level / denom)),
         "mean_interaction": float(pp.mean()),
         "median_interaction": float(np.median(pp)),
-        "hl_estimate": hl.estimate,
-        "hl_ci_low": hl.low,
-        "hl_ci_high": hl.high,
-        "hl_confidence": hl.confidence,
-        "wins": int((num > 0).sum()),
-        "losses": int((num < 0).sum()),
-        "ties": int((num == 0).sum()),
-        "wilcoxon_stat": signed_rank.statistic,
-        "p_wilcoxon": signed_rank.pvalue,
-        "wilcoxon_method": signed_rank.method,
-        "n_zeros": signed_rank.n_zeros,
-        "n_nonzero": int(np.count_nonzero(num)),
-        "min_attainable_p": min_attainable_p(int(np.count_nonzero(num)), "two-sided"),
+        **exact_test_columns(num, settings, scale=100.0 / denom),
     }
 
 
@@ -186,17 +168,12 @@ def _finish_family(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     """Holm over the whole family and the attainable-significance guard (the floors count the
     non-zero differences only, as the main family's do), in place; returns the guard's
     warning."""
-    if table.empty:
-        return []
-    m, alpha = len(table), settings.alpha
-    blocked = holm_columns(table, alpha)
-    if not blocked:
-        return []
-    return [
-        f"{FAMILY}: {blocked} of {m} cannot reach alpha = {alpha} whatever the data (exact "
-        f"two-sided Wilcoxon, Holm over m = {m}); seeds paired at both levels with a non-zero "
-        f"difference needed: {seeds_needed(alpha, m, 'two-sided')}."
-    ]
+    return exact_family_warnings(
+        table,
+        settings.alpha,
+        FAMILY,
+        "seeds paired at both levels with a non-zero difference",
+    )
 
 
 # ----------------------------------------------------------------------------- the confound

@@ -780,6 +780,49 @@ def compare(pairing: Any, settings: StatsSettings | None = None) -> Comparisons:
     )
 
 
+def exact_test_columns(
+    scores: np.ndarray, settings: StatsSettings, scale: float = 1.0
+) -> dict[str, Any]:
+    """The columns of one exact two-sided test over per-seed scores, as the interaction and
+    slope families report them: the Hodges-Lehmann estimate and interval of the scores times
+    ``scale`` (> 0: taken on the scores, so round-off in scaled values cannot move it), wins,
+    losses, ties, the exact Wilcoxon signed-rank test and its attainable floor."""
+    test = wilcoxon_signed_rank(scores, "two-sided", settings.zero_method)
+    hl = hodges_lehmann(scores, settings.confidence)
+    nonzero = int(np.count_nonzero(scores))
+    return {
+        "hl_estimate": scale * hl.estimate,
+        "hl_ci_low": scale * hl.low,
+        "hl_ci_high": scale * hl.high,
+        "hl_confidence": hl.confidence,
+        "wins": int((scores > 0).sum()),
+        "losses": int((scores < 0).sum()),
+        "ties": int((scores == 0).sum()),
+        "wilcoxon_stat": test.statistic,
+        "p_wilcoxon": test.pvalue,
+        "wilcoxon_method": test.method,
+        "n_zeros": test.n_zeros,
+        "n_nonzero": nonzero,
+        "min_attainable_p": min_attainable_p(nonzero, "two-sided"),
+    }
+
+
+def exact_family_warnings(table: pd.DataFrame, alpha: float, family: str, seeds: str) -> list[str]:
+    """Holm over a family of ``exact_test_columns`` rows (``holm_columns``), in place; returns
+    the attainable-significance guard's warning, naming what the needed ``seeds`` are."""
+    if table.empty:
+        return []
+    m = len(table)
+    blocked = holm_columns(table, alpha)
+    if not blocked:
+        return []
+    return [
+        f"{family}: {blocked} of {m} test(s) cannot reach alpha = {alpha} whatever the data "
+        f"(exact two-sided Wilcoxon, Holm over m = {m}); {seeds} needed: "
+        f"{seeds_needed(alpha, m, 'two-sided')}."
+    ]
+
+
 def holm_columns(table: pd.DataFrame, alpha: float) -> int:
     """Holm over a family of exact tests (``p_wilcoxon``, ``min_attainable_p`` columns), in
     place: ``p_holm``, ``significant``, ``min_attainable_p_holm``, ``can_reach_alpha``. Returns
