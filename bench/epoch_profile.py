@@ -18,10 +18,10 @@ context and environment), on the same documents in the same batch order:
   deterministic mode (both now the loop's behaviour on CUDA);
 - ``compile``: ``lean`` + ``torch.compile(dynamic=True)`` of the model (not in the loop: measured
   on the H100, its one-off compile costs more than it saves over a study trial; bench/RESULTS.md).
-- ``graphs``: ``lean`` with the whole training step (forward, loss, backward, clipping, optimiser)
-  captured once per batch shape as a CUDA graph and replayed (padding to multiples of 64 leaves a
-  few shapes); the optimiser is capturable with the learning rate a device tensor set each step.
-  A batch of another size (an epoch's last) runs eagerly. CUDA only; not in the loop.
+- ``graphs``: ``lean`` with the loop's ``train.cuda_graphs`` (``fusion_ray/train/graphs.py``):
+  the whole training step (forward, loss, backward, clipping, optimiser) captured once per batch
+  shape as a CUDA graph and replayed (padding to multiples of 64 leaves a few shapes). A batch
+  of another size (an epoch's last) runs eagerly. CUDA only.
 
 Two ways of timing each variant: ``plain`` runs ``--steps`` training steps as the loop does
 (one sync at the end) and reads the GPU's busy fraction from NVML meanwhile; ``phases`` puts a
@@ -65,6 +65,7 @@ from fusion_ray.train.loop import (  # noqa: E402
     derive_seed,
     device_batch,
     evaluate,
+    graphed_steps,
     lr_lambda,
     make_optimizer,
     precision_context,
@@ -158,11 +159,8 @@ class Stepper:
         self.old_loop = variant in ("baseline", "cublas")
         lean = variant in ("lean", "compile", "graphs")
         self.multiple = 64 if variant in ("bucket", "lean", "compile", "graphs") else 1
-        self.graphs: dict[tuple, tuple] | None = None
-        if variant == "graphs":
-            if device.type != "cuda":
-                raise SystemExit("the graphs variant needs a CUDA device")
-            self.graphs = {}
+        if variant == "graphs" and device.type != "cuda":
+            raise SystemExit("the graphs variant needs a CUDA device")
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)
         torch.utils.deterministic.fill_uninitialized_memory = not lean
@@ -184,27 +182,25 @@ class Stepper:
         self.model = build_classifier(
             model_spec, self.data.vocab_size, self.data.num_classes, seed
         ).to(device)
-        if self.graphs is not None:  # capturable: the step reads the learning rate from a tensor
-            cls = torch.optim.AdamW if self.spec.optimizer == "adamw" else torch.optim.Adam
-            self.optimizer = cls(
-                self.model.parameters(),
-                lr=torch.tensor(self.spec.lr, device=device),
-                weight_decay=self.spec.weight_decay,
-                fused=True,
-                capturable=True,
-            )
-        elif lean:
-            self.optimizer = make_optimizer(self.model, self.spec)  # fused on CUDA
+        if lean:
+            self.optimizer = make_optimizer(self.model, self.spec)  # fused, capturable on CUDA
         else:  # before: the default (for-each) implementation
             cls = torch.optim.AdamW if self.spec.optimizer == "adamw" else torch.optim.Adam
             self.optimizer = cls(
                 self.model.parameters(), lr=self.spec.lr, weight_decay=self.spec.weight_decay
             )
-        self.lr_factor = lr_lambda(self.spec, self.spec.epochs * len(self.sampler))
-        self.steps_done = 0
-        if self.graphs is None:
-            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.lr_factor)
-        self.graph_errors: list[str] = []
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.spec, self.spec.epochs * len(self.sampler))
+        )
+        self.graphed = None
+        if variant == "graphs":  # the loop's own CUDA-graph steps (train.cuda_graphs)
+            self.graphed = graphed_steps(
+                self.model,
+                self.optimizer,
+                dataclasses.replace(self.spec, cuda_graphs=True),
+                device,
+                1,
+            )
         torch.manual_seed(derive_seed(seed, "train/rank0"))
         self.step_model = (
             torch.compile(self.model, dynamic=True) if variant == "compile" else self.model
@@ -223,67 +219,15 @@ class Stepper:
         )
         return ids, None if bool(mask.all()) else mask, labels
 
-    def _graph_body(self, ids: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor):
-        """One whole training step with no host sync: what a CUDA graph captures."""
-        with precision_context(self.device, self.spec):
-            logits = self.model(ids, mask)
-        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-        (batch_loss / labels.shape[0]).backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
-        self.optimizer.step()
-        return batch_loss.detach()
-
-    def _capture(self, ids: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor):
-        """Static inputs, the graph and its loss output for this batch shape (two eager warm-up
-        steps on a side stream first, as CUDA graph capture requires; they train too)."""
-        static = (ids.clone(), None if mask is None else mask.clone(), labels.clone())
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                self.optimizer.zero_grad(set_to_none=True)
-                self._graph_body(*static)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        self.optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients it writes
-        with torch.cuda.graph(graph):
-            loss = self._graph_body(*static)
-        return static, graph, loss
-
-    def graph_step(self, ids: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor):
-        key = (tuple(ids.shape), mask is not None)
-        if key not in self.graphs and len(ids) == self.spec.batch_size:
-            try:
-                self.graphs[key] = self._capture(ids, mask, labels)
-            except Exception as e:  # noqa: BLE001 - fall back to deterministic off, once
-                if not torch.are_deterministic_algorithms_enabled():
-                    raise
-                self.graph_errors.append(f"{type(e).__name__}: {str(e)[:300]}")
-                torch.use_deterministic_algorithms(False)
-                self.graphs[key] = self._capture(ids, mask, labels)
-        for group in self.optimizer.param_groups:
-            group["lr"].fill_(self.spec.lr * self.lr_factor(self.steps_done))
-        self.steps_done += 1
-        if key not in self.graphs:  # another batch size (an epoch's last): eagerly
-            self.optimizer.zero_grad(set_to_none=True)
-            self.loss_sum += self._graph_body(ids, mask, labels)
-            return
-        (static_ids, static_mask, static_labels), graph, loss = self.graphs[key]
-        static_ids.copy_(ids, non_blocking=True)
-        static_labels.copy_(labels, non_blocking=True)
-        if static_mask is not None:
-            static_mask.copy_(mask, non_blocking=True)
-        graph.replay()
-        self.loss_sum += loss
-
     def step(self, indices: list[int], timed_phases: bool = False) -> None:
         device, spec = self.device, self.spec
         t0 = time.perf_counter()
         batch = collate(self.data.train, indices, multiple=self.multiple)
         t1 = time.perf_counter()
         ids, mask, labels = self.to_device(batch)
-        if self.graphs is not None:
-            self.graph_step(ids, mask, labels)
+        if self.graphed is not None and self.graphed.handles(len(indices)):
+            self.loss_sum += self.graphed.step(ids, mask, labels)
+            self.scheduler.step()
             return
         if timed_phases:
             sync(device)
@@ -384,7 +328,7 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         scale=args.scale,
         cache_dir=args.cache_dir,
     )
-    capture_seconds = capture_all_shapes(trainer) if trainer.graphs is not None else None
+    capture_seconds = capture_all_shapes(trainer) if trainer.graphed is not None else None
     batches, steps_per_epoch = iter(trainer.sampler), len(trainer.sampler)
     warmup = min(args.warmup, steps_per_epoch - 1)
     timed = min(args.steps, steps_per_epoch - warmup)
@@ -436,10 +380,9 @@ def run_variant(args: argparse.Namespace) -> dict[str, Any]:
         "top_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:25]),
     }
     if args.variant == "graphs":
-        result["graphs_captured"] = len(trainer.graphs)
+        result["graphs_captured"] = len(trainer.graphed.graphs)
         result["capture_seconds"] = capture_seconds
         result["graphs_deterministic"] = torch.are_deterministic_algorithms_enabled()
-        result["graph_capture_errors"] = trainer.graph_errors
     if args.variant == "compile":
         from torch._dynamo.utils import counters
 

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fusion_ray.train.spec import TrainSpec
@@ -40,10 +39,11 @@ class GraphedSteps:
         optimizer: torch.optim.Optimizer,
         spec: TrainSpec,
         device: torch.device,
-        precision: Callable[[], Any],
+        forward_backward: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor], torch.Tensor],
     ) -> None:
         self.model, self.optimizer, self.spec, self.device = model, optimizer, spec, device
-        self.precision = precision  # the loop's autocast context for this device and spec
+        # the loop's pass (``loop.forward_backward``): (input_ids, mask, labels) -> summed loss
+        self.forward_backward = forward_backward
         self.graphs: dict[tuple, tuple] = {}
 
     def handles(self, batch_documents: int) -> bool:
@@ -68,16 +68,13 @@ class GraphedSteps:
     def _body(
         self, input_ids: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor
     ) -> torch.Tensor:
-        """The eager loop's step, op for op (``accumulate_gradients`` with one pass and one
-        worker, clipping, the optimiser), with no host synchronisation."""
-        with self.precision():
-            logits = self.model(input_ids, mask)  # [B, C]
-        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-        (batch_loss * 1 / len(labels)).backward()
+        """The eager loop's step (its forward and backward pass, clipping, the optimiser), with
+        no host synchronisation."""
+        batch_loss = self.forward_backward(input_ids, mask, labels)
         if self.spec.grad_clip is not None:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip)
         self.optimizer.step()
-        return batch_loss.detach()
+        return batch_loss
 
     def _capture(
         self, input_ids: torch.Tensor, mask: torch.Tensor | None, labels: torch.Tensor

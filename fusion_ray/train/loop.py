@@ -519,7 +519,15 @@ def graphed_steps(
     problems = cuda_graph_problems(spec, world_size)
     if problems:
         raise ValueError(f"train.{problems[0]}")
-    return GraphedSteps(model, optimizer, spec, device, lambda: precision_context(device, spec))
+    return GraphedSteps(
+        model,
+        optimizer,
+        spec,
+        device,
+        lambda ids, mask, labels: forward_backward(
+            model, ids, mask, labels, 1, len(labels), spec, device
+        ),
+    )
 
 
 def score_best_model(
@@ -743,12 +751,30 @@ def accumulate_gradients(
         batch = collate(split, chunk, pad_to=pad_to, multiple=spec.pad_to_multiple)
         input_ids, mask, labels = device_batch(batch, device)  # [m, L], [m, L] or None, [m]
         with _gradient_sync(model, i == len(chunks) - 1):
-            with precision_context(device, spec):
-                logits = model(input_ids, mask)  # [m, C]
-            batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-            (batch_loss * world_size / global_size).backward()
-        loss_sum += batch_loss.detach()
+            loss_sum += forward_backward(
+                model, input_ids, mask, labels, world_size, global_size, spec, device
+            )
     return loss_sum
+
+
+def forward_backward(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    labels: torch.Tensor,
+    world_size: int,
+    global_size: int,
+    spec: TrainSpec,
+    device: torch.device,
+) -> torch.Tensor:
+    """One forward and backward pass of a batch already on ``device``: the documents' summed
+    cross-entropy, backpropagated times world_size / global_size; returns the summed loss
+    (detached, on the device). No host synchronisation, so a CUDA graph can record it."""
+    with precision_context(device, spec):
+        logits = model(input_ids, mask)  # [m, C]
+    batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+    (batch_loss * world_size / global_size).backward()
+    return batch_loss.detach()
 
 
 def _gradient_sync(model: nn.Module, sync: bool) -> contextlib.AbstractContextManager:
