@@ -31,9 +31,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_data import preset_model, study_preset  # noqa: E402
 
 from fusion_ray.data import TokenizedSplit  # noqa: E402
-from fusion_ray.model import ATTENTION_POSITIONS, POSITIONS, ModelSpec, build_classifier  # noqa: E402
+from fusion_ray.model import ATTENTION_POSITIONS, POSITIONS, build_classifier  # noqa: E402
 from fusion_ray.train.loop import accumulate_gradients, make_optimizer  # noqa: E402
 from fusion_ray.train.spec import TrainSpec  # noqa: E402
 
@@ -42,20 +45,9 @@ VOCAB, CLASSES = 50_000, 11
 
 def arxiv_specs(length: int, position: str, attention: str, micro: int | None, batch: int):
     """The ArXiv preset's model (sinusoidal P replaced by ``position``) and training settings."""
-    model = ModelSpec(
-        d_model=128,
-        n_heads=8,
-        n_layers=2,
-        d_ff=256,
-        dropout=0.1,
-        max_len=length,
-        position=position,
-        attention_position=attention,
-    )
-    train = TrainSpec(
-        optimizer="adam", lr=3e-4, weight_decay=0.0, batch_size=batch, micro_batch_size=micro
-    )
-    return model, train
+    model = preset_model("arxiv", max_len=length, position=position, attention_position=attention)
+    train = {**study_preset("arxiv")["train"], "batch_size": batch, "micro_batch_size": micro}
+    return model, TrainSpec(**train)
 
 
 def full_length_split(batch: int, length: int, padded: bool) -> TokenizedSplit:

@@ -27,6 +27,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_data import preset_model  # noqa: E402
 
 from fusion_ray.model import ATTENTION_POSITIONS, POSITIONS, ModelSpec, build_classifier  # noqa: E402
 
@@ -34,16 +37,9 @@ VOCAB, CLASSES = 50_000, 11
 
 
 def arxiv_spec(length: int, position: str, attention_position: str) -> ModelSpec:
-    return ModelSpec(
-        d_model=128,
-        n_heads=8,
-        n_layers=2,
-        d_ff=256,
-        dropout=0.1,
-        max_len=length,
-        fusion="add",
-        position=position,
-        attention_position=attention_position,
+    """The ArXiv preset's model at ``length`` tokens with these positions."""
+    return preset_model(
+        "arxiv", max_len=length, position=position, attention_position=attention_position
     )
 
 

@@ -62,6 +62,13 @@ def study_preset(name: str) -> dict[str, Any]:
     return copy.deepcopy(presets[name])
 
 
+def preset_model(name: str, **settings: Any) -> ModelSpec:
+    """The preset's model with ``add`` and sinusoidal P, or what ``settings`` set instead."""
+    return ModelSpec(
+        **{"fusion": "add", "position": "sinusoidal", **study_preset(name)["model"], **settings}
+    )
+
+
 def write_stand_in(name: str, root: Path, *, scale: float = 1.0, seed: int = 0) -> Path:
     """Write the stand-in of ``name`` under ``root/name`` (once; reused when present)."""
     shape = SHAPES[name]
@@ -104,5 +111,4 @@ def study_specs(
     }
     if cache_dir is not None:
         data["cache_dir"] = cache_dir
-    model = {"fusion": "add", "position": "sinusoidal", **preset["model"]}
-    return DataSpec(**data), ModelSpec(**model), TrainSpec(**preset["train"])
+    return DataSpec(**data), preset_model(name), TrainSpec(**preset["train"])
