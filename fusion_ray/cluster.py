@@ -295,8 +295,8 @@ available_node_types:
         - DeviceName: /dev/sda1
           Ebs: {{VolumeSize: 100, VolumeType: gp3}}
 
-  # One GPU: packed short-document trials. The study presets ask 0.25 GPU + 2 CPU per AG News /
-  # IMDB trial, so four run on one card; an ArXiv trial (1 GPU + 4 CPU) takes a whole node.
+  # One GPU: packed short-document trials. The study presets ask 0.5 GPU + 2 CPU per AG News /
+  # IMDB trial, so two run on one card; an ArXiv trial (1 GPU + 4 CPU) takes a whole node.
   # Spot: a reclaimed node costs at most the epoch in flight (trials resume from their last
   # checkpoint in S3, `retries` times).
   gpu_1x:
