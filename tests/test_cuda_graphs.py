@@ -11,6 +11,7 @@ runs were reproducible, and graphs equalled them bitwise (bench/RESULTS.md)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from fusion_ray.train import graphs as graphs_module
 from fusion_ray.train.report import load_checkpoint_dir
 from fusion_ray.train.spec import check_train_spec
 from tests.conftest import tiny_sweep
+from tests.test_accumulation import sweep_with
 from tests.test_train_loop import tiny_trial
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -33,8 +35,6 @@ FINAL_KEYS = ("test_acc", "test_loss", "best_val_acc", "best_epoch")
 
 
 def _epochs(out: Path) -> list[dict]:
-    import json
-
     lines = (out / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     return [{k: r[k] for k in EPOCH_KEYS} for r in rows if "val_loss" in r and "test_acc" not in r]
@@ -42,16 +42,6 @@ def _epochs(out: Path) -> list[dict]:
 
 def _last_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_checkpoint_dir(sorted((out / "checkpoints").glob("report_*"))[-1])["model"]
-
-
-def _sweep_with(tmp_path: Path, resources: dict | None = None, **train: object) -> Path:
-    path = tiny_sweep(tmp_path)
-    raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"].update(train)
-    if resources:
-        raw["resources"] = {**raw.get("resources", {}), **resources}
-    path.write_text(yaml.safe_dump(raw))
-    return path
 
 
 # ----------------------------------------------------------------------------- checks (CPU)
@@ -72,10 +62,12 @@ def test_cuda_graphs_needs_one_worker_one_pass_and_few_shapes() -> None:
 
 def test_a_sweep_that_cannot_use_cuda_graphs_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cuda_graphs: one graph is recorded per batch shape"):
-        load_sweep(_sweep_with(tmp_path, cuda_graphs=True))
-    two_workers = _sweep_with(
-        tmp_path / "ddp", resources={"workers": 2}, cuda_graphs=True, pad_to_multiple=8
-    )
+        load_sweep(sweep_with(tmp_path, cuda_graphs=True))
+    resources = {"workers": 2, "cpus_per_worker": 1}
+    two_workers = tiny_sweep(tmp_path / "ddp", resources=resources)
+    raw = yaml.safe_load(two_workers.read_text())
+    raw["defaults"]["train"].update(cuda_graphs=True, pad_to_multiple=8)
+    two_workers.write_text(yaml.safe_dump(raw))
     with pytest.raises(ValueError, match="cuda_graphs: needs a one-worker trial"):
         load_sweep(two_workers)
 
@@ -83,8 +75,8 @@ def test_a_sweep_that_cannot_use_cuda_graphs_is_refused(tmp_path: Path) -> None:
 def test_cuda_graphs_never_changes_a_cell_id(tmp_path: Path) -> None:
     """How a step is launched, not what it computes: a sweep that turns graphs on keeps the ids
     (and finished cells) it had without them (tests/test_config.py pins Table 1's)."""
-    base = [c.cell_id for c in expand(load_sweep(_sweep_with(tmp_path / "a", pad_to_multiple=8)))]
-    on = expand(load_sweep(_sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=True)))
+    base = [c.cell_id for c in expand(load_sweep(sweep_with(tmp_path / "a", pad_to_multiple=8)))]
+    on = expand(load_sweep(sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=True)))
     assert {c.trial.train.cuda_graphs for c in on} == {True}
     assert [c.cell_id for c in on] == base
 
