@@ -1,10 +1,75 @@
-"""Small value checks shared by the validators of the data, model and sweep settings."""
+"""Small value checks shared by the validators of the data, model, training and sweep settings.
+
+Single-field ranges and choices live on the settings' fields (``Annotated`` constraints and
+``Literal`` types) and are checked by pydantic when a setting is built; this module turns
+pydantic's errors into the project's messages (``field: must be > 0 (got 0)``) so that every
+validator speaks alike, and checks an already-built settings object against its own field
+constraints (``field_problems``), for the code paths that build one directly.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import numbers
+from typing import Any
 
 
 def is_int(value: object) -> bool:
     """An integer (Python or NumPy) but not a bool: what a count or a size in YAML must be."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+_BOUNDS = {
+    "greater_than": ("gt", ">"),
+    "greater_than_equal": ("ge", ">="),
+    "less_than": ("lt", "<"),
+    "less_than_equal": ("le", "<="),
+}
+
+
+def error_text(err: dict[str, Any], nullable: bool = False) -> str:
+    """One pydantic error's problem, without its location: what the value must be and what it
+    was. ``nullable``: the field also accepts null (said in the message)."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    got = f" (got {err.get('input')!r})"
+    if kind in _BOUNDS:
+        key, sign = _BOUNDS[kind]
+        bound = ctx[key]
+        bound = f"{bound:g}" if isinstance(bound, float) else bound
+        return f"must be {sign} {bound}{' or null' if nullable else ''}{got}"
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind == "literal_error":
+        return f"allowed values: {str(ctx.get('expected', '')).replace(chr(39), '')}{got}"
+    if kind in ("bool_type", "bool_parsing"):
+        return f"must be true or false{got}"
+    return f"{err['msg']}{got}"
+
+
+@functools.cache
+def _adapter(cls: type) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(cls)
+
+
+def _nullable(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls) if "None" in str(f.type))
+
+
+def field_problems(settings: Any, prefix: str = "") -> list[str]:
+    """``settings`` (a settings dataclass, possibly built directly in code) checked against its
+    fields' types and constraints, as ``<prefix><field>: problem`` messages."""
+    from pydantic import ValidationError
+
+    cls = type(settings)
+    try:
+        _adapter(cls).validate_python(dataclasses.asdict(settings))
+    except ValidationError as exc:
+        nullable = _nullable(cls)
+        return [
+            f"{prefix}{'.'.join(map(str, e['loc']))}: {error_text(e, e['loc'][0] in nullable)}"
+            for e in exc.errors()
+        ]
+    return []

@@ -152,6 +152,7 @@ def test_no_function_is_longer_than_a_screenful():
                 "pandas",
                 "pyarrow",
                 "datasets",
+                "annotated_types",
                 "fusion_ray.data",
                 "fusion_ray.registry",
                 "fusion_ray.checks",

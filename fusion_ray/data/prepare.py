@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import tokenizers
 
-from fusion_ray.checks import is_int
+from fusion_ray.checks import field_problems, is_int
 from fusion_ray.data import cache
 from fusion_ray.data.sources import (
     SOURCES,
@@ -120,67 +120,46 @@ def _build(registry: Registry, name: str, kwargs: dict[str, Any]) -> tuple[Any, 
 def check_data_spec(spec: DataSpec) -> list[str]:
     """Every problem a user can fix in a DataSpec, as messages; cheap (no downloads, no tokenising).
 
-    The config validator calls this for each dataset before Ray starts.
-    """
-    problems: list[str] = []
-    source, found = None, []
-    if not isinstance(spec.source_kwargs, dict):
-        problems.append(
-            f"data.source_kwargs: must be a mapping, got {type(spec.source_kwargs).__name__}"
-        )
-    else:
-        source, found = _build(SOURCES, spec.source, spec.source_kwargs)
-        problems += found
-    if not isinstance(spec.tokenizer_kwargs, dict):
-        problems.append(
-            f"data.tokenizer_kwargs: must be a mapping, got {type(spec.tokenizer_kwargs).__name__}"
-        )
-    else:
-        problems += _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
+    The fields' own types and ranges (they live on the fields; data.eval_lengths has its own,
+    more precise, check) and the source and tokenizer options; then, when the fields are
+    well-typed, the rest of ``data_rules``."""
+    own = eval_length_problems(spec.eval_lengths)
+    problems = [
+        p
+        for p in field_problems(spec, "data.")
+        if not (own and p.startswith("data.eval_lengths"))
+    ]
+    if problems or own:
+        return problems + own + registry_problems(spec)[1]
+    return data_rules(spec)
 
-    if spec.num_classes is not None:
-        if not is_int(spec.num_classes) or spec.num_classes < 2:
-            problems.append(
-                f"data.num_classes: must be an integer >= 2 or null, got {spec.num_classes!r}"
-            )
-        elif source is not None:
-            declared = source_num_classes(source)
-            if declared is not None and spec.num_classes < declared:
-                problems.append(
-                    f"data.num_classes: {spec.num_classes} is fewer than the {declared} classes "
-                    f"the {spec.source} source has; remove it or set it to {declared}"
-                )
-    frac = spec.validation_fraction
-    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0.0 < frac < 1.0:
-        problems.append(
-            f"data.validation_fraction: must be a number strictly between 0 and 1, got {frac!r}"
-        )
-    if not is_int(spec.split_seed) or spec.split_seed < 0:
-        problems.append(f"data.split_seed: must be a non-negative integer, got {spec.split_seed!r}")
-    if spec.max_train_samples is not None and (
-        not is_int(spec.max_train_samples) or spec.max_train_samples < 1
-    ):
-        problems.append(
-            f"data.max_train_samples: must be a positive integer or null, got {spec.max_train_samples!r}"
-        )
-    if not is_int(spec.max_length) or spec.max_length < 1:
-        problems.append(f"data.max_length: must be a positive integer, got {spec.max_length!r}")
+
+def registry_problems(spec: DataSpec) -> tuple[Any, list[str]]:
+    """The data source built from its options (None when its options have problems), and the
+    problems of the source's and the tokenizer's options."""
+    source, problems = _build(SOURCES, spec.source, spec.source_kwargs)
+    source = None if problems else source
+    return source, problems + _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
+
+
+def data_rules(spec: DataSpec) -> list[str]:
+    """The problems of a well-typed DataSpec: its source and tokenizer options, num_classes
+    against the source's own count, the eval lengths' order, and the synthetic tasks' label
+    window against max_length. The config validator calls this for every grid point before
+    Ray starts."""
+    source, problems = registry_problems(spec)
     problems += eval_length_problems(spec.eval_lengths)
-    if (
-        isinstance(source, SyntheticSource)
-        and not found
-        and is_int(spec.max_length)
-        and spec.max_length < source.label_span()
-    ):
+    declared = source_num_classes(source) if source is not None else None
+    if spec.num_classes is not None and declared is not None and spec.num_classes < declared:
+        problems.append(
+            f"data.num_classes: {spec.num_classes} is fewer than the {declared} classes "
+            f"the {spec.source} source has; remove it or set it to {declared}"
+        )
+    if isinstance(source, SyntheticSource) and spec.max_length < source.label_span():
         problems.append(_label_span_problem(source, spec.max_length))
-    if spec.cache_dir is not None:
-        if not isinstance(spec.cache_dir, str):
-            problems.append(f"data.cache_dir: must be a path or null, got {spec.cache_dir!r}")
-        elif (
-            Path(spec.cache_dir).expanduser().exists()
-            and not Path(spec.cache_dir).expanduser().is_dir()
-        ):
-            problems.append(f"data.cache_dir: {spec.cache_dir} exists and is not a directory")
+    cache_dir = Path(spec.cache_dir).expanduser() if spec.cache_dir else None
+    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
+        problems.append(f"data.cache_dir: {spec.cache_dir} exists and is not a directory")
     return problems
 
 

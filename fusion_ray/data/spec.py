@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt, Lt
 
 
 @dataclass
@@ -17,19 +19,19 @@ class DataSpec:
     source_kwargs: dict[str, Any] = field(default_factory=lambda: {"regime": "short"})
     """Keyword options of the source (hub: dataset; local: train/validation/test paths, columns;
     synthetic: regime and sizes)."""
-    num_classes: int | None = None
+    num_classes: Annotated[int, Ge(2)] | None = None
     """Number of labels; None takes the source's own count. Labels outside 0..num_classes-1 fail."""
-    validation_fraction: float = 0.1
+    validation_fraction: Annotated[float, Gt(0), Lt(1)] = 0.1
     """Share of train carved out as validation when the source has no validation split."""
-    split_seed: int = 1234
+    split_seed: Annotated[int, Ge(0)] = 1234
     """Seed of the validation carve-out and of subsampling; never the trial seed."""
-    max_train_samples: int | None = None
+    max_train_samples: Annotated[int, Ge(1)] | None = None
     """Keep at most this many training documents (a seeded subsample), for quick runs."""
     tokenizer: str = "bpe"
     """Tokenizer family, a name in fusion_ray.data.TOKENIZERS (bpe, word)."""
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the tokenizer (vocab_size, min_frequency, ...)."""
-    max_length: int = 512
+    max_length: Annotated[int, Ge(1)] = 512
     """Documents are truncated to this many tokens."""
     eval_lengths: list[int] = field(default_factory=list)
     """Train short, test long: after training, at the best validation epoch, every test document

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
 
+from pydantic import Field
+
+from fusion_ray.checks import field_problems
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
 
@@ -18,34 +20,34 @@ class TrainSpec:
 
     optimizer: Literal["adamw", "adam"] = "adamw"
     """AdamW (AG News / IMDB in the study) or Adam (ArXiv)."""
-    lr: float = 3e-4
+    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3e-4
     """Peak learning rate."""
-    weight_decay: float = 0.01
+    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate decay after warm-up."""
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
     """Linear warm-up steps from 0 to lr."""
-    batch_size: int = 64
+    batch_size: Annotated[int, Field(gt=0)] = 64
     """Documents per optimiser step, summed over all workers."""
-    micro_batch_size: int | None = None
+    micro_batch_size: Annotated[int, Field(ge=1)] | None = None
     """Documents per forward and backward pass on each worker: each worker's share of a step's
     ``batch_size`` documents is cut into micro-batches of this size whose gradients add up before
     the one optimiser step (gradient accumulation), so a step that does not fit in memory at once
     still trains on the same documents in the same order; the result equals one pass up to float
     round-off. Must divide batch_size / workers. None: one pass per step."""
-    eval_batch_size: int = 128
+    eval_batch_size: Annotated[int, Field(gt=0)] = 128
     """Documents per evaluation batch on each worker."""
-    epochs: int = 20
+    epochs: Annotated[int, Field(gt=0)] = 20
     """Maximum training epochs."""
-    patience: int | None = None
+    patience: Annotated[int, Field(ge=1)] | None = None
     """Stop after this many epochs without a better validation accuracy; None never stops early."""
-    grad_clip: float | None = 1.0
+    grad_clip: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = 1.0
     """Clip the global gradient norm to this value; None disables clipping."""
     padding: Literal["dynamic", "max_length"] = "dynamic"
     """dynamic: length-grouped batches padded to their longest document; max_length: the study's
     fixed padding of every batch to data.max_length."""
-    pad_to_multiple: int = 1
+    pad_to_multiple: Annotated[int, Field(ge=1)] = 1
     """With dynamic padding, round each batch's length up to a multiple of this: a few distinct
     shapes instead of one per length, so GPU kernels are planned a few times rather than at every
     new length (the study presets use 64); 1 pads to the longest document exactly."""
@@ -57,9 +59,9 @@ class TrainSpec:
     shorter last batch runs eagerly. Does nothing on a CPU."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """auto: bf16 autocast on GPU, fp32 on CPU."""
-    latency_repeats: int = 20
+    latency_repeats: Annotated[int, Field(ge=1)] = 20
     """Timed repeats of the inference-latency measurement (median reported, after warm-up)."""
-    latency_batch_size: int = 32
+    latency_batch_size: Annotated[int, Field(ge=1)] = 32
     """Documents per batch in the inference-latency measurement."""
 
 
@@ -80,30 +82,20 @@ class TrialConfig:
 
 def check_train_spec(spec: TrainSpec, workers: int = 1) -> list[str]:
     """Every value of ``spec`` that would fail or mislead only after training started, as
-    ``field: problem`` messages (types are checked by the schema before this runs); ``workers``
-    is the trial's number of DDP workers, which share each step's documents."""
+    ``field: problem`` messages: its fields' own ranges (they live on the fields), then, when
+    those hold, ``train_rules``."""
+    return field_problems(spec) or train_rules(spec, workers)
+
+
+def train_rules(spec: TrainSpec, workers: int = 1) -> list[str]:
+    """The rules between a built TrainSpec's fields and the trial's ``workers`` (its DDP ranks,
+    which share each step's documents)."""
     problems = []
-    for name in ("lr", "weight_decay", "grad_clip"):
-        value = getattr(spec, name)
-        if value is not None and not math.isfinite(value):
-            problems.append(f"{name}: must be a finite number (got {value})")
-    if problems:
-        return problems
-    for name in ("lr", "batch_size", "epochs", "eval_batch_size"):
-        if getattr(spec, name) <= 0:
-            problems.append(f"{name}: must be > 0 (got {getattr(spec, name)})")
-    for name in ("weight_decay", "warmup_steps"):
-        if getattr(spec, name) < 0:
-            problems.append(f"{name}: must be >= 0 (got {getattr(spec, name)})")
-    for name in ("latency_repeats", "latency_batch_size", "pad_to_multiple"):
-        if getattr(spec, name) < 1:
-            problems.append(f"{name}: must be >= 1 (got {getattr(spec, name)})")
-    if spec.grad_clip is not None and spec.grad_clip <= 0:
+    if spec.batch_size < workers:
         problems.append(
-            f"grad_clip: must be > 0 (got {spec.grad_clip}); use null to disable clipping"
+            f"batch_size: {spec.batch_size} is smaller than resources.workers {workers}; each "
+            "worker needs at least one document per step"
         )
-    if spec.patience is not None and spec.patience < 1:
-        problems.append("patience: must be >= 1 or null")
     return problems + micro_batch_problems(spec, workers) + cuda_graph_problems(spec, workers)
 
 
