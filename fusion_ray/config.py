@@ -24,15 +24,17 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictInt,
     TypeAdapter,
     ValidationError,
     field_validator,
 )
 
+from fusion_ray.checks import error_text
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
-from fusion_ray.train.spec import TrainSpec, check_train_spec
+from fusion_ray.train.spec import TrainSpec, TrialConfig, train_rules
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
 
@@ -234,6 +236,19 @@ class SweepSpec(Strict):
     baseline: str | None = None
     """Operator the report compares against; None takes the first of grid.fusions."""
 
+    _points: tuple[str, list[GridPoint]] | None = PrivateAttr(default=None)
+
+    def keep_points(self, points: list[GridPoint] | None) -> None:
+        """Remember the grid points validation built for exactly these settings."""
+        self._points = None if points is None else (self.model_dump_json(), points)
+
+    def kept_points(self) -> list[GridPoint] | None:
+        """The grid points built when these settings were validated; None when they were not,
+        or the settings changed since (a copy with other values)."""
+        if self._points is None or self._points[0] != self.model_dump_json():
+            return None
+        return self._points[1]
+
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
@@ -387,7 +402,7 @@ def _error_lines(errors: list[Any]) -> list[str]:
         elif err["type"] == "missing":
             problems.append(f"{where}: required field is missing")
         else:
-            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+            problems.append(f"{where}: {error_text(err)}")
     return problems
 
 
@@ -601,11 +616,6 @@ def combination_settings(
     return sections["data"], sections["model"], sections["train"]
 
 
-def combination_model(spec: SweepSpec, combination: Combination) -> dict[str, Any]:
-    """The model settings of one grid point (see ``combination_settings``)."""
-    return combination_settings(spec, combination)[1]
-
-
 def _matches(rule: Rule, combo: Combination) -> bool:
     values = {
         "datasets": {combo.dataset},
@@ -625,53 +635,108 @@ def _matches(rule: Rule, combo: Combination) -> bool:
 
 
 def semantic_problems(spec: SweepSpec) -> list[str]:
-    """Problems the schema cannot see: unknown registry names, options, presets, resources."""
+    """Problems the schema cannot see: unknown registry names and options, rules that name no
+    grid value, resources; then, when the file holds together, every grid point built as the
+    trial its cells run (``build_points``)."""
     problems, known = _axis_problems(spec)
-    problems += _setting_axis_problems(spec)
+    axis_problems = _setting_axis_problems(spec)
+    problems += axis_problems
     problems += _exclude_problems(spec, known)
     problems += _override_problems(spec, known)
     problems += _grid_owned_problems(spec)
-    for name, preset in spec.datasets.items():
-        problems += _preset_problems(spec, name, preset)
+    problems += _preset_resource_problems(spec)
     if spec.baseline is not None and spec.baseline not in known["fusions"]:
         problems.append(
             f"baseline: {spec.baseline!r} is not one of the sweep's fusions; allowed: {', '.join(sorted(known['fusions']))}"
         )
-    if not problems:
-        combos = combinations(spec)
-        if not combos:
-            problems.append(
-                "grid/include/exclude: the sweep expands to no cells; loosen the exclude rules"
-            )
-        problems += _combination_problems(spec, combos)
-    return problems + _resource_problems(spec)
+    problems += _resource_problems(spec)
+    if axis_problems:
+        return problems  # the setting axes are in doubt: the points are built once they are fixed
+    points, found = build_points(spec)
+    if not points and not found and not problems:
+        found = ["grid/include/exclude: the sweep expands to no cells; loosen the exclude rules"]
+    spec.keep_points(points if not (problems or found) else None)
+    return problems + found
 
 
-def _combination_problems(spec: SweepSpec, combos: list[Combination]) -> list[str]:
-    """Every grid point's settings checked as the trial will build them (e.g. gate_cnn's
-    kernel_size, a setting axis's value of the wrong type), each distinct problem once with the
-    first grid point that has it. Data, model and train settings shared by grid points are
-    checked once."""
-    problems: dict[str, str] = {}
-    checked: dict[str, tuple[Any, list[str]]] = {}
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One grid point built: its registry entries and setting-axis values, and the trial its
+    cells run (at seed 0; a cell differs from it only by its seed)."""
 
-    def check(section: str, settings: dict[str, Any], workers: int) -> tuple[Any, list[str]]:
-        key = f"{section}:{workers}:{settings!r}"
-        if key not in checked:
-            checked[key] = _section_problems(section, settings, workers)
-        return checked[key]
+    combination: Combination
+    trial: TrialConfig
+    axes: tuple[tuple[str, str], ...]
+    """(dotted key, value as text) of every setting axis of the grid."""
 
-    for combo in combos:
-        workers = resources_for(spec, combo.dataset).workers
-        data, model, train = combination_settings(spec, combo)
-        data_spec, found = check("data", data, workers)
-        model_spec, more = check("model", model, workers)
-        found = found + more + check("train", train, workers)[1]
+
+def build_points(spec: SweepSpec) -> tuple[list[GridPoint], list[str]]:
+    """The one validation step of a sweep's settings: every grid point's data, model and train
+    settings built as the trial will use them, each distinct problem once, named by the preset
+    that caused it (``datasets.<name>.train.lr: ...``) or, when a setting axis, an override or
+    a registry option of the grid point is involved, by the first grid point that has it.
+    Settings that grid points share are built once."""
+    builder = _PointBuilder(spec)
+    buildable = [c for c in combinations(spec) if _buildable(spec, c)]
+    points = [p for p in map(builder.build, buildable) if p is not None]
+    return (points if not builder.problems else []), list(builder.problems.values())
+
+
+def _buildable(spec: SweepSpec, combo: Combination) -> bool:
+    """Whether a grid point can be built: its dataset has a preset and its registry entries
+    exist with valid options (otherwise the file-level checks said why)."""
+    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
+
+    entries = ((FUSIONS, combo.fusion), (POSITIONS, combo.position))
+    entries += ((ATTENTION_POSITIONS, combo.attention),)
+    return combo.dataset in spec.datasets and not any(
+        registry.check(entry.name, entry.kwargs) for registry, entry in entries
+    )
+
+
+class _PointBuilder:
+    """Builds grid points, caching each distinct section's settings and collecting problems."""
+
+    def __init__(self, spec: SweepSpec) -> None:
+        self.spec = spec
+        self.built: dict[str, tuple[Any, list[str]]] = {}
+        self.problems: dict[tuple[str, str], str] = {}
+
+    def section(self, name: str, settings: dict[str, Any], workers: int) -> tuple[Any, list[str]]:
+        key = f"{name}:{workers}:{settings!r}"
+        if key not in self.built:
+            self.built[key] = _build_section(name, settings, workers)
+        return self.built[key]
+
+    def build(self, combo: Combination) -> GridPoint | None:
+        workers = resources_for(self.spec, combo.dataset).workers
+        data, model, train = combination_settings(self.spec, combo)
+        data_spec, found = self.section("data", data, workers)
+        model_spec, more = self.section("model", model, workers)
+        train_spec, most = self.section("train", train, workers)
+        found = found + more + most
         if data_spec is not None and model_spec is not None:
             found += _max_len_problems(model_spec.max_len, data_spec, "model.max_len")
         for problem in found:
-            problems.setdefault(problem, f"{combo.where}: {problem}")
-    return list(problems.values())
+            self.report(combo, problem)
+        if found:
+            return None
+        trial = TrialConfig(combo.dataset, data_spec, model_spec, train_spec, seed=0)
+        return GridPoint(combo, trial, tuple((k, axis_text(v)) for k, v in combo.settings))
+
+    def report(self, combo: Combination, problem: str) -> None:
+        """Name the preset when the problem involves nothing the grid point sets itself."""
+        own = [key for key, _ in combo.settings] + [
+            "model.fusion",
+            "model.position",
+            "model.attention_position",
+        ]
+        own += [f"train.{k}" for o in self.spec.overrides if _matches(o.where, combo) for k in o.train]
+        if any(key in problem for key in own):
+            self.problems.setdefault(("", problem), f"{combo.where}: {problem}")
+        else:
+            where = f"datasets.{combo.dataset}.{problem}"
+            self.problems.setdefault((combo.dataset, problem), where)
 
 
 def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
@@ -690,29 +755,23 @@ def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
     return [f"{where}: {max_len} is shorter than {what}; set model.max_len >= {longest}"]
 
 
-def _section_problems(
-    section: str, settings: dict[str, Any], workers: int
-) -> tuple[Any, list[str]]:
-    """One trial's data, model or train settings validated: (the spec or None, the problems)."""
-    from fusion_ray.data import check_data_spec
+def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[Any, list[str]]:
+    """One trial's data, model or train settings built (pydantic checks each field's type and
+    range), then the rules between its fields: (the settings or None, the problems)."""
+    from fusion_ray.data import data_rules
     from fusion_ray.model import check_model_spec
 
-    value, problems = validate_as(_SECTIONS[section], settings, section)
-    problems = [p.replace(f"{section}: ", f"{section}.", 1) for p in problems]
+    value, problems = validate_as(_SECTIONS[name], settings, name)
+    problems = [p.replace(f"{name}: ", f"{name}.", 1) for p in problems]
     if value is None:
         return None, problems
-    if section == "data":
-        problems += check_data_spec(value)  # its messages name data.<field> already
-    elif section == "model":
+    if name == "data":
+        problems += data_rules(value)  # its messages name data.<field> already
+    elif name == "model":
         problems += [f"model: {p}" for p in check_model_spec(value)]
     else:
-        problems += [f"train.{p}" for p in check_train_spec(value, workers)]
-        if value.batch_size < workers:
-            problems.append(
-                f"train.batch_size: {value.batch_size} is smaller than resources.workers "
-                f"{workers}; each worker needs at least one document per step"
-            )
-    return value, problems
+        problems += [f"train.{p}" for p in train_rules(value, workers)]
+    return (value if not problems else None), problems
 
 
 _SECTIONS: dict[str, type] = {"data": DataSpec, "model": ModelSpec, "train": TrainSpec}
@@ -938,37 +997,14 @@ def _grid_owned_problems(spec: SweepSpec) -> list[str]:
     ]
 
 
-def _preset_problems(spec: SweepSpec, name: str, preset: DatasetPreset) -> list[str]:
-    """One dataset's data, model and training settings (defaults merged in), and how they fit."""
-    from fusion_ray.data import check_data_spec
-    from fusion_ray.model import check_model_spec
-
-    where = f"datasets.{name}"
-    problems = [f"{where}.data: {p}" for p in check_data_spec(preset.data)]
-    if (
-        preset.resources is not None
+def _preset_resource_problems(spec: SweepSpec) -> list[str]:
+    """A preset's resources may not set what applies to the whole sweep."""
+    return [
+        f"datasets.{name}.resources.max_concurrent_trials: applies to the whole sweep; set it under resources:"
+        for name, preset in spec.datasets.items()
+        if preset.resources is not None
         and "max_concurrent_trials" in preset.resources.model_fields_set
-    ):
-        problems.append(
-            f"{where}.resources.max_concurrent_trials: applies to the whole sweep; set it under resources:"
-        )
-    data, model, train = resolve_specs(spec, name)
-    model_spec, found = validate_as(ModelSpec, model, f"{where}.model (with defaults.model)")
-    problems += found
-    if model_spec is not None:
-        problems += [f"{where}.model: {p}" for p in check_model_spec(model_spec)]
-        problems += _max_len_problems(model_spec.max_len, data, f"{where}.model.max_len")
-    train_spec, found = validate_as(TrainSpec, train, f"{where}.train (with defaults.train)")
-    problems += found
-    if train_spec is not None:
-        workers = (preset.resources or spec.resources).workers
-        problems += [f"{where}.train.{p}" for p in check_train_spec(train_spec, workers)]
-        if train_spec.batch_size < workers:
-            problems.append(
-                f"{where}.train.batch_size: {train_spec.batch_size} is smaller than resources.workers "
-                f"{workers}; each worker needs at least one document per step"
-            )
-    return problems
+    ]
 
 
 def _resource_problems(spec: SweepSpec) -> list[str]:

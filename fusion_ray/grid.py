@@ -9,20 +9,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import TypeAdapter
-
-from fusion_ray.config import (
-    Combination,
-    SweepSpec,
-    axis_text,
-    combination_settings,
-    combinations,
-)
-from fusion_ray.data.spec import DataSpec
+from fusion_ray.config import GridPoint, SweepFileError, SweepSpec, semantic_problems
 from fusion_ray.model.positions import POSITIONS
-from fusion_ray.model.spec import ModelSpec
 from fusion_ray.schema import AXIS_TAG_PREFIX, EXECUTION_PARAMS, POSITION_ALIAS_TAG
-from fusion_ray.train.spec import TrainSpec, TrialConfig
+from fusion_ray.train.spec import TrialConfig
 
 # Settings that say where things live or how a step is executed, not what is computed: they
 # never change a cell's id. train.cuda_graphs replays the eager step's kernels on the same
@@ -119,48 +109,54 @@ class Cell:
         }
 
 
-_DATA_SPEC = TypeAdapter(DataSpec)
-_MODEL_SPEC = TypeAdapter(ModelSpec)
-_TRAIN_SPEC = TypeAdapter(TrainSpec)
+def points(spec: SweepSpec) -> list[GridPoint]:
+    """The sweep's grid points as validation built them (built now if ``spec`` was not
+    validated as it is); a sweep with problems raises ``SweepFileError``."""
+    kept = spec.kept_points()
+    if kept is not None:
+        return kept
+    problems = semantic_problems(spec)
+    if problems:
+        raise SweepFileError("(sweep)", problems)
+    return spec.kept_points() or []
 
 
-def _trial(spec: SweepSpec, combination: Combination) -> TrialConfig:
-    """The trial of one grid point at seed 0 (cells differ from it only by their seed)."""
-    data, model, train = combination_settings(spec, combination)
-    return TrialConfig(
-        dataset=combination.dataset,
-        data=_DATA_SPEC.validate_python(data),
-        model=_MODEL_SPEC.validate_python(model),
-        train=_TRAIN_SPEC.validate_python(train),
-        seed=0,
-    )
+class _SeededId:
+    """A grid point's cell ids: the hash of its trial's id fields with the seed, computed from
+    one serialisation of the fields (the seed's digits spliced in) rather than one per cell."""
+
+    def __init__(self, trial: TrialConfig) -> None:
+        canonical = json.dumps(_id_fields(trial), sort_keys=True, default=str)
+        marker = f'"seed": {trial.seed}'
+        at = canonical.index(marker) + len('"seed": ')
+        self.head = hashlib.sha256(canonical[:at].encode())
+        self.tail = canonical[at + len(str(trial.seed)) :]
+
+    def __call__(self, seed: int) -> str:
+        digest = self.head.copy()
+        digest.update(f"{seed}{self.tail}".encode())
+        return digest.hexdigest()[:16]
 
 
 def expand(spec: SweepSpec) -> list[Cell]:
     """Every cell of the sweep, seed-major: complete paired blocks are scheduled first.
 
-    Each grid point is validated and flattened once; a cell is that template with its seed."""
-    templates = []
-    for combination in combinations(spec):
-        trial = _trial(spec, combination)
-        axes = tuple((key, axis_text(value)) for key, value in combination.settings)
-        templates.append((combination, axes, trial, _id_fields(trial)))
-    cells = []
-    for seed in spec.seeds:
-        for combination, axes, template, fields in templates:
-            cells.append(
-                Cell(
-                    cell_id=_hash_config({**fields, "seed": seed}),
-                    dataset=combination.dataset,
-                    position=combination.position.label,
-                    attention_position=combination.attention.label,
-                    fusion=combination.fusion.label,
-                    seed=seed,
-                    trial=dataclasses.replace(template, seed=seed),
-                    axes=axes,
-                )
-            )
-    return cells
+    Each grid point was built and checked once by validation; a cell is its trial with a seed."""
+    built = [(p, _SeededId(p.trial)) for p in points(spec)]
+    return [
+        Cell(
+            cell_id=ids(seed),
+            dataset=point.combination.dataset,
+            position=point.combination.position.label,
+            attention_position=point.combination.attention.label,
+            fusion=point.combination.fusion.label,
+            seed=seed,
+            trial=dataclasses.replace(point.trial, seed=seed),
+            axes=point.axes,
+        )
+        for seed in spec.seeds
+        for point, ids in built
+    ]
 
 
 def axis_counts(cells: list[Cell]) -> dict[str, dict[str, int]]:

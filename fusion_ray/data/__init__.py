@@ -16,6 +16,7 @@ from fusion_ray.data.prepare import (
     TokenizedSplit,
     cache_settings,
     check_data_spec,
+    data_rules,
     prepare_data,
 )
 from fusion_ray.data.sources import HUB_DATASETS, SOURCES
@@ -37,6 +38,7 @@ __all__ = [
     "TokenizedSplit",
     "cache_settings",
     "check_data_spec",
+    "data_rules",
     "collate",
     "format_stats",
     "length_stats",
