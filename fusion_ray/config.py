@@ -731,7 +731,9 @@ class _PointBuilder:
             "model.position",
             "model.attention_position",
         ]
-        own += [f"train.{k}" for o in self.spec.overrides if _matches(o.where, combo) for k in o.train]
+        own += [
+            f"train.{k}" for o in self.spec.overrides if _matches(o.where, combo) for k in o.train
+        ]
         if any(key in problem for key in own):
             self.problems.setdefault(("", problem), f"{combo.where}: {problem}")
         else:

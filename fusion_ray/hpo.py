@@ -52,6 +52,7 @@ from pydantic import Field, TypeAdapter, field_validator, model_validator
 from fusion_ray.config import (
     GRID_AXIS_MODEL_FIELDS,
     Named,
+    Resources,
     Strict,
     SweepFileError,
     SweepSpec,
@@ -509,9 +510,7 @@ def sampled_values(config: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k != OPERATOR_INDEX}
 
 
-def tuning_trial(
-    config: dict[str, Any], bases: list[dict[str, Any]], resources: dict[str, Any]
-) -> None:
+def tuning_trial(config: dict[str, Any], bases: list[dict[str, Any]], resources: Resources) -> None:
     """Ray Tune function trainable: one Optuna sample on one operator (``bases[i]`` is operator i's
     trial), trained directly in the Tune trial."""
     from fusion_ray.orchestrate import run_direct
@@ -653,7 +652,7 @@ def tune_dataset(
     trainable = tune.with_parameters(
         tuning_trial,
         bases=[dataclasses.asdict(c.trial) for c in cells],
-        resources=res.model_dump(),
+        resources=res,
     )
     search: Any = OptunaSearch(seed=settings.seed)
     scheduler = ASHAScheduler(

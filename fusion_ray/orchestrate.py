@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from fusion_ray.config import Resources
+from fusion_ray.job import OperatorRef, TrialJob
+from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
 
@@ -148,13 +150,13 @@ def trial_resources(res: Resources) -> dict[str, float]:
     return out
 
 
-def trial_device(res: dict[str, Any]) -> Any:
+def trial_device(res: Resources) -> Any:
     """The device a one-worker trial trains on, in the trial's process: its GPU when the sweep
     asks for one, the CPU otherwise. A GPU trial on a node whose torch has no CUDA fails with the
     fix, unless $FUSION_RAY_CPU_FALLBACK=1 asks to rehearse a GPU sweep on CPU nodes."""
     import torch
 
-    if not res["use_gpu"]:
+    if not res.use_gpu:
         return torch.device("cpu")
     if torch.cuda.is_available():
         return torch.device("cuda", 0)
@@ -168,11 +170,11 @@ def trial_device(res: dict[str, Any]) -> Any:
 
 
 def run_direct(
-    trial: Any,
-    res: dict[str, Any],
-    reporter_cls: Any,
+    trial: TrialConfig,
+    res: Resources,
+    reporter_cls: type,
     *,
-    latency_baseline: dict[str, Any] | None = None,
+    latency_baseline: OperatorRef | None = None,
     **reporter_options: Any,
 ) -> None:
     """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
@@ -181,33 +183,26 @@ def run_direct(
 
     from fusion_ray.train.loop import run_trial
 
-    torch.set_num_threads(max(1, int(res["cpus_per_worker"])))
+    torch.set_num_threads(max(1, int(res.cpus_per_worker)))
     reporter = reporter_cls(device=trial_device(res), **reporter_options)
-    run_trial(trial, reporter, latency_baseline=latency_baseline)
+    baseline = latency_baseline.mapping() if latency_baseline is not None else None
+    run_trial(trial, reporter, latency_baseline=baseline)
 
 
-def run_cell(config: dict[str, Any]) -> None:
+def run_cell(job: TrialJob) -> None:
     """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
-
-    ``config`` holds the trial (a TrialConfig as a dict), its resources, where to resume from,
-    and, from the sweep driver, ``latency_baseline`` (``{"name": ..., "kwargs": {...}}``: the
-    operator the trial's latency is compared with; absent, no ratio is measured).
-    """
-    from pydantic import TypeAdapter
-
+    ``job`` was built and checked by the driver; it is used as it is."""
     from fusion_ray.train.report import TuneReporter
-    from fusion_ray.train.spec import TrialConfig
 
-    trial = TypeAdapter(TrialConfig).validate_python(config["trial"])
-    res, latency_baseline = config["resources"], config.get("latency_baseline")
-    if res["workers"] == 1 and not res["force_trainer"]:
+    res = job.resources
+    if res.workers == 1 and not res.force_trainer:
         try:
             run_direct(
-                trial,
+                job.trial,
                 res,
                 TuneReporter,
-                latency_baseline=latency_baseline,
-                resume_from=config.get("resume_from"),
+                latency_baseline=job.latency_baseline,
+                resume_from=job.resume_from,
             )
         except REPEATING_ERRORS as exc:
             # The same config, data and seed fail the same way every time: end the trial with
@@ -216,7 +211,7 @@ def run_cell(config: dict[str, Any]) -> None:
 
             tune.report({TRIAL_ERROR: _error_summary(exc)})
         return
-    _run_trainer(trial, config, latency_baseline=latency_baseline)
+    _run_trainer(job)
 
 
 REPEATING_ERRORS = (
@@ -240,38 +235,37 @@ def _error_summary(exc: BaseException) -> str:
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
-def _run_trainer(
-    trial: Any, config: dict[str, Any], latency_baseline: dict[str, Any] | None = None
-) -> None:
+def _run_trainer(job: TrialJob) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from fusion_ray.train.loop import train_worker
 
-    res = config["resources"]
-    per_worker = {"CPU": res["cpus_per_worker"]}
-    if res["use_gpu"]:
-        per_worker["GPU"] = res["gpus_per_worker"]
+    res = job.resources
+    per_worker = {"CPU": res.cpus_per_worker}
+    if res.use_gpu:
+        per_worker["GPU"] = res.gpus_per_worker
+    baseline = job.latency_baseline
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={
-            "trial": trial,
-            "resume_from": config.get("resume_from"),
-            "threads": max(1, int(res["cpus_per_worker"])),
-            "latency_baseline": latency_baseline,
+            "trial": job.trial,
+            "resume_from": job.resume_from,
+            "threads": max(1, int(res.cpus_per_worker)),
+            "latency_baseline": baseline.mapping() if baseline is not None else None,
         },
-        torch_config=TorchConfig(backend="nccl" if res["use_gpu"] else "gloo"),
+        torch_config=TorchConfig(backend="nccl" if res.use_gpu else "gloo"),
         scaling_config=ScalingConfig(
-            num_workers=res["workers"], use_gpu=res["use_gpu"], resources_per_worker=per_worker
+            num_workers=res.workers, use_gpu=res.use_gpu, resources_per_worker=per_worker
         ),
         # One Train run per cell and sweep invocation: a Tune retry of this trial restarts the
         # trainer under the same name, and Ray Train resumes it from its last checkpoint. Across
         # invocations a cell resumes only from the checkpoint its MLflow run records
         # (`resume_from`). Retries happen at one level, Tune's, so `retries` means what it says.
         run_config=RunConfig(
-            name=f"{config['tune_run']}-{config['cell_id']}",
-            storage_path=config["train_storage_path"],
+            name=f"{job.tune_run}-{job.cell_id}",
+            storage_path=job.train_storage,
             failure_config=FailureConfig(max_failures=0, max_preemption_failures=0),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=[TuneReportCallback()],

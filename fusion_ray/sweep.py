@@ -28,6 +28,7 @@ from fusion_ray.config import (
     smoke_version,
 )
 from fusion_ray.grid import Cell, axis_counts, expand
+from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import (
     init_ray,
     preflight,
@@ -42,26 +43,26 @@ from fusion_ray.schema import GRID_AXES_TAG
 log = logging.getLogger("fusion_ray.sweep")
 
 
-def _payload(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> dict[str, Any]:
+def _job(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> TrialJob:
     storage = storage_uri(spec.storage_path)
-    return {
-        "cell_id": cell.cell_id,
-        "sweep": spec.name,
-        "tune_run": tune_run,
-        "trial": dataclasses.asdict(cell.trial),
-        "resources": resources_for(spec, cell.dataset).model_dump(),
-        "resume_from": resume_from,
-        "latency_baseline": _latency_baseline(spec),
-        "train_storage_path": f"{storage.rstrip('/')}/{spec.name}-train",
-    }
+    return TrialJob(
+        cell_id=cell.cell_id,
+        sweep=spec.name,
+        tune_run=tune_run,
+        trial=cell.trial,
+        resources=resources_for(spec, cell.dataset),
+        train_storage=f"{storage.rstrip('/')}/{spec.name}-train",
+        resume_from=resume_from,
+        latency_baseline=_latency_baseline(spec),
+    )
 
 
-def _latency_baseline(spec: SweepSpec) -> dict[str, Any]:
+def _latency_baseline(spec: SweepSpec) -> OperatorRef:
     """The operator every trial times itself against (the report's baseline)."""
     label = spec.baseline or spec.grid.fusions[0].label
     entries = [spec.grid.fusions, *(sub.fusions or [] for sub in spec.include)]
     entry = next(e for group in entries for e in group if label in (e.name, e.label))
-    return {"name": entry.name, "kwargs": entry.kwargs}
+    return OperatorRef(entry.name, entry.kwargs)
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -148,10 +149,8 @@ def _run_cells(
     try:
         for number, part in enumerate(parts, start=1):
             name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
-            payloads = [
-                _payload(spec, c, _resume_point(spec, c, todo.existing), name) for c in part
-            ]
-            _tuner(spec, part, payloads, callback, name, verbose).fit()
+            jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
+            _tuner(spec, part, jobs, callback, name, verbose).fit()
     finally:
         interrupted = callback.close_unfinished()
     tracker.end_parent(
@@ -219,7 +218,7 @@ def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str 
 def _tuner(
     spec: SweepSpec,
     pending: list[Cell],
-    payloads: list[dict[str, Any]],
+    jobs: list[TrialJob],
     callback: Any,
     tune_run: str,
     verbose: int,
@@ -233,11 +232,11 @@ def _tuner(
         c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))])
         for c in pending
     }
-    # Payloads go to the object store once (with_parameters); each trial picks its own by id.
-    trainable = tune.with_parameters(_run_by_id, payloads={p["cell_id"]: p for p in payloads})
+    # The jobs go to the object store once (with_parameters); each trial picks its own by id.
+    trainable = tune.with_parameters(_run_by_id, jobs={j.cell_id: j for j in jobs})
     return tune.Tuner(
         tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
-        param_space={"cell_id": tune.grid_search([p["cell_id"] for p in payloads])},
+        param_space={"cell_id": tune.grid_search([j.cell_id for j in jobs])},
         tune_config=tune.TuneConfig(
             max_concurrent_trials=spec.resources.max_concurrent_trials,
             # Start each trial in a warm actor when resources match: no new Python process per
@@ -257,8 +256,8 @@ def _tuner(
     )
 
 
-def _run_by_id(config: dict[str, Any], payloads: dict[str, dict[str, Any]]) -> None:
-    run_cell(payloads[config["cell_id"]])
+def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob]) -> None:
+    run_cell(jobs[config["cell_id"]])
 
 
 def _trial_name(cell: Cell) -> str:

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_ray.config import SweepFileError, load_sweep
+from fusion_ray.config import Resources, SweepFileError, load_sweep
 from fusion_ray.grid import expand
+from fusion_ray.job import TrialJob
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT, tiny_sweep
 
@@ -222,8 +223,6 @@ def test_a_setting_at_its_default_stays_out_of_the_id_but_counts_when_set(tmp_pa
 
 
 def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch):
-    import dataclasses
-
     import torch
 
     from fusion_ray.orchestrate import run_cell
@@ -232,15 +231,16 @@ def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch)
         pytest.skip("this node has CUDA")
     monkeypatch.delenv("FUSION_RAY_CPU_FALLBACK", raising=False)
     cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
-    resources = {
-        "workers": 1,
-        "use_gpu": True,
-        "cpus_per_worker": 1,
-        "gpus_per_worker": 1,
-        "force_trainer": False,
-    }
+    job = TrialJob(
+        cell_id=cell.cell_id,
+        sweep="tiny",
+        tune_run="tiny-run",
+        trial=cell.trial,
+        resources=Resources(workers=1, use_gpu=True, cpus_per_worker=1, gpus_per_worker=1),
+        train_storage=str(tmp_path / "train"),
+    )
     with pytest.raises(RuntimeError, match="no CUDA: install a CUDA build of torch"):
-        run_cell({"trial": dataclasses.asdict(cell.trial), "resources": resources})
+        run_cell(job)
 
 
 @pytest.mark.parametrize(

@@ -125,9 +125,7 @@ def check_data_spec(spec: DataSpec) -> list[str]:
     well-typed, the rest of ``data_rules``."""
     own = eval_length_problems(spec.eval_lengths)
     problems = [
-        p
-        for p in field_problems(spec, "data.")
-        if not (own and p.startswith("data.eval_lengths"))
+        p for p in field_problems(spec, "data.") if not (own and p.startswith("data.eval_lengths"))
     ]
     if problems or own:
         return problems + own + registry_problems(spec)[1]
