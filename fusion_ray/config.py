@@ -17,7 +17,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import yaml
 from pydantic import (
@@ -29,9 +29,10 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
-from fusion_ray.checks import error_text
+from fusion_ray.checks import error_text, is_int
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train.spec import TrainSpec, TrialConfig, train_rules
@@ -204,6 +205,34 @@ class DatasetPreset(Strict):
     """Trial resources for this dataset's cells (e.g. DDP on long documents); None uses the sweep's."""
 
 
+class AdaptiveSeeds(Strict):
+    """Seeds decided by the evidence (``seeds: {adaptive: true, first: 6, max: 20}``): every cell
+    runs seeds 0 .. first-1; after that a comparison's operator gets its next seed only while
+    that comparison is undecided, up to ``max`` seeds (analysis.sequential decides, anytime-valid,
+    with Holm over the sweep's comparisons). Seeds are taken in the order 0, 1, 2, ..., so cell
+    ids and the pairing are those of a fixed list of the same seeds."""
+
+    adaptive: Literal[True]
+    """Marks the block (``true``); a fixed list of seeds is written as a list."""
+    first: int = Field(6, ge=2)
+    """Seeds every cell runs before any decision (the first wave)."""
+    max: int = Field(20, ge=2, le=10_000)
+    """The most seeds a comparison gets; undecided at this many, it is reported as undecided."""
+    alpha: float = Field(0.05, gt=0, lt=1)
+    """Family-wise error level of the decisions (Holm over the sweep's comparisons, at every look)."""
+    margin: float | None = Field(None, gt=0)
+    """Equivalence margin in accuracy points: a comparison whose confidence sequence lies inside
+    (-margin, +margin) is decided "equivalent"; None decides only better / worse / futile."""
+
+    @model_validator(mode="after")
+    def _first_within_max(self) -> AdaptiveSeeds:
+        if self.first > self.max:
+            raise ValueError(
+                f"first ({self.first}) is more than max ({self.max}); lower first or raise max"
+            )
+        return self
+
+
 class SweepSpec(Strict):
     """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
 
@@ -214,7 +243,11 @@ class SweepSpec(Strict):
     extends: list[str] = Field(default_factory=list)
     """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
     seeds: list[StrictInt] = Field(min_length=1)
-    """Every cell runs once per seed; seeds are never sampled."""
+    """Every cell runs once per seed; seeds are never sampled. Written as an adaptive block
+    (``{adaptive: true, first: 6, max: 20, alpha: 0.05, margin: 1.0}``) it becomes seeds
+    0 .. max-1, of which the evidence decides how many each comparison runs (``adaptive``)."""
+    adaptive: AdaptiveSeeds | None = None
+    """Set from an adaptive ``seeds:`` block; None runs every seed of the list."""
     grid: Grid
     include: list[SubGrid] = Field(default_factory=list)
     """Extra sub-grids crossed with the seeds (e.g. ``{datasets: [arxiv], fusions: [gate_cnn]}``)."""
@@ -248,6 +281,17 @@ class SweepSpec(Strict):
         if self._points is None or self._points[0] != self.model_dump_json():
             return None
         return self._points[1]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _adaptive_block(cls, raw: Any) -> Any:
+        """``seeds: {adaptive: true, ...}`` -> the seeds 0 .. max-1 and the ``adaptive`` block."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("seeds"), dict):
+            return raw
+        block = raw["seeds"]
+        most = block.get("max", AdaptiveSeeds.model_fields["max"].default)
+        seeds = list(range(most)) if is_int(most) and 2 <= most <= 10_000 else [0]
+        return {**raw, "seeds": seeds, "adaptive": block}
 
     @field_validator("seeds")
     @classmethod
@@ -397,6 +441,8 @@ def _error_lines(errors: list[Any]) -> list[str]:
     problems = []
     for err in errors:
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if where.startswith("adaptive"):  # the adaptive block is written under seeds:
+            where = "seeds" + where.removeprefix("adaptive")
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
             problems.append(f"{where}: unknown key; remove it or check its spelling")
         elif err["type"] == "missing":
@@ -460,6 +506,7 @@ def smoke_version(spec: SweepSpec) -> SweepSpec:
         update={
             "name": f"{spec.name}-smoke",
             "seeds": spec.seeds[:1],
+            "adaptive": None,
             "datasets": datasets,
             "defaults": defaults,
         }

@@ -145,12 +145,11 @@ def _run_cells(
         storage_uri(spec.storage_path),
     )
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
     try:
-        for number, part in enumerate(parts, start=1):
-            name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
-            jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
-            _tuner(spec, part, jobs, callback, name, verbose).fit()
+        if spec.adaptive is not None:
+            _run_adaptive(spec, todo, callback, tune_run, verbose)
+        else:
+            _run_fixed(spec, todo, callback, tune_run, verbose)
     finally:
         interrupted = callback.close_unfinished()
     tracker.end_parent(
@@ -170,6 +169,38 @@ def _run_cells(
         interrupted,
         note,
     )
+
+
+def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> None:
+    """Every pending cell, in consecutive Tune runs of at most TUNE_RUN_CELLS cells."""
+    pending = todo.pending
+    parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
+    for number, part in enumerate(parts, start=1):
+        name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
+        jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
+        _tuner(spec, part, jobs, callback, name, verbose).fit()
+
+
+def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> None:
+    """The cells the evidence needs, suggested as results arrive (one Tune run): the first wave,
+    then the next seed of each comparison still open, up to the cap."""
+    from fusion_ray.searcher import AdaptiveSeedSearcher
+
+    schedule = adaptive_schedule(spec, todo)
+    pending = [c for c in todo.cells if c.cell_id not in schedule.results]
+    jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
+    searcher = AdaptiveSeedSearcher(schedule)
+    _tuner(spec, pending, jobs, callback, tune_run, verbose, searcher=searcher).fit()
+
+
+def adaptive_schedule(spec: SweepSpec, todo: Plan) -> Any:
+    """The adaptive sweep's schedule, with the results of its cells already FINISHED."""
+    from fusion_ray.adaptive import SeedSchedule, finished_results
+
+    assert spec.adaptive is not None
+    baseline = spec.baseline or spec.grid.fusions[0].label
+    results = finished_results(todo.cells, todo.existing)
+    return SeedSchedule(todo.cells, baseline, spec.adaptive, results)
 
 
 def _finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
@@ -222,8 +253,10 @@ def _tuner(
     callback: Any,
     tune_run: str,
     verbose: int,
+    searcher: Any = None,
 ) -> Any:
-    """The Ray Tune run of the pending cells: one trial per cell, each with its dataset's resources."""
+    """The Ray Tune run of the pending cells: one trial per cell, each with its dataset's
+    resources; all of them (a grid), or those a ``searcher`` suggests."""
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
@@ -236,8 +269,10 @@ def _tuner(
     trainable = tune.with_parameters(_run_by_id, jobs={j.cell_id: j for j in jobs})
     return tune.Tuner(
         tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
-        param_space={"cell_id": tune.grid_search([j.cell_id for j in jobs])},
+        param_space={} if searcher else {"cell_id": tune.grid_search([j.cell_id for j in jobs])},
         tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=-1 if searcher else 1,
             max_concurrent_trials=spec.resources.max_concurrent_trials,
             # Start each trial in a warm actor when resources match: no new Python process per
             # trial. The loop sets every seed and RNG state itself, so nothing leaks between trials.
@@ -283,6 +318,8 @@ def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
     print(
         f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {spec.tracking_uri})"
     )
+    if spec.adaptive is not None:
+        _print_adaptive_plan(spec, todo)
     for axis, counts in axis_counts(cells).items():
         print(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
     note = todo.other_settings_note(spec.name)
@@ -299,6 +336,22 @@ def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
             f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {settings}{status:<8} {cell.cell_id}"
         )
     print("\n".join(lines))
+
+
+def _print_adaptive_plan(spec: SweepSpec, todo: Plan) -> None:
+    """The adaptive sweep's first wave, cap and worst case, and what it would run next."""
+    rule, schedule = spec.adaptive, adaptive_schedule(spec, todo)
+    first = len(schedule.first_wave())
+    print(
+        f"  adaptive seeds: first wave seeds 0-{rule.first - 1} ({first} cells), then the next seed "
+        f"of each undecided comparison up to {rule.max} seeds; {len(schedule.comparisons)} "
+        f"comparisons vs {schedule.baseline}, alpha {rule.alpha} (Holm at every look)"
+        + (f", equivalence margin +-{rule.margin} points" if rule.margin else "")
+    )
+    print(
+        f"  worst case {schedule.worst_case()} cells (every comparison undecided to seed "
+        f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones"
+    )
 
 
 def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> None:

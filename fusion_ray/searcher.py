@@ -1,0 +1,46 @@
+"""The Ray Tune searcher of an adaptive sweep: it suggests the cells the evidence still needs
+(``adaptive.SeedSchedule``) as results arrive, so no trial slot waits for a round to end; Tune's
+``max_concurrent_trials`` bounds how many run at once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from fusion_ray.adaptive import SeedSchedule
+from fusion_ray.orchestrate import TRIAL_ERROR
+
+
+class AdaptiveSeedSearcher(Searcher):
+    """Suggests ``{"cell_id": ...}`` for each needed cell once; waits (None) while results that
+    could change what is needed are in flight; FINISHED when nothing is needed or running."""
+
+    def __init__(self, schedule: SeedSchedule) -> None:
+        super().__init__(metric="test_acc", mode="max")
+        self.schedule = schedule
+        self.started: set[str] = set()
+        self.running: dict[str, str] = {}  # Tune trial id -> cell id
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        for cell in self.schedule.needed():
+            if cell.cell_id not in self.started:
+                self.started.add(cell.cell_id)
+                self.running[trial_id] = cell.cell_id
+                return {"cell_id": cell.cell_id}
+        return None if self.running else Searcher.FINISHED
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        cid = self.running.pop(trial_id, None)
+        if cid is None:
+            return
+        ok = not error and result and result.get("final") and TRIAL_ERROR not in result
+        self.schedule.results[cid] = float(result["test_acc"]) if ok else None
+
+    def save(self, checkpoint_path: str) -> None:
+        """Nothing to keep: a restarted driver rebuilds the schedule from the tracking store."""
+
+    def restore(self, checkpoint_path: str) -> None:
+        """See ``save``: the schedule is a function of the finished runs, not of this object."""
