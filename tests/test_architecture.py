@@ -186,3 +186,25 @@ def test_rooms_import_only_what_they_may(room, allowed):
                 continue
             wrong.append(f"{path.relative_to(ROOT)}:{line}: {module}")
     assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
+
+
+def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
+    """What crosses into the trial's process is ``job.TrialJob``: ``orchestrate`` reads no value
+    out of a mapping by a string key (a payload dict), and its trainable takes the job."""
+    import inspect
+
+    from fusion_ray import orchestrate
+    from fusion_ray.job import TrialJob
+
+    source = (ROOT / "fusion_ray" / "orchestrate.py").read_text()
+    reads = [
+        f"orchestrate.py:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Load)
+        and isinstance(node.slice, ast.Constant)
+        and isinstance(node.slice.value, str)
+    ]
+    assert not reads, "string-key reads in orchestrate:\n" + "\n".join(reads)
+    hints = inspect.get_annotations(orchestrate.run_cell, eval_str=True)
+    assert hints["job"] is TrialJob
