@@ -9,6 +9,7 @@ merged under the file itself.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import copy
 import dataclasses
 import functools
@@ -354,6 +355,36 @@ MAX_VALUES = 100_000
 """The most values a file may hold once YAML aliases are expanded (an alias bomb has billions)."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (YAML would silently keep
+    the last, so an edited value could be overridden by a forgotten one further down)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, collections.abc.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping, on lines {seen[key]} and {line}; "
+                    "keep one of them",
+                    key_node.start_mark,
+                )
+            if isinstance(key, collections.abc.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one problem, with the fix for the usual causes."""
+    text = str(exc)
+    if "character '\\t'" in text:
+        text += "\n(indent with spaces: YAML does not allow tabs for indentation)"
+    return f"not valid YAML: {text}"
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"sweep file {path} does not exist; see sweeps/ for examples")
@@ -372,9 +403,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             ],
         ) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
-        raise SweepFileError(path, [f"not valid YAML: {exc}"]) from exc
+        raise SweepFileError(path, [_yaml_problem(exc)]) from exc
     except RecursionError:
         raise SweepFileError(path, ["the YAML is nested too deeply"]) from None
     problem = _size_problem(raw)

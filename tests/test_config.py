@@ -329,3 +329,48 @@ def test_a_bad_value_of_a_required_field_is_reported_once(tmp_path):
         and "seeds: Input should be a valid list" in msg
     )
     assert "required field is missing" not in msg
+
+
+# ----------------------------------------------------------------------------- YAML corner cases
+
+
+def test_a_key_written_twice_is_an_error_naming_both_lines(tmp_path):
+    path = tiny_sweep(tmp_path)
+    text = path.read_text()
+    path.write_text(text.replace("seeds:", "retries: 3\nretries: 1\nseeds:", 1))
+    first = text[: text.index("seeds:")].count("\n") + 1
+    msg = _problems(path)
+    assert f"key 'retries' appears twice in one mapping, on lines {first} and {first + 1}" in msg
+
+
+def test_a_byte_order_mark_and_windows_line_endings_read_as_the_same_file(tmp_path):
+    path = tiny_sweep(tmp_path)
+    plain = [c.cell_id for c in expand(load_sweep(path))]
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    assert [c.cell_id for c in expand(load_sweep(path))] == plain
+
+
+def test_tab_indentation_says_to_indent_with_spaces(tmp_path):
+    path = tiny_sweep(tmp_path)
+    path.write_text(path.read_text() + "defaults:\n\tmodel: {}\n")
+    assert "indent with spaces" in _problems(path)
+
+
+def test_seeds_beyond_two_to_the_32_are_valid_and_distinct(tmp_path):
+    from fusion_ray.data.batching import epoch_rng
+    from fusion_ray.seeds import derive_seed
+
+    big = [2**32, 2**32 + 1, 2**40]
+    path = _write(tmp_path, lambda r: r.update(seeds=big))
+    cells = expand(load_sweep(path))
+    assert {c.seed for c in cells} == set(big)
+    assert len({c.cell_id for c in cells}) == len(cells)
+    assert len({derive_seed(s, "model/encoder") for s in big}) == 3
+    assert len({int(epoch_rng(s, 0).integers(2**62)) for s in big}) == 3
+
+
+def test_non_ascii_names_are_refused_where_they_name_folders_and_kept_elsewhere(tmp_path):
+    msg = _problems(_write(tmp_path, lambda r: r.update(name="étude")))
+    assert "name" in msg and "étude" in msg
+    path = _write(tmp_path, lambda r: r.update(description="Étude de la fusion, 長さ"))
+    assert load_sweep(path).description == "Étude de la fusion, 長さ"
