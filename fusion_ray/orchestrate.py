@@ -115,21 +115,25 @@ def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> lis
 
 def within_storage(path: str, storage_path: str) -> bool:
     """Whether a checkpoint ``path`` (a local path or URI) lies under the sweep's storage: a
-    checkpoint path read back from the tracking store is trusted only there."""
-    from urllib.parse import urlparse
+    checkpoint path read back from the tracking store is trusted only there. URIs are compared
+    parsed, not as strings: the same scheme and bucket, a key under the storage prefix (no
+    ``..``), and no query parameters (an endpoint, a scheme, a region) but the storage path's
+    own, so a tag cannot point the driver's signed requests at another host."""
+    from urllib.parse import parse_qs, urlsplit
 
     if "://" not in storage_path:
         if "://" in path:
             return False
         return Path(path).resolve().is_relative_to(Path(storage_path).resolve())
-    root, where = (
-        urlparse(storage_path),
-        urlparse(path if "://" in path else f"{urlparse(storage_path).scheme}://{path}"),
-    )
-    prefix = f"{root.netloc}/{root.path.strip('/')}".rstrip("/") + "/"
-    return where.scheme == root.scheme and f"{where.netloc}/{where.path.strip('/')}/".startswith(
-        prefix
-    )
+    root = urlsplit(storage_path)
+    where = urlsplit(path if "://" in path else f"{root.scheme}://{path}")
+    if (where.scheme, where.netloc) != (root.scheme, root.netloc) or where.fragment:
+        return False
+    if where.query and parse_qs(where.query) != parse_qs(root.query):
+        return False
+    parts = [p for p in where.path.split("/") if p]
+    prefix = [p for p in root.path.split("/") if p]
+    return ".." not in parts and parts[: len(prefix)] == prefix
 
 
 def trial_resources(res: Resources) -> dict[str, float]:
