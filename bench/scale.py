@@ -2,7 +2,8 @@
 
 - dry run: ``python -m fusion_ray.sweep FILE --dry-run`` on a quickstart-shaped grid with enough
   seeds for ``--dry-run-cells`` cells, timed as a whole process (imports, validation, expansion,
-  printing every cell). Goal: 100,000 cells in under 10 s.
+  printing every cell), with the process's peak memory. Goals: 100,000 cells in under 5 s,
+  1,000,000 in under 60 s and within 2 GiB; a run above its goal prints a FAIL line.
 - sweep: ``--sweep-cells`` one-step trials (a tiny model, one batch of 32 documents, one epoch)
   run by ``run_sweep`` in this process on a local Ray, one trial at a time, while a thread
   samples the driver's resident memory every second. From the MLflow runs afterwards, each
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,9 +39,31 @@ def rss_mib() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def dry_run(root: Path, cells: int) -> float:
-    spec = yaml.safe_load((ROOT / "sweeps" / "quickstart.yaml").read_text())
-    spec.update(name="scale_dry", seeds=list(range(-(-cells // 9))))
+DRY_RUN_GOALS = {100_000: 5.0, 1_000_000: 60.0}
+"""Seconds a dry run of this many cells may take (the nearest goal at or above it applies)."""
+DRY_RUN_MEMORY_GOAL_MIB = 2048
+
+
+def dry_run_verdict(cells: int, seconds: float, peak_mib: float) -> str:
+    """The printed line of a dry run against its goals: FAIL when above either."""
+    goal = next((s for n, s in sorted(DRY_RUN_GOALS.items()) if cells <= n), None)
+    failed = (goal is not None and seconds > goal) or peak_mib > DRY_RUN_MEMORY_GOAL_MIB
+    goals = f"goal < {goal:g} s, " if goal is not None else ""
+    line = (
+        f"dry run of {cells:,} cells: {seconds:.1f} s, peak {peak_mib:.0f} MiB "
+        f"({goals}< {DRY_RUN_MEMORY_GOAL_MIB} MiB)"
+    )
+    return f"FAIL {line}" if failed else line
+
+
+def dry_run(root: Path, cells: int) -> tuple[float, float]:
+    from fusion_ray.config import load_sweep
+    from fusion_ray.grid import points
+
+    quickstart = ROOT / "sweeps" / "quickstart.yaml"
+    per_seed = len(points(load_sweep(quickstart)))
+    spec = yaml.safe_load(quickstart.read_text())
+    spec.update(name="scale_dry", seeds=list(range(-(-cells // per_seed))))
     spec["tracking_uri"] = f"sqlite:///{root / 'dry.db'}"
     path = root / "dry.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -53,7 +77,8 @@ def dry_run(root: Path, cells: int) -> float:
     )
     seconds = time.perf_counter() - started
     print(proc.stdout.splitlines()[0])
-    return seconds
+    peak_mib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    return seconds, peak_mib
 
 
 def sweep_file(root: Path, cells: int) -> Path:
@@ -150,8 +175,8 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        seconds = dry_run(root, args.dry_run_cells)
-        print(f"dry run of {args.dry_run_cells:,} cells: {seconds:.1f} s (goal < 10 s)")
+        seconds, peak_mib = dry_run(root, args.dry_run_cells)
+        print(dry_run_verdict(args.dry_run_cells, seconds, peak_mib))
         if args.sweep_cells:
             run_big_sweep(root, args.sweep_cells)
 
