@@ -71,7 +71,28 @@ def bare_names(value: Any) -> Any:
     return [{"name": v} if isinstance(v, str) else v for v in value]
 
 
-class Grid(Strict):
+class _Axes(Strict):
+    """What the grid and its include sub-grids share: bare names accepted for registry entries,
+    and any other key a setting axis."""
+
+    # Any other key is a setting axis: a dotted setting with a list of values, e.g.
+    # ``model.scale_embeddings: [true, false]`` (checked by ``_setting_axis_problems``).
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+    @field_validator(
+        "positions", "attention_positions", "fusions", mode="before", check_fields=False
+    )
+    @classmethod
+    def _accept_bare_names(cls, value: Any) -> Any:
+        return bare_names(value)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The setting axes: dotted key -> list of values, in file order."""
+        return dict(self.model_extra or {})
+
+
+class Grid(_Axes):
     """The crossed factors. Every combination is a cell, repeated for every seed."""
 
     datasets: list[str] = Field(min_length=1)
@@ -85,40 +106,15 @@ class Grid(Strict):
     fusions: list[Named] = Field(min_length=1)
     """Fusion operators (fusion_ray.model.FUSIONS); the first is the default baseline."""
 
-    # Any other key is a setting axis: a dotted setting with a list of values, e.g.
-    # ``model.scale_embeddings: [true, false]`` (checked by ``setting_axis_problems``).
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
-    @field_validator("positions", "attention_positions", "fusions", mode="before")
-    @classmethod
-    def _accept_bare_names(cls, value: Any) -> Any:
-        return bare_names(value)
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """The setting axes: dotted key -> list of values, in file order."""
-        return dict(self.model_extra or {})
-
-
-class SubGrid(Strict):
+class SubGrid(_Axes):
     """Extra cells beyond the grid (e.g. gate_cnn on arxiv only); axes left out take the grid's
     values. Setting axes of the grid may be narrowed too (``model.scale_embeddings: [true]``)."""
-
-    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
 
     datasets: list[str] | None = None
     positions: list[Named] | None = None
     attention_positions: list[Named] | None = None
     fusions: list[Named] | None = None
-
-    @field_validator("positions", "attention_positions", "fusions", mode="before")
-    @classmethod
-    def _accept_bare_names(cls, value: Any) -> Any:
-        return bare_names(value)
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        return dict(self.model_extra or {})
 
 
 class Rule(Strict):
