@@ -87,19 +87,28 @@ def run_sweep(
     address: str | None = None,
     verbose: int = 0,
     take_over: bool = False,
+    smoke: bool = False,
 ) -> SweepOutcome:
     """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened.
 
     Holds the sweep's lease throughout (one driver per sweep: a second one is refused with
     ``LeaseHeldError``); if the driver itself fails, the sweep's parent run is marked FAILED
-    with the reason (KILLED when interrupted), never left RUNNING."""
+    with the reason (KILLED when interrupted), never left RUNNING. Before Tune starts, the
+    cluster must be able to place every pending trial (``PlacementError`` otherwise); ``smoke``
+    on a Ray without GPUs rehearses GPU trials on CPUs."""
     from fusion_ray.lease import SweepLease
     from fusion_ray.tracking import Tracker
 
     tracker = Tracker(spec.tracking_uri, spec.name)
     with SweepLease(tracker.client, spec.name, take_over=take_over):
         todo = plan(spec, tracker)
+        rehearsal = False
+        if todo.pending:
+            init_ray(address or spec.address)
+            spec, rehearsal = _placed(spec, todo, smoke)
         parent_tags = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+        if rehearsal:
+            parent_tags[CPU_REHEARSAL_TAG] = "true"
         parent_tags[GRID_AXES_TAG] = json.dumps(
             {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
         )
@@ -113,6 +122,52 @@ def run_sweep(
         except BaseException as exc:
             tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
             raise
+
+
+CPU_REHEARSAL_TAG = "smoke_gpu_trials_on_cpu"
+"""Parent-run tag of a --smoke run that trained a GPU sweep's trials on CPUs."""
+
+
+def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
+    """The spec whose pending trials the cluster can place: as it is, or, for a smoke run on a
+    Ray without GPUs, with its trials on CPUs (True then). Raises ``PlacementError`` when some
+    trial fits no node and no node type of the autoscaler."""
+    from fusion_ray import placement
+
+    capacity = placement.cluster_capacity()
+    datasets = {c.dataset for c in todo.pending}
+    rehearse = smoke and not placement.has_gpus(capacity)
+    if rehearse and any(resources_for(spec, d).use_gpu for d in datasets):
+        spec = _on_cpus(spec)
+        print(
+            f"sweep {spec.name}: --smoke on a Ray without GPUs: the GPU trials are rehearsed on "
+            f"CPUs (tag {CPU_REHEARSAL_TAG} on the parent run)"
+        )
+    else:
+        rehearse = False
+    check = placement.check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
+    if check.never:
+        raise placement.PlacementError(check.error(capacity))
+    for dataset, request in check.later.items():
+        pending = sum(c.dataset == dataset for c in todo.pending)
+        print(
+            f"waiting for the autoscaler to add a node for {dataset} ({request}); {pending} "
+            f"trials pending (gives up after {placement.placement_timeout_s():g} s, "
+            f"${placement.PLACEMENT_TIMEOUT_ENV})"
+        )
+    return spec, rehearse
+
+
+def _on_cpus(spec: SweepSpec) -> SweepSpec:
+    from fusion_ray.placement import without_gpus
+
+    datasets = {
+        name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
+        if preset.resources is not None
+        else preset
+        for name, preset in spec.datasets.items()
+    }
+    return spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
 
 
 TUNE_RUN_CELLS = 200
@@ -283,12 +338,47 @@ def _tuner(
         run_config=tune.RunConfig(
             name=tune_run,
             storage_path=storage_uri(spec.storage_path),
-            callbacks=[callback],
+            callbacks=[callback, _placement_callback()],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             verbose=verbose,
         ),
     )
+
+
+class PlacementWatch:
+    """Ends the sweep with ``PlacementError`` when trials stay pending while none runs for longer
+    than the placement timeout (an autoscaler that never adds the node they need)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s, self.since = timeout_s, time.monotonic()
+
+    def __call__(self, trials: list) -> None:
+        from fusion_ray.placement import PlacementError
+
+        statuses = {t.status for t in trials}
+        if "RUNNING" in statuses or "PENDING" not in statuses:
+            self.since = time.monotonic()
+        elif time.monotonic() - self.since > self.timeout_s:
+            raise PlacementError(
+                f"no trial could be placed for {self.timeout_s:g} s: the cluster never offered "
+                "the resources the pending trials ask for; check the autoscaler (ray status), "
+                "ask for less under resources:, or raise $FUSION_RAY_PLACEMENT_TIMEOUT_S"
+            )
+
+
+def _placement_callback() -> Any:
+    from ray.tune import Callback
+
+    from fusion_ray.placement import placement_timeout_s
+
+    watch = PlacementWatch(placement_timeout_s())
+
+    class _Watch(Callback):
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            watch(trials)
+
+    return _Watch()
 
 
 def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob]) -> None:
@@ -469,6 +559,13 @@ def main(argv: list[str] | None = None) -> int:
     # Keeping only the last checkpoints makes Tune snapshot its state after each one, which it
     # then warns about on every trial; the snapshots are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # Trials that cannot be placed are checked before Tune starts and watched while it runs
+    # (fusion_ray.placement): Tune's own every-minute warning would only repeat it.
+    for name in (
+        "TUNE_WARN_INSUFFICENT_RESOURCE_THRESHOLD_S",
+        "TUNE_WARN_INSUFFICENT_RESOURCE_THRESHOLD_S_AUTOSCALER",
+    ):
+        os.environ.setdefault(name, "1e9")
 
     try:
         spec = load_sweep(args.sweep_file)
@@ -488,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from fusion_ray.lease import LeaseHeldError
+    from fusion_ray.placement import PlacementError
 
     print(
         f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
@@ -499,10 +597,14 @@ def main(argv: list[str] | None = None) -> int:
             address=args.address,
             verbose=args.verbose,
             take_over=args.take_over,
+            smoke=args.smoke,
         )
     except LeaseHeldError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except PlacementError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
     if not args.no_report:

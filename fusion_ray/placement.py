@@ -1,0 +1,158 @@
+"""Can the cluster place a sweep's trials? Checked before Ray Tune starts, so a trial no node
+can hold is an error in seconds instead of Tune waiting for it forever.
+
+A trial asks for bundles: one ``{CPU, GPU}`` bundle when it trains inside its Tune trial, or a
+token bundle (``memory`` plus one unit of ``driver_resource``) and one ``{CPU, GPU}`` bundle per
+DDP worker when it runs a TorchTrainer. Each bundle must fit on one node; the bundles of one
+trial may spread over nodes. The nodes are those alive now and, when the cluster has an
+autoscaler, the node types it may add (read from its cluster config).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fusion_ray.config import Resources
+
+AUTOSCALER_CONFIG_ENV = "FUSION_RAY_AUTOSCALER_CONFIG"
+"""The autoscaler's cluster config to read node types from; default: the one ``ray up`` leaves
+on the head node (~/ray_bootstrap_config.yaml)."""
+PLACEMENT_TIMEOUT_ENV = "FUSION_RAY_PLACEMENT_TIMEOUT_S"
+"""Seconds to wait for the autoscaler to add a node a pending trial needs (default 900)."""
+_KEYS = ("CPU", "GPU")
+
+
+def trial_bundles(res: Resources) -> list[dict[str, float]]:
+    """The resource bundles one trial asks for (see ``orchestrate.trial_resources``)."""
+    worker = {"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker if res.use_gpu else 0.0}
+    if res.workers == 1 and not res.force_trainer:
+        return [worker]
+    token = {"memory": 1024.0, **({res.driver_resource: 1.0} if res.driver_resource else {})}
+    return [token] + [dict(worker) for _ in range(res.workers)]
+
+
+def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
+    return all(node.get(key, 0.0) >= amount for key, amount in bundle.items() if amount > 0)
+
+
+def placeable(bundles: list[dict[str, float]], nodes: list[dict[str, float]]) -> bool:
+    """Whether ``bundles`` fit at once on ``nodes`` (free capacities), largest bundle first."""
+    free = [dict(n) for n in nodes]
+    for bundle in sorted(bundles, key=lambda b: -sum(b.get(k, 0.0) for k in _KEYS)):
+        node = next((n for n in free if _fits(bundle, n)), None)
+        if node is None:
+            return False
+        for key, amount in bundle.items():
+            node[key] = node.get(key, 0.0) - amount
+    return True
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What the cluster offers: its alive nodes, and the node types its autoscaler may add
+    (each as one node, ``max_workers`` of them)."""
+
+    nodes: list[dict[str, float]]
+    node_types: dict[str, tuple[dict[str, float], int]]
+
+    def largest_node(self) -> str:
+        if not self.nodes:
+            return "no node"
+        biggest = max(self.nodes, key=lambda n: (n.get("GPU", 0.0), n.get("CPU", 0.0)))
+        return f"{biggest.get('CPU', 0):g} CPUs and {biggest.get('GPU', 0):g} GPUs"
+
+    def with_autoscaling(self) -> list[dict[str, float]]:
+        added = [dict(res) for res, most in self.node_types.values() for _ in range(min(most, 16))]
+        return self.nodes + added
+
+
+def cluster_capacity() -> Capacity:
+    """The alive nodes of the connected Ray cluster and its autoscaler's node types, if any."""
+    import ray
+
+    nodes = [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+    return Capacity(nodes, autoscaler_node_types())
+
+
+def autoscaler_node_types(path: str | None = None) -> dict[str, tuple[dict[str, float], int]]:
+    """Node types of the autoscaler's cluster config: name -> (resources, max_workers)."""
+    where = Path(path or os.environ.get(AUTOSCALER_CONFIG_ENV) or "~/ray_bootstrap_config.yaml")
+    where = where.expanduser()
+    if not where.is_file():
+        return {}
+    config = yaml.safe_load(where.read_text()) or {}
+    types = config.get("available_node_types") or {}
+    return {
+        name: (
+            {k: float(v) for k, v in (spec.get("resources") or {}).items()},
+            int(spec.get("max_workers", config.get("max_workers", 1)) or 0),
+        )
+        for name, spec in types.items()
+        if isinstance(spec, dict) and int(spec.get("max_workers", 1) or 0) > 0
+    }
+
+
+def _request_text(res: Resources) -> str:
+    each = f"{res.cpus_per_worker:g} CPU" + (
+        f" + {res.gpus_per_worker:g} GPU" if res.use_gpu else ""
+    )
+    return f"{res.workers} worker(s) x ({each})"
+
+
+class PlacementError(RuntimeError):
+    """Trials that no node of the cluster can run (now, or after the autoscaler's wait)."""
+
+
+@dataclass
+class PlacementCheck:
+    """Per dataset, whether its trials fit now, only once the autoscaler adds a node, or never."""
+
+    never: dict[str, str]
+    """dataset -> the request no node and no node type can hold."""
+    later: dict[str, str]
+    """dataset -> the request only a node type not started yet can hold."""
+
+    def error(self, capacity: Capacity) -> str:
+        lines = [
+            f"  {dataset}: each trial asks {request}; the largest node has {capacity.largest_node()}"
+            for dataset, request in self.never.items()
+        ]
+        return (
+            "no node of this Ray cluster can run these trials, and Ray Tune would wait for them "
+            "forever:\n" + "\n".join(lines) + "\nfix: start a cluster that has such nodes (ray up "
+            "cluster.yaml), ask for less under resources: (or datasets.<name>.resources:), or set "
+            "FUSION_RAY_CPU_FALLBACK=1 with resources.use_gpu: false to rehearse GPU trials on CPUs "
+            "(--smoke does this by itself on a Ray without GPUs)"
+        )
+
+
+def check_placement(requests: dict[str, Resources], capacity: Capacity) -> PlacementCheck:
+    """``requests``: each dataset's trial resources, for the datasets with pending cells."""
+    never, later = {}, {}
+    for dataset, res in requests.items():
+        bundles = trial_bundles(res)
+        if placeable(bundles, capacity.nodes):
+            continue
+        if capacity.node_types and placeable(bundles, capacity.with_autoscaling()):
+            later[dataset] = _request_text(res)
+        else:
+            never[dataset] = _request_text(res)
+    return PlacementCheck(never, later)
+
+
+def placement_timeout_s() -> float:
+    return float(os.environ.get(PLACEMENT_TIMEOUT_ENV, "900"))
+
+
+def without_gpus(res: Resources) -> Resources:
+    """The same trial on CPUs (a rehearsal of a GPU sweep on a Ray without GPUs): one CPU per
+    worker, so DDP trials still run as DDP on a laptop."""
+    return res.model_copy(update={"use_gpu": False, "gpus_per_worker": 0.0, "cpus_per_worker": 1.0})
+
+
+def has_gpus(capacity: Capacity) -> bool:
+    return any(n.get("GPU", 0.0) > 0 for n in capacity.with_autoscaling())
