@@ -2,55 +2,99 @@
 
 Entries are classes or functions. Arguments the framework supplies (``d_model``, ``max_len``,
 ...) are ordinary parameters; arguments a user may set from YAML are keyword-only (after ``*``),
-so ``check`` can tell a user exactly which keywords an entry accepts.
+so ``check`` can tell a user exactly which keywords an entry accepts, and checks each value
+against the parameter's annotation (``kernel_size: int``, or ``Annotated[int, Ge(1)]``).
+
+Plug-ins: a registry with an entry-point ``group`` (``fusion_ray.fusions``, ...) also loads the
+entries other installed packages declare there, the first time it is asked for a name, in every
+process that asks (Ray workers too), so a user's package adds operators, positions, sources
+and tokenizers that YAML selects by name like the built-in ones. A name declared twice (by a
+plug-in and the built-ins, or by two plug-ins) is an error naming both packages.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import typing
 from collections.abc import Callable, Mapping
+from importlib import metadata
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T", bound=Callable[..., Any])
+
+BUILT_IN = "fusion-ray"
+"""The origin of the entries registered by this package itself."""
 
 
 class Registry(Generic[T]):
     """Maps names to constructors of one family, with helpful errors for unknown names."""
 
-    def __init__(self, family: str) -> None:
-        self.family = family
+    def __init__(self, family: str, group: str | None = None) -> None:
+        self.family, self.group = family, group
         self._entries: dict[str, T] = {}
         self._same_as: dict[str, str] = {}
+        self._origin: dict[str, str] = {}
+        self._plugins_loaded = group is None
 
-    def register(self, name: str, *, same_as: str | None = None) -> Callable[[T], T]:
+    def register(
+        self, name: str, *, same_as: str | None = None, origin: str = BUILT_IN
+    ) -> Callable[[T], T]:
         """Register an entry under ``name``. ``same_as`` names an entry that this one equals
         (same initial values, same forward; a contract test holds it to that): the study's name
-        for a model that another entry already is."""
+        for a model that another entry already is. ``origin``: the package it comes from."""
 
         def decorator(entry: T) -> T:
             if name in self._entries:
-                raise ValueError(f"{self.family} {name!r} is registered twice")
+                raise ValueError(
+                    f"{self.family} {name!r} is registered twice: by {self._origin[name]} and by "
+                    f"{origin}; rename one of them"
+                )
             if same_as is not None and same_as not in self._entries:
                 raise ValueError(f"{self.family} {name!r}: same_as {same_as!r} is not registered")
             self._entries[name] = entry
+            self._origin[name] = origin
             if same_as is not None:
                 self._same_as[name] = same_as
             return entry
 
         return decorator
 
+    def load_plugins(self) -> None:
+        """Register the entries of the installed packages' entry-point group (once)."""
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        for point in sorted(metadata.entry_points(group=self.group), key=lambda p: p.name):
+            origin = point.dist.name if point.dist is not None else point.value
+            if point.name in self._entries:
+                raise ValueError(
+                    f"{self.family} {point.name!r} is registered twice: by "
+                    f"{self._origin[point.name]} and by {origin} (entry point {point.value} in "
+                    f"group {self.group}); rename one of them"
+                )
+            self.register(point.name, origin=origin)(point.load())
+
+    def origin(self, name: str) -> str:
+        """The package an entry comes from (``fusion-ray`` for the built-ins)."""
+        self.get(name)
+        return self._origin[name]
+
     def same_as(self, name: str) -> str | None:
         """The entry that ``name`` is another name for, or None."""
+        self.load_plugins()
         return self._same_as.get(name)
 
     def names(self) -> list[str]:
+        self.load_plugins()
         return list(self._entries)
 
     def __contains__(self, name: object) -> bool:
+        self.load_plugins()
         return name in self._entries
 
     def get(self, name: str) -> T:
-        if name not in self._entries:
+        if name not in self:
             raise ValueError(f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}")
         return self._entries[name]
 
@@ -66,22 +110,69 @@ class Registry(Generic[T]):
         return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
     def check(self, name: str, kwargs: Mapping[str, Any]) -> list[str]:
-        """Every problem with ``name`` and ``kwargs``, as messages; empty when valid."""
-        if name not in self._entries:
+        """Every problem with ``name`` and ``kwargs``, as messages; empty when valid: unknown
+        options, missing ones, and values that do not match their parameter's annotation."""
+        if name not in self:
             return [f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}"]
         allowed = self.user_kwargs(name)
-        problems = []
-        for key in kwargs:
-            if key not in allowed:
-                hint = ", ".join(allowed) if allowed else "none"
-                problems.append(
-                    f"{self.family} {name!r} has no option {key!r}; allowed options: {hint}"
-                )
-        missing = [
-            k
-            for k, p in allowed.items()
-            if p.default is inspect.Parameter.empty and k not in kwargs
+        hint = ", ".join(allowed) if allowed else "none"
+        problems = [
+            f"{self.family} {name!r} has no option {key!r}; allowed options: {hint}"
+            for key in kwargs
+            if key not in allowed
         ]
-        for key in missing:
-            problems.append(f"{self.family} {name!r} needs option {key!r}")
+        problems += [
+            f"{self.family} {name!r} needs option {key!r}"
+            for key, p in allowed.items()
+            if p.default is inspect.Parameter.empty and key not in kwargs
+        ]
+        hints = _option_types(self.get(name))
+        for key, value in kwargs.items():
+            problem = _value_problem(hints.get(key), value) if key in allowed else None
+            if problem:
+                problems.append(f"{self.family} {name!r} option {key}: {problem}")
         return problems
+
+
+@functools.cache
+def _option_types(entry: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of an entry's parameters (of ``__init__`` for a class); {} when
+    they cannot be resolved."""
+    target = entry.__init__ if inspect.isclass(entry) else entry
+    try:
+        return typing.get_type_hints(target, include_extras=True)
+    except (NameError, TypeError):
+        return {}
+
+
+@functools.cache
+def _adapter(annotation: Any) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(annotation, config={"strict": True})
+
+
+def _value_problem(annotation: Any, value: Any) -> str | None:
+    """Why ``value`` does not match ``annotation`` (None when it does, or nothing is annotated)."""
+    if annotation is None or annotation is Any:
+        return None
+    from pydantic import ValidationError
+
+    from fusion_ray.checks import error_text
+
+    try:
+        adapter = _adapter(annotation)
+    except TypeError:  # an unhashable annotation: not cached
+        adapter = None
+    except Exception:  # an annotation pydantic cannot check: the constructor checks the value
+        return None
+    if adapter is None:
+        try:
+            adapter = _adapter.__wrapped__(annotation)
+        except Exception:
+            return None
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        return error_text(exc.errors()[0])
+    return None

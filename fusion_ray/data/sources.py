@@ -50,7 +50,7 @@ class RawDataset:
     label_names: list[str] | None = field(default=None)
 
 
-SOURCES: Registry = Registry("data source")
+SOURCES: Registry = Registry("data source", group="fusion_ray.sources")
 
 
 def _env_flag(name: str) -> bool:

@@ -17,7 +17,7 @@ PAD, UNK = "[PAD]", "[UNK]"
 SPECIALS = [PAD, UNK]
 PAD_ID, UNK_ID = 0, 1
 
-TOKENIZERS: Registry = Registry("tokenizer")
+TOKENIZERS: Registry = Registry("tokenizer", group="fusion_ray.tokenizers")
 
 
 def _check_specials(tok: Tokenizer) -> Tokenizer:

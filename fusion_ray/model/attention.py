@@ -63,7 +63,9 @@ class AttentionPosition(nn.Module):
         return None
 
 
-ATTENTION_POSITIONS: Registry[Callable[..., AttentionPosition]] = Registry("attention_position")
+ATTENTION_POSITIONS: Registry[Callable[..., AttentionPosition]] = Registry(
+    "attention_position", group="fusion_ray.attention_positions"
+)
 ATTENTION_POSITIONS.register("none")(AttentionPosition)
 
 

@@ -49,7 +49,7 @@ class GatedFusion(Fusion):
         return g * E + (1 - g) * P
 
 
-FUSIONS: Registry[Callable[..., Fusion]] = Registry("fusion")
+FUSIONS: Registry[Callable[..., Fusion]] = Registry("fusion", group="fusion_ray.fusions")
 
 
 def _expand(P: torch.Tensor, E: torch.Tensor) -> torch.Tensor:

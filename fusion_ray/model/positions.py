@@ -32,7 +32,9 @@ class PositionSignal(nn.Module):
         raise NotImplementedError
 
 
-POSITIONS: Registry[Callable[..., PositionSignal]] = Registry("position")
+POSITIONS: Registry[Callable[..., PositionSignal]] = Registry(
+    "position", group="fusion_ray.positions"
+)
 
 
 def check_base(base: float) -> float:

@@ -1,0 +1,90 @@
+"""Plug-in registries: entries another installed package declares under an entry-point group
+are found in any fresh process (as a Ray worker is), and a name declared twice is an error that
+names both packages."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PLUGIN = '''
+import torch
+
+from fusion_ray.model.fusion import Fusion
+
+
+class HalfAdd(Fusion):
+    """H = E + scale * P: a plug-in operator for the tests."""
+
+    def __init__(self, d_model: int, *, scale: float = 0.5) -> None:
+        super().__init__(d_model)
+        self.scale = scale
+
+    def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+        return E + self.scale * P
+'''
+
+
+def _install(site: Path, dist: str, entry_name: str) -> Path:
+    """A package and its dist-info (with an entry point in fusion_ray.fusions) under ``site``,
+    found by importlib.metadata when ``site`` is on the path: an installed plug-in package."""
+    module = dist.replace("-", "_")
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text(PLUGIN)
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[fusion_ray.fusions]\n{entry_name} = {module}:HalfAdd\n"
+    )
+    return site
+
+
+def _run(code: str, *sites: Path) -> subprocess.CompletedProcess:
+    path = ":".join([*(str(s) for s in sites), str(ROOT)])
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={"PYTHONPATH": path, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_a_plugin_operator_is_found_in_a_fresh_process_with_its_origin(tmp_path):
+    site = _install(tmp_path / "site", "fusion-half-add", "half_add")
+    proc = _run(
+        """
+        import torch
+        from fusion_ray.model import FUSIONS
+        op = FUSIONS.build("half_add", 4, scale=0.25)
+        E, P = torch.ones(1, 2, 4), torch.full((1, 2, 4), 4.0)
+        print(FUSIONS.origin("half_add"), FUSIONS.origin("add"), float(op(E, P)[0, 0, 0]))
+        print(FUSIONS.check("half_add", {"scale": "big"}))
+        """,
+        site,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first, second = proc.stdout.splitlines()
+    assert first == "fusion-half-add fusion-ray 2.0"
+    assert "option scale" in second and "'big'" in second
+
+
+def test_a_plugin_name_clashing_with_a_built_in_names_both_packages(tmp_path):
+    site = _install(tmp_path / "site", "fusion-shadow", "add")
+    proc = _run("from fusion_ray.model import FUSIONS; FUSIONS.names()", site)
+    assert proc.returncode != 0
+    assert "fusion 'add' is registered twice: by fusion-ray and by fusion-shadow" in proc.stderr
+
+
+def test_two_plugins_declaring_one_name_are_an_error_naming_both(tmp_path):
+    one = _install(tmp_path / "one", "fusion-one", "half_add")
+    two = _install(tmp_path / "two", "fusion-two", "half_add")
+    proc = _run("from fusion_ray.model import FUSIONS; FUSIONS.names()", one, two)
+    assert proc.returncode != 0
+    assert "fusion-one" in proc.stderr and "fusion-two" in proc.stderr
+    assert "'half_add' is registered twice" in proc.stderr
