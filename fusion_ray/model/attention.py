@@ -424,8 +424,9 @@ class KerpleLog(AttentionPosition):
     The paper's causal distance m - n becomes |i - j| in this bidirectional encoder (symmetric:
     distance, not direction, like ``alibi``). r = softplus(raw) keeps both positive without the
     reference code's in-place clamping; they start as there: r1 ~ U(0, 2), r2 ~ U(0, 1), floored
-    at 0.01. One set of parameters shared by all layers, like every bias here (KERPLE's code has
-    one per layer).
+    at 0.01. One set of parameters shared by all layers, like every bias here and as in KERPLE's
+    reference code, which builds one bias module and passes it to every layer
+    (chijames/KERPLE, megatron/model/gpt2_model.py).
     """
 
     def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
