@@ -650,6 +650,16 @@ def test_bidirectional_xpos_terms_reach_the_scores_in_fp32(
     assert torch.isinf(mask[1, :, :, 30:]).all() and torch.isfinite(mask[0]).all()
 
 
+def test_bidirectional_xpos_terms_have_the_right_gradients() -> None:
+    """The term is built in place on matmul outputs: autograd still gets it right."""
+    position = ATTENTION_POSITIONS.build("xpos", 2, 4, 16, scale_base=4.0).double()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 2, 9, 4, dtype=torch.float64, generator=g).unbind(0)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: position.score_terms(a, b, 0), (q, k))
+
+
 def test_xpos_options_are_validated() -> None:
     with pytest.raises(ValueError, match="direction must be one of bidirectional, published"):
         ATTENTION_POSITIONS.build("xpos", 2, 4, 16, direction="causal")

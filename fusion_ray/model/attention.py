@@ -342,7 +342,9 @@ class XPos(Rotary):
     and a key scale gives |n - m|, so q and k are rotated as ``rope`` does and the decay comes
     as a score term [B, H, L, L] in float32 (keys left of the query from the published scaling,
     keys right of it from the mirrored one, minus RoPE's score, which SDPA adds back): like
-    ``disentangled``, no flash kernel and an L x L float32 term per layer.
+    ``disentangled``, no flash kernel and a [B, H, L, L] float32 term per layer (built with at
+    most two such tensors alive; on CPU an evaluation pass peaks at about half of
+    ``disentangled``'s).
 
     Positions are not centred (torchscale centres them for range), so a document's scores do
     not depend on its padding. No parameters.
@@ -397,17 +399,14 @@ class XPos(Rotary):
             return None
         dtype = torch.promote_types(q.dtype, torch.float32)
         q, k = q.to(dtype), k.to(dtype)  # [B, H, L, Dh]
-        L = q.size(-2)
-        up, down = (s.to(dtype) for s in self.scales(L, q.device))  # [L, Dh]
-        p = torch.arange(L, device=q.device)
-        left = p[None, :] <= p[:, None]  # [L, L]: key j at or left of query i
-        # sum_c zeta_c^((i - j)/B) s_c(i, j) for j <= i, sum_c zeta_c^((j - i)/B) s_c(i, j) after
-        decayed = torch.where(
-            left,
-            (q * up) @ (k * down).transpose(-1, -2),
-            (q * down) @ (k * up).transpose(-1, -2),
-        )  # [B, H, L, L]
-        return (decayed - q @ k.transpose(-1, -2)) * self.head_dim**-0.5
+        up, down = (s.to(dtype) for s in self.scales(q.size(-2), q.device))  # [L, Dh]
+        # sum_c zeta_c^((i - j)/B) s_c(i, j) for keys j <= i, zeta_c^((j - i)/B) for j > i.
+        # In place on matmul outputs (their backward does not need them): at most two [B, H,
+        # L, L] tensors at a time.
+        scores = ((q * up) @ (k * down).transpose(-1, -2)).tril_()  # [B, H, L, L]: j <= i
+        scores += ((q * down) @ (k * up).transpose(-1, -2)).triu_(1)  # j > i
+        scores -= q @ k.transpose(-1, -2)  # SDPA adds RoPE's score back
+        return scores.mul_(self.head_dim**-0.5)
 
 
 def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
