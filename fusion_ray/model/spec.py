@@ -47,7 +47,9 @@ class ModelSpec:
     attention_position: str = "none"
     """Attention-level position mechanism, a name in fusion_ray.model.ATTENTION_POSITIONS."""
     attention_position_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the attention-level position mechanism."""
+    """Keyword options of the attention-level position mechanism. An entry's recorded options
+    (``RECORDED_OPTIONS``, e.g. xpos's ``direction``) are filled in at their defaults when left
+    out, so the config says which form ran."""
 
     def __post_init__(self) -> None:
         # The attention position's recorded options enter the config at their defaults, so a
