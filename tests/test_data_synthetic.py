@@ -13,7 +13,7 @@ import pytest
 
 from fusion_ray.data import DataSpec, cache_settings, check_data_spec, prepare_data
 from fusion_ray.data.cache import make_key
-from fusion_ray.data.sources import SyntheticSource
+from fusion_ray.data.sources import SPLITS, SyntheticSource
 from fusion_ray.data.synthetic import (
     MIN_SHARE,
     REGIMES,
@@ -174,6 +174,38 @@ def test_prepared_synthetic_regimes_are_small_and_fast(tmp_path):
     # Pseudo-words are whole tokens: token counts are word counts.
     assert 35 <= data.stats["train"]["mean"] <= 50
     assert data.stats["train"]["clip_rate"] < 0.02
+
+
+def test_a_tokenizer_that_cuts_into_the_label_window_is_an_error(tmp_path):
+    """check_data_spec compares max_length with words; the fitted tokenizer decides tokens.
+    bpe splits a few rare pseudo-words of the validation and test documents (unseen in
+    training) into pieces, so at max_length = window = 96 three label windows would lose their
+    tail: preparing the data fails and says how many, where, and the fixes."""
+    spec = DataSpec(source_kwargs={"regime": "short"}, max_length=96, cache_dir=str(tmp_path))
+    assert spec.tokenizer == "bpe" and check_data_spec(spec) == []  # fine in words
+    with pytest.raises(ValueError) as error:
+        prepare_data(spec)
+    message = str(error.value)
+    assert "2 of 400 validation, 1 of 800 test documents" in message, message
+    assert "the first 96 words of each document" in message
+    assert "tokenizer: word" in message and "data.max_length to at least 97" in message
+    assert "data.source_kwargs.window" in message
+    # nothing was cached: the next call checks again
+    with pytest.raises(ValueError, match="label-bearing words"):
+        prepare_data(spec)
+    # the same documents with the word tokenizer (one token per word), or room for the pieces
+    words = prepare_data(replace(spec, tokenizer="word"))
+    assert (len(words.validation), len(words.test)) == (400, 800)
+    assert prepare_data(replace(spec, max_length=97)).test_max_length == 97
+
+
+def test_label_words_per_split():
+    assert [SyntheticSource(regime="short").label_words(s) for s in SPLITS] == [96, 96, 96]
+    assert SyntheticSource(regime="medium", window=128).label_words("test") == 128
+    relative = SyntheticSource(regime="short", relative=True, test_length_scale=8)
+    # the whole of every training and validation document; test documents are cut on purpose
+    assert [relative.label_words(s) for s in SPLITS] == [128, 128, 0]
+    assert relative.label_span() == 128
 
 
 # ----------------------------------------------------------------------------- train short, test long

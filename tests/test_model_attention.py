@@ -151,9 +151,17 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
     split = TokenizedSplit(
         ids=docs, labels=np.zeros(3, dtype=np.int64), lengths=np.array([6, 6, 3])
     )
-    for name in ("none", "rope", "xpos"):
+    published = {"direction": "published"}  # xpos's default, bidirectional form has a score term
+    for name, options in (("none", {}), ("rope", {}), ("xpos", published)):
         model = build_classifier(
-            ModelSpec(d_model=8, n_heads=2, n_layers=2, max_len=8, attention_position=name),
+            ModelSpec(
+                d_model=8,
+                n_heads=2,
+                n_layers=2,
+                max_len=8,
+                attention_position=name,
+                attention_position_kwargs=options,
+            ),
             20,
             2,
             seed=0,
@@ -174,7 +182,7 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
         assert all(
             m is not None and m.dtype == torch.bool and m.shape == (2, 1, 1, 6) for m in seen
         )
-    for name in ("alibi", "t5_bias", "untied", "kerple_log", "fire"):
+    for name in ("alibi", "t5_bias", "untied", "kerple_log", "fire", "xpos"):
         model = build_classifier(
             ModelSpec(d_model=8, n_heads=2, n_layers=1, max_len=8, attention_position=name),
             20,
@@ -183,7 +191,8 @@ def test_unpadded_unbiased_attention_passes_no_mask(monkeypatch: pytest.MonkeyPa
         )
         seen.clear()
         model(ids)
-        assert seen[0].shape == (1, 2, 6, 6) and seen[0].is_floating_point()
+        shape = (2, 2, 6, 6) if name == "xpos" else (1, 2, 6, 6)  # a score term is per document
+        assert seen[0].shape == shape and seen[0].is_floating_point()
 
 
 @pytest.mark.parametrize("name", ATTENTION_POSITIONS.names())
@@ -207,10 +216,19 @@ def test_document_without_real_tokens_gives_no_nan(name: str) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["none", "rope", "xpos"])
 def test_flash_kernel_is_reachable_on_gpu(name: str) -> None:
-    """With only the flash backend allowed, an unpadded bf16 training step still runs."""
+    """With only the flash backend allowed, an unpadded bf16 training step still runs (xpos:
+    its published form; the default, bidirectional one adds a float32 score term)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    spec = ModelSpec(d_model=64, n_heads=4, n_layers=2, max_len=256, attention_position=name)
+    options = {"direction": "published"} if name == "xpos" else {}
+    spec = ModelSpec(
+        d_model=64,
+        n_heads=4,
+        n_layers=2,
+        max_len=256,
+        attention_position=name,
+        attention_position_kwargs=options,
+    )
     model = build_classifier(spec, 100, 3, seed=0).cuda()
     ids = torch.randint(1, 100, (4, 256), device="cuda")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):

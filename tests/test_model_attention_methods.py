@@ -5,14 +5,16 @@ parametrisation promises."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from fusion_ray.model import ATTENTION_POSITIONS, ModelSpec, build_classifier
+from fusion_ray.model import ATTENTION_POSITIONS, ModelSpec, build_classifier, check_model_spec
 from fusion_ray.model.attention import (
     AttentionPosition,
+    Rotary,
     SelfAttention,
     add_score_terms,
     build_attention_mask,
@@ -113,6 +115,21 @@ def naive_xpos(x: torch.Tensor, sign: int, scale_base: float) -> torch.Tensor:
     return out
 
 
+def naive_xpos_bidirectional(q: torch.Tensor, k: torch.Tensor, scale_base: float) -> torch.Tensor:
+    """Bidirectional xPos: sum over pairs c of zeta_c^(|i - j| / B) times pair c's RoPE score."""
+    rq, rk = naive_xpos(q, 0, scale_base), naive_xpos(k, 0, scale_base)  # sign 0: RoPE only
+    half = DH // 2
+    scores = torch.zeros(*q.shape[:-2], L, L, dtype=torch.float64)
+    for i in range(L):
+        for j in range(L):
+            for c in range(half):
+                zeta = (c / half + 0.4) / 1.4
+                pair = [c, c + half]
+                s = (rq[..., i, pair] * rk[..., j, pair]).sum(-1)
+                scores[..., i, j] += zeta ** (abs(i - j) / scale_base) * s
+    return scores
+
+
 def naive_kerple(position: torch.nn.Module) -> torch.Tensor:
     """-r1 log(1 + r2 |i - j|), r = log(1 + exp(raw))."""
     bias = torch.zeros(HEADS, L, L, dtype=torch.float64)
@@ -146,6 +163,8 @@ def naive_scores(name: str, position: torch.nn.Module, q: torch.Tensor, k: torch
         return naive_untied(position, q, k)
     if name == "disentangled":
         return naive_disentangled(position, q, k)
+    if name == "xpos" and position.direction == "bidirectional":
+        return naive_xpos_bidirectional(q, k, position.scale_base) / math.sqrt(DH)
     if name == "xpos":
         qx, kx = naive_xpos(q, +1, position.scale_base), naive_xpos(k, -1, position.scale_base)
         return qx @ kx.transpose(-1, -2) / math.sqrt(DH)
@@ -175,9 +194,22 @@ def naive_attention(
 @pytest.mark.parametrize("name", NEW_NAMES)
 @pytest.mark.parametrize("padded", [False, True])
 def test_sdpa_matches_naive_attention(name: str, padded: bool) -> None:
+    check_sdpa_matches_naive(name, padded, build(name))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_sdpa_matches_naive_attention_for_published_xpos(padded: bool) -> None:
+    """``xpos`` above is the default, bidirectional form; this is the published one."""
+    position = ATTENTION_POSITIONS.build(
+        "xpos", HEADS, DH, 64, N_LAYERS, **OPTIONS["xpos"], direction="published"
+    )
+    check_sdpa_matches_naive("xpos", padded, position)
+
+
+def check_sdpa_matches_naive(name: str, padded: bool, position: AttentionPosition) -> None:
     torch.manual_seed(0)
     attn = SelfAttention(D, HEADS, dropout=0.0).double().eval()
-    position = build(name).double()
+    position = position.double()
     with torch.no_grad():
         for p in attn.parameters():  # non-zero biases too
             p.normal_(std=0.3)
@@ -240,7 +272,7 @@ def test_xpos_scores_depend_on_offset_only_and_scale_each_pair_by_zeta() -> None
     frequency pair c only, it is rope's score times zeta_c^((n - m)/B), zeta_c from the paper:
     below 1 for keys to the left (n > m), above 1 for keys to the right."""
     B, Dh, n = 16.0, 8, 20
-    xpos = ATTENTION_POSITIONS.build("xpos", 1, Dh, 64, scale_base=B)
+    xpos = ATTENTION_POSITIONS.build("xpos", 1, Dh, 64, scale_base=B, direction="published")
     rope = ATTENTION_POSITIONS.build("rope", 1, Dh, 64)
     torch.manual_seed(0)
     q0, k0 = torch.randn(Dh, dtype=torch.float64), torch.randn(Dh, dtype=torch.float64)
@@ -408,9 +440,12 @@ def test_disentangled_terms_reach_the_scores_in_fp32(monkeypatch: pytest.MonkeyP
 
 
 def test_xpos_keeps_bf16_sdpa_without_a_float_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No score bias: SDPA gets bf16 q and no float mask, like rope (flash stays eligible)."""
+    """Published form: no score bias, SDPA gets bf16 q and no float mask, like rope (flash
+    stays eligible)."""
     n = 16
-    encoder = one_block_encoder(8, ATTENTION_POSITIONS.build("xpos", 2, 4, n))
+    encoder = one_block_encoder(
+        8, ATTENTION_POSITIONS.build("xpos", 2, 4, n, direction="published")
+    )
     keep = torch.ones(2, n, dtype=torch.bool)
     keep[1, 10:] = False
     spy = SdpaSpy(monkeypatch)
@@ -438,3 +473,237 @@ def test_padding_keys_are_ignored_under_bf16_autocast(name: str) -> None:
         y, y_other = encoder(x, keep), encoder(other, keep)
     assert torch.equal(y[0, :20], y_other[0, :20])
     assert not torch.equal(y[0, 20:], y_other[0, 20:])
+
+
+# ----------------------------------------------------------------------------- xpos's two forms
+
+
+def xpos_scores(position: AttentionPosition, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The pre-softmax scores [B, H, L, L] of one layer: SDPA's part plus any score terms."""
+    rq, rk = position.rotate(q, k)
+    scores = rq @ rk.transpose(-1, -2) / math.sqrt(q.size(-1))
+    terms = position.score_terms(rq, rk, 0)
+    return scores if terms is None else scores + terms
+
+
+def test_bidirectional_xpos_decays_with_distance_on_both_sides_and_is_symmetric() -> None:
+    """Same q and k at every position: the scores depend on n - m only. With q and k in one
+    frequency pair c only, they are rope's times zeta_c^(|n - m| / B): the same factor for a key
+    d to the left and d to the right, below 1 and falling with d on both sides. With q = k they
+    are a symmetric matrix."""
+    B, Dh, n = 16.0, 8, 20
+    xpos = ATTENTION_POSITIONS.build("xpos", 1, Dh, 64, scale_base=B)
+    assert xpos.direction == "bidirectional"  # the default
+    rope = ATTENTION_POSITIONS.build("rope", 1, Dh, 64)
+    torch.manual_seed(0)
+    q0, k0 = torch.randn(Dh, dtype=torch.float64), torch.randn(Dh, dtype=torch.float64)
+    q, k = q0.expand(1, 1, n, Dh), k0.expand(1, 1, n, Dh)
+    scores = xpos_scores(xpos, q, k)[0, 0]  # [n, n]
+    for offset in range(-(n - 1), n):
+        diagonal = torch.diagonal(scores, offset=offset)
+        assert torch.allclose(diagonal, diagonal[0].expand_as(diagonal), rtol=1e-5, atol=1e-6)
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().double()  # |n - m|
+    for c in range(Dh // 2):
+        pair = torch.zeros(Dh, dtype=torch.float64)
+        pair[[c, c + Dh // 2]] = 1.0
+        got = xpos_scores(xpos, q * pair, k * pair)[0, 0]
+        plain = xpos_scores(rope, q * pair, k * pair)[0, 0]
+        zeta = (c / (Dh / 2) + 0.4) / 1.4
+        factor = zeta ** (distance / B)  # symmetric in n - m, 1 on the diagonal
+        assert torch.allclose(got, plain * factor, rtol=1e-9, atol=1e-12)
+        assert (factor[0, 1:].diff() < 0).all() and (factor[-1, :-1].diff() > 0).all()
+    # q = k: rope's score is |q_c|^2 cos((n - m) theta_c), even in n - m, and so is the decay
+    same = xpos_scores(xpos, q, q)[0, 0]
+    assert torch.allclose(same, same.T, rtol=1e-9, atol=1e-12)
+    published = ATTENTION_POSITIONS.build("xpos", 1, Dh, 64, scale_base=B, direction="published")
+    mirrored = xpos_scores(published, q, q)[0, 0]
+    assert not torch.allclose(mirrored, mirrored.T, rtol=1e-3)  # the published form is not
+
+
+class FormerXPos(Rotary):
+    """``xpos`` as it was before its ``direction`` option (the published form), kept verbatim
+    as the reference that ``direction: published`` must reproduce bit for bit."""
+
+    def __init__(
+        self,
+        n_heads: int,
+        head_dim: int,
+        max_len: int,
+        n_layers: int = 1,
+        *,
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+    ) -> None:
+        super().__init__(n_heads, head_dim, max_len, n_layers, base=base)
+        self.scale_base = float(scale_base)
+        c = torch.arange(head_dim // 2, dtype=torch.float64)
+        zeta = (c / (head_dim / 2) + 0.4) / 1.4  # [Dh / 2], in (0, 1)
+        self.register_buffer("log_zeta", zeta.log(), persistent=False)
+
+    def scales(self, seq_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        log_zeta = self.log_zeta.to(device)
+        p = torch.arange(seq_len, device=device, dtype=log_zeta.dtype)
+        power = p[:, None] / self.scale_base * log_zeta[None, :]  # [L, Dh / 2]
+        power = torch.cat([power, power], dim=-1)  # [L, Dh]
+        return power.exp(), (-power).exp()
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k = super().rotate(q, k)
+        up, down = self.scales(q.size(-2), q.device)
+        return q * up.to(q.dtype), k * down.to(k.dtype)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_published_xpos_is_bitwise_the_former_code(autocast: bool) -> None:
+    """Same weights, same padded batch: logits and every gradient equal the former ``xpos``'s
+    bit for bit, in float32 and under bf16 autocast."""
+    spec = ModelSpec(
+        d_model=16,
+        n_heads=2,
+        n_layers=2,
+        max_len=64,
+        attention_position="xpos",
+        attention_position_kwargs={"direction": "published", "scale_base": 8.0},
+    )
+    ids = torch.randint(1, 30, (3, 40), generator=torch.Generator().manual_seed(0))
+    keep = torch.ones(3, 40, dtype=torch.bool)
+    keep[1, 25:] = False
+    results = []
+    for former in (False, True):
+        model = build_classifier(spec, 30, 3, seed=0).eval()
+        if former:
+            model.encoder.attention_position = FormerXPos(2, 8, 64, 2, scale_base=8.0)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = model(ids, keep)
+        logits.float().sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((logits.detach(), grads))
+    (logits, grads), (former_logits, former_grads) = results
+    assert torch.equal(logits, former_logits)
+    assert len(grads) == len(former_grads) and all(
+        torch.equal(a, b) for a, b in zip(grads, former_grads, strict=True)
+    )
+
+
+def far_right_share(name: str, L: int, **options: object) -> float:
+    """At initialisation (q, k ~ N(0, 1), head dimension 16, two heads): the mean share of
+    attention that the queries of the first half put on keys more than L/4 to their right."""
+    position = ATTENTION_POSITIONS.build(name, 2, 16, L, **options)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 2, L, 16, generator=g).unbind(0)  # each [1, H, L, Dh]
+    with torch.no_grad():
+        attention = xpos_scores(position, q, k)[..., : L // 2, :].softmax(dim=-1)
+    p = torch.arange(L)
+    far = p[None, :] > p[: L // 2, None] + L // 4  # [L/2, L]
+    return (attention * far).sum(-1).mean().item()
+
+
+def test_only_published_xpos_sends_attention_far_to_the_right_at_initialisation() -> None:
+    """The issue's measurement, scale_base 512. Even attention over the keys gives 1/2 (rope);
+    published xPos grows the scores of keys to the right: 81 % at L = 1024, 100 % at 4096. The
+    bidirectional form stays at or below rope's share."""
+    shares = {
+        (name, L): far_right_share("xpos" if name != "rope" else "rope", L, **options)
+        for name, options in (
+            ("rope", {}),
+            ("published", {"direction": "published"}),
+            ("bidirectional", {"direction": "bidirectional"}),
+        )
+        for L in (1024, 4096)
+    }
+    for L in (1024, 4096):
+        assert abs(shares["rope", L] - 0.5) < 0.01, shares
+        assert shares["bidirectional", L] <= shares["rope", L], shares
+        assert shares["bidirectional", L] > 0.4, shares  # decayed, not collapsed onto neighbours
+    assert 0.78 < shares["published", 1024] < 0.85, shares
+    assert shares["published", 4096] > 0.999, shares
+
+
+def test_bidirectional_xpos_terms_reach_the_scores_in_fp32(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The decay is a float32 score term, computed from the layer's bf16 rotated q and k and
+    added to the padding mask; attention then runs in float32 with autocast off."""
+    torch.manual_seed(0)
+    n = 48
+    position = ATTENTION_POSITIONS.build("xpos", 2, 4, n, scale_base=8.0)
+    encoder = one_block_encoder(8, position)
+    attn = encoder.blocks[0].attn
+    keep = torch.ones(2, n, dtype=torch.bool)
+    keep[1, 30:] = False
+    x = torch.randn(2, n, 8)
+    spy = SdpaSpy(monkeypatch)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        encoder(x, keep)
+        qkv = attn.qkv(x).view(2, n, 3, 2, 4)  # what the layer computes, bf16
+    [(q_dtype, mask, autocast_on)] = spy.calls
+    assert q_dtype == torch.float32 and not autocast_on
+    q, k, _ = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    with torch.no_grad():
+        rq, rk = position.rotate(q, k)
+        assert rq.dtype == torch.bfloat16
+        expected = add_score_terms(
+            build_attention_mask(keep, None), position.score_terms(rq, rk, 0)
+        )
+    assert mask is not None and mask.dtype == torch.float32 and mask.shape == (2, 2, n, n)
+    assert torch.equal(mask, expected)
+    assert torch.isinf(mask[1, :, :, 30:]).all() and torch.isfinite(mask[0]).all()
+
+
+def test_bidirectional_xpos_terms_have_the_right_gradients() -> None:
+    """The term is built in place on matmul outputs: autograd still gets it right."""
+    position = ATTENTION_POSITIONS.build("xpos", 2, 4, 16, scale_base=4.0).double()
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 2, 9, 4, dtype=torch.float64, generator=g).unbind(0)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: position.score_terms(a, b, 0), (q, k))
+
+
+def test_xpos_options_are_validated() -> None:
+    with pytest.raises(ValueError, match="direction must be one of bidirectional, published"):
+        ATTENTION_POSITIONS.build("xpos", 2, 4, 16, direction="causal")
+    spec = ModelSpec(d_model=8, n_heads=2, attention_position="xpos")
+    assert check_model_spec(spec) == []
+    bad = ModelSpec(
+        d_model=8, n_heads=2, attention_position="xpos", attention_position_kwargs={"direction": 1}
+    )
+    assert any("direction must be one of" in p for p in check_model_spec(bad))
+
+
+def test_the_xpos_default_enters_the_config_and_the_cell_id() -> None:
+    """Runs of ``xpos`` made before its direction option had ``attention_position_kwargs {}``
+    and the published form: the default form records its direction in the config, so it never
+    shares their cell id; entries without recorded options keep their config (and ids)."""
+    from fusion_ray.grid import cell_id, flatten
+    from fusion_ray.train.spec import TrialConfig
+
+    default = ModelSpec(attention_position="xpos")
+    assert default.attention_position_kwargs == {"direction": "bidirectional"}
+    published = ModelSpec(
+        attention_position="xpos", attention_position_kwargs={"direction": "published"}
+    )
+    assert published.attention_position_kwargs == {"direction": "published"}
+    kept = {"scale_base": 64.0}
+    assert ModelSpec(
+        attention_position="xpos", attention_position_kwargs=kept
+    ).attention_position_kwargs == {
+        "scale_base": 64.0,
+        "direction": "bidirectional",
+    } and kept == {"scale_base": 64.0}  # a new mapping: the caller's is left alone
+    for name in ATTENTION_POSITIONS.names():
+        if name != "xpos":
+            assert ModelSpec(attention_position=name).attention_position_kwargs == {}, name
+
+    before = ModelSpec(attention_position="xpos")
+    before.attention_position_kwargs = {}  # a config recorded before the option existed
+    ids = {
+        label: cell_id(TrialConfig(model=model))
+        for label, model in (("before", before), ("default", default), ("published", published))
+    }
+    assert len(set(ids.values())) == 3, ids
+    flat = flatten(dataclasses.asdict(TrialConfig(model=default)))
+    assert flat["model.attention_position_kwargs.direction"] == "bidirectional"
+    # the form travels with the trial: rebuilt from its config, it is the same model
+    model = build_classifier(default, 20, 2, seed=0)
+    assert model.encoder.attention_position.direction == "bidirectional"

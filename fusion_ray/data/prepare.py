@@ -371,6 +371,42 @@ def _encode(
     return ids, lengths
 
 
+def label_window_problem(
+    source: SyntheticSource, tok: tokenizers.Tokenizer, docs: dict[str, _Docs], spec: DataSpec
+) -> str | None:
+    """What is wrong when data.max_length tokens cut into the label-bearing words of some
+    synthetic documents, counted with the fitted tokenizer (``check_data_spec`` can only
+    compare max_length with words; a tokenizer that splits a word into pieces, as ``bpe`` may
+    for rare words, makes the words need more tokens). None when every label survives."""
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    cut, longest = [], 0
+    for name in ("train", "validation", "test"):
+        words = source.label_words(name)
+        if words == 0:
+            continue
+        prefixes = [" ".join(text.split()[:words]) for text in docs[name].texts]
+        tokens = [len(e.ids) for e in encode(prefixes, add_special_tokens=False)]
+        over = [n for n in tokens if n > spec.max_length]
+        if over:
+            cut.append(f"{len(over)} of {len(tokens)} {name}")
+            longest = max(longest, *over)
+    if not cut:
+        return None
+    if source.relative:
+        where = "every word of a training or validation document of the relative task"
+        fix = ""
+    else:
+        where = f"the first {source.label_words('test')} words of each document"
+        fix = ", or lower data.source_kwargs.window"
+    return (
+        f"data.max_length: {spec.max_length} tokens cut into the label-bearing words of "
+        f"{', '.join(cut)} documents of the synthetic {source.regime!r} task ({where}): the "
+        f"{spec.tokenizer!r} tokenizer splits some of their words into several tokens, so "
+        "truncation would let word counts reveal the label. Use tokenizer: word (one token "
+        f"per word), or raise data.max_length to at least {longest}{fix}"
+    )
+
+
 def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, Any]) -> Path:
     source = SOURCES.get(spec.source)(**spec.source_kwargs)
     raw = source.load()
@@ -387,6 +423,10 @@ def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, 
 
     tokenizer = TOKENIZERS.get(spec.tokenizer)(**spec.tokenizer_kwargs)
     tok = tokenizer.train(docs["train"].texts)  # the training split only
+    if isinstance(source, SyntheticSource):
+        problem = label_window_problem(source, tok, docs, spec)
+        if problem is not None:
+            raise ValueError(problem)
 
     arrays: dict[str, dict[str, np.ndarray]] = {}
     stats: dict[str, dict[str, float]] = {}

@@ -540,6 +540,17 @@ class SyntheticSource:
             return [
                 f"{p}.regime: unknown regime {self.regime!r}; allowed: {', '.join(synthetic.REGIMES)}"
             ]
+        problems = self._size_problems(p) + self._scale_problems(p) + self._relative_problems(p)
+        if not isinstance(self.topic_rate, (int, float)) or not 0.0 < self.topic_rate <= 1.0:
+            problems.append(f"{p}.topic_rate: must be a number in (0, 1], got {self.topic_rate!r}")
+        if not is_int(self.generator_seed) or self.generator_seed < 0:
+            problems.append(
+                f"{p}.generator_seed: must be a non-negative integer, got {self.generator_seed!r}"
+            )
+        return problems
+
+    def _size_problems(self, p: str) -> list[str]:
+        """The split sizes, num_classes and window."""
         problems = []
         for split, n in self.sizes.items():
             if n is not None and (not is_int(n) or n < 1):
@@ -552,6 +563,11 @@ class SyntheticSource:
             )
         if self.window is not None and (not is_int(self.window) or self.window < 8):
             problems.append(f"{p}.window: must be an integer >= 8 or null, got {self.window!r}")
+        return problems
+
+    def _scale_problems(self, p: str) -> list[str]:
+        """length_scale and test_length_scale."""
+        problems = []
         for name in ("length_scale", "test_length_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -560,20 +576,18 @@ class SyntheticSource:
                 problems.append(
                     f"{p}.{name}: must be a number in 0.05..100, got {getattr(self, name)!r}"
                 )
+        return problems
+
+    def _relative_problems(self, p: str) -> list[str]:
+        """relative, and a window given with it."""
         if not isinstance(self.relative, bool):
-            problems.append(f"{p}.relative: must be true or false, got {self.relative!r}")
-        elif self.relative and self.window is not None:
-            problems.append(
+            return [f"{p}.relative: must be true or false, got {self.relative!r}"]
+        if self.relative and self.window is not None:
+            return [
                 f"{p}.window: a relative task spreads the topics over each whole document and "
                 "has no window; remove window or set relative: false"
-            )
-        if not isinstance(self.topic_rate, (int, float)) or not 0.0 < self.topic_rate <= 1.0:
-            problems.append(f"{p}.topic_rate: must be a number in (0, 1], got {self.topic_rate!r}")
-        if not is_int(self.generator_seed) or self.generator_seed < 0:
-            problems.append(
-                f"{p}.generator_seed: must be a non-negative integer, got {self.generator_seed!r}"
-            )
-        return problems
+            ]
+        return []
 
     def fingerprint(self) -> dict[str, Any]:
         return {"synthetic_version": synthetic.SYNTHETIC_VERSION}
@@ -593,6 +607,19 @@ class SyntheticSource:
             synthetic.document_length_bounds(regime, self.split_length_scale(s))[1] for s in splits
         )
         return longest if self.relative else min(longest, self.window or regime.window)
+
+    def label_words(self, split: str) -> int:
+        """How many leading words of a document of ``split`` carry its label, which truncation
+        at data.max_length must keep: the window (all of a shorter document); every word of a
+        relative task's training and validation documents (its longest document's length);
+        none (0) of a relative task's test documents, which data.eval_lengths truncates on
+        purpose."""
+        regime = synthetic.REGIMES[self.regime]
+        if not self.relative:
+            return self.window or regime.window
+        if split == "test":
+            return 0
+        return synthetic.document_length_bounds(regime, self.split_length_scale(split))[1]
 
     def resolved_num_classes(self) -> int:
         return self.num_classes or synthetic.REGIMES[self.regime].num_classes

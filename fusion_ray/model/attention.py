@@ -5,7 +5,8 @@ An attention-level position acts inside attention only, through up to three hook
 ``AttentionPosition``: ``rotate`` transforms q and k (``rope``, ``xpos``); ``bias`` returns a
 content-free [heads, L, L] score bias, built once per forward and shared by all layers
 (``alibi``, ``t5_bias``, ``untied``, ``kerple_log``, ``fire``); ``score_terms`` returns
-content-dependent [B, heads, L, L] score terms for one layer (``disentangled``). A mechanism may
+content-dependent [B, heads, L, L] score terms for one layer (``disentangled``, and the decay of
+``xpos``'s default, bidirectional form). A mechanism may
 also rescale the content term q.k^T (``content_scale``). When there is neither padding nor a
 bias, attention runs with ``attn_mask=None``, so on a GPU it can take the flash kernel.
 
@@ -37,6 +38,11 @@ class AttentionPosition(nn.Module):
     the one module serves, for mechanisms with per-layer parameters); options a sweep may set
     are keyword-only in subclasses.
     """
+
+    RECORDED_OPTIONS: dict[str, Any] = {}
+    """Options written into the trial config (so into its cell id and MLflow params) at their
+    default when a sweep leaves them out (``ModelSpec`` fills them in): for an option added with
+    a default that computes something else than the entry did before it existed."""
 
     def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
         super().__init__()
@@ -308,24 +314,47 @@ class Disentangled(AttentionPosition):
         return (c2p + p2c.transpose(-1, -2)) * self.content_scale  # [B, H, L, L]
 
 
+XPOS_DIRECTIONS = ("bidirectional", "published")
+"""The forms of ``xpos``: its decay on |i - j| (this encoder's default) or on i - j as published."""
+
+
 @ATTENTION_POSITIONS.register("xpos")
 class XPos(Rotary):
-    """xPos (Sun et al. 2023): RoPE with an exponential scale per frequency pair. With R_n the
+    """xPos (Sun et al. 2023): RoPE with an exponential decay per frequency pair. With R_n the
     rotation of ``rope`` at position n and, for pair c = 0 .. d/2 - 1 (d = head dimension; pair
-    c turns at base^(-2c/d)), zeta_c = (c / (d/2) + gamma) / (1 + gamma), gamma = 0.4:
+    c turns at base^(-2c/d)), zeta_c = (c / (d/2) + gamma) / (1 + gamma), gamma = 0.4, the
+    score of query n and key m is a function of n - m only:
 
-        q~_n = (R_n q_n) * zeta^(n / B),   k~_m = (R_m k_m) * zeta^(-m / B),   B = scale_base,
+        ``published``:      q~_n . k~_m = sum_c zeta_c^((n - m) / B)   * (pair c's RoPE score),
+        ``bidirectional``:  q~_n . k~_m = sum_c zeta_c^(|n - m| / B) * (pair c's RoPE score),
 
-    so q~_n . k~_m = sum_c zeta_c^((n - m) / B) * (pair c's RoPE score): a function of n - m
-    only. B = 512 and gamma = 0.4 as the reference implementation (torchscale's XPOS).
+    B = ``scale_base``. B = 512 and gamma = 0.4 as the reference implementation (torchscale's
+    XPOS).
 
-    xPos is defined for causal attention (m <= n), where zeta^((n - m)/B) decays with distance.
-    In this bidirectional encoder it decays for keys to the left and grows for keys to the
-    right, by up to zeta_0^(-(m - n)/B) = 3.5 at m - n = 512 and 2.2e4 at 4096 (the
-    highest-frequency pair); a larger scale_base weakens both. Positions are not centred
-    (torchscale centres them for range), so a document's scores do not depend on its padding.
-    No parameters, no score bias: it keeps bf16 and the flash kernel as ``rope`` does.
+    ``published`` (``direction: published``) is the paper's: q~_n = (R_n q_n) * zeta^(n / B),
+    k~_m = (R_m k_m) * zeta^(-m / B). It is defined for causal attention (m <= n), where the
+    factor decays with distance. In this bidirectional encoder it decays for keys to the left
+    and grows for keys to the right, by up to zeta_0^(-(m - n)/B) = 3.5 at m - n = 512 and
+    2.2e4 at 4096 (the highest-frequency pair): at initialisation, queries of the first half of
+    a 1024-token document put most of their attention on keys far to their right. It needs no
+    score term: it keeps bf16 and the flash kernel as ``rope`` does.
+
+    ``bidirectional`` (the default) applies the same factor to the distance |n - m|, so scores
+    shrink on both sides and keys at +d and -d are decayed alike. No product of a query scale
+    and a key scale gives |n - m|, so q and k are rotated as ``rope`` does and the decay comes
+    as a score term [B, H, L, L] in float32 (keys left of the query from the published scaling,
+    keys right of it from the mirrored one, minus RoPE's score, which SDPA adds back): like
+    ``disentangled``, no flash kernel and a [B, H, L, L] float32 term per layer (built with at
+    most two such tensors alive; on CPU an evaluation pass peaks at about half of
+    ``disentangled``'s).
+
+    Positions are not centred (torchscale centres them for range), so a document's scores do
+    not depend on its padding. No parameters.
     """
+
+    RECORDED_OPTIONS = {"direction": "bidirectional"}
+    """Written into the config even when a sweep leaves it out: runs made before the option
+    existed used ``published`` with no option, so the default must not share their cell ids."""
 
     def __init__(
         self,
@@ -336,9 +365,15 @@ class XPos(Rotary):
         *,
         base: float = 10000.0,
         scale_base: float = 512.0,
+        direction: str = "bidirectional",
     ) -> None:
         super().__init__(n_heads, head_dim, max_len, n_layers, base=base)
         self.scale_base = positive_number("scale_base", scale_base)
+        if direction not in XPOS_DIRECTIONS:
+            raise ValueError(
+                f"direction must be one of {', '.join(XPOS_DIRECTIONS)}, got {direction!r}"
+            )
+        self.direction = direction
         c = torch.arange(head_dim // 2, dtype=torch.float64)
         zeta = (c / (head_dim / 2) + 0.4) / 1.4  # [Dh / 2], in (0, 1)
         # float64: the exponents p / B * log(zeta) reach ~10 at L = 4096 (a few [L, Dh] flops).
@@ -354,8 +389,26 @@ class XPos(Rotary):
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, k = super().rotate(q, k)
+        if self.direction == "bidirectional":
+            return q, k  # RoPE only: the decay is a score term
         up, down = self.scales(q.size(-2), q.device)
         return q * up.to(q.dtype), k * down.to(k.dtype)
+
+    def score_terms(self, q: torch.Tensor, k: torch.Tensor, layer: int) -> torch.Tensor | None:
+        """``bidirectional``: the decayed score minus RoPE's, scaled by 1/sqrt(Dh), from the
+        RoPE-rotated q, k [B, H, L, Dh]; ``published``: None."""
+        if self.direction == "published":
+            return None
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        q, k = q.to(dtype), k.to(dtype)  # [B, H, L, Dh]
+        up, down = (s.to(dtype) for s in self.scales(q.size(-2), q.device))  # [L, Dh]
+        # sum_c zeta_c^((i - j)/B) s_c(i, j) for keys j <= i, zeta_c^((j - i)/B) for j > i.
+        # In place on matmul outputs (their backward does not need them): at most two [B, H,
+        # L, L] tensors at a time.
+        scores = ((q * up) @ (k * down).transpose(-1, -2)).tril_()  # [B, H, L, L]: j <= i
+        scores += ((q * down) @ (k * up).transpose(-1, -2)).triu_(1)  # j > i
+        scores -= q @ k.transpose(-1, -2)  # SDPA adds RoPE's score back
+        return scores.mul_(self.head_dim**-0.5)
 
 
 def inverse_softplus(x: torch.Tensor) -> torch.Tensor:
@@ -372,8 +425,9 @@ class KerpleLog(AttentionPosition):
     The paper's causal distance m - n becomes |i - j| in this bidirectional encoder (symmetric:
     distance, not direction, like ``alibi``). r = softplus(raw) keeps both positive without the
     reference code's in-place clamping; they start as there: r1 ~ U(0, 2), r2 ~ U(0, 1), floored
-    at 0.01. One set of parameters shared by all layers, like every bias here (KERPLE's code has
-    one per layer).
+    at 0.01. One set of parameters shared by all layers, like every bias here and as in KERPLE's
+    reference code, which builds one bias module and passes it to every layer
+    (chijames/KERPLE, megatron/model/gpt2_model.py).
     """
 
     def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:

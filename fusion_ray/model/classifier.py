@@ -20,6 +20,7 @@ from fusion_ray.model.attention import ATTENTION_POSITIONS, Encoder, EncoderBloc
 from fusion_ray.model.fusion import FUSIONS, Fusion
 from fusion_ray.model.positions import POSITIONS, PositionSignal
 from fusion_ray.model.spec import ModelSpec
+from fusion_ray.registry import Registry
 from fusion_ray.seeds import derive_seed
 
 
@@ -180,20 +181,7 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 def check_model_spec(spec: ModelSpec) -> list[str]:
     """Every problem with ``spec`` as a user-facing message (field, bad value, allowed, fix)."""
-    problems: list[str] = []
-    for field in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-        value = getattr(spec, field)
-        if not is_int(value) or value < 1:
-            problems.append(f"model.{field}={value!r}: must be a positive integer")
-    dropout = spec.dropout
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        problems.append(f"model.dropout={dropout!r}: must be a number in [0, 1)")
-    if spec.activation not in ("relu", "gelu"):
-        problems.append(f"model.activation={spec.activation!r}: allowed values: relu, gelu")
-    for field in ("norm_first", "scale_embeddings"):
-        if not isinstance(getattr(spec, field), bool):
-            problems.append(f"model.{field}={getattr(spec, field)!r}: must be true or false")
-
+    problems = _field_problems(spec)
     d_ok = all(is_int(v) and v >= 1 for v in (spec.d_model, spec.max_len))
     heads_ok = d_ok and is_int(spec.n_heads) and spec.n_heads >= 1
     if heads_ok and spec.d_model % spec.n_heads:
@@ -227,20 +215,50 @@ def check_model_spec(spec: ModelSpec) -> list[str]:
             (spec.n_heads, head_dim, spec.max_len, n_layers),
         ),
     )
-    for field, registry, name, kwargs, sizes_ok, framework_args in families:
-        if not isinstance(kwargs, Mapping):
-            problems.append(f"model.{field}_kwargs={kwargs!r}: must be a mapping of options")
-            continue
-        found = registry.check(name, kwargs)
-        problems.extend(f"model.{field}: {p}" for p in found)
-        if found or not sizes_ok:
-            continue
-        # Build on the meta device (no memory, no RNG): the constructors validate option values
-        # and size constraints (even d_model for sin/cos, even head dim for rope).
-        try:
-            with torch.device("meta"):
-                registry.build(name, *framework_args, **kwargs)
-        except (ValueError, TypeError) as error:
-            options = f" with {field}_kwargs {dict(kwargs)}" if kwargs else ""
-            problems.append(f"model.{field}={name!r}{options}: {error}")
+    for family in families:
+        problems += _entry_problems(*family)
+    return problems
+
+
+def _field_problems(spec: ModelSpec) -> list[str]:
+    """The plain fields' values: sizes, dropout, activation, the two switches."""
+    problems: list[str] = []
+    for field in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
+        value = getattr(spec, field)
+        if not is_int(value) or value < 1:
+            problems.append(f"model.{field}={value!r}: must be a positive integer")
+    dropout = spec.dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        problems.append(f"model.dropout={dropout!r}: must be a number in [0, 1)")
+    if spec.activation not in ("relu", "gelu"):
+        problems.append(f"model.activation={spec.activation!r}: allowed values: relu, gelu")
+    for field in ("norm_first", "scale_embeddings"):
+        if not isinstance(getattr(spec, field), bool):
+            problems.append(f"model.{field}={getattr(spec, field)!r}: must be true or false")
+    return problems
+
+
+def _entry_problems(
+    field: str,
+    registry: Registry,
+    name: str,
+    kwargs: object,
+    sizes_ok: bool,
+    framework_args: tuple[int, ...],
+) -> list[str]:
+    """The problems of one registry entry and its options (``model.<field>``)."""
+    if not isinstance(kwargs, Mapping):
+        return [f"model.{field}_kwargs={kwargs!r}: must be a mapping of options"]
+    found = registry.check(name, kwargs)
+    problems = [f"model.{field}: {p}" for p in found]
+    if found or not sizes_ok:
+        return problems
+    # Build on the meta device (no memory, no RNG): the constructors validate option values
+    # and size constraints (even d_model for sin/cos, even head dim for rope).
+    try:
+        with torch.device("meta"):
+            registry.build(name, *framework_args, **kwargs)
+    except (ValueError, TypeError) as error:
+        options = f" with {field}_kwargs {dict(kwargs)}" if kwargs else ""
+        problems.append(f"model.{field}={name!r}{options}: {error}")
     return problems

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from fusion_ray.model.attention import ATTENTION_POSITIONS
+
 
 @dataclass
 class ModelSpec:
@@ -45,4 +47,24 @@ class ModelSpec:
     attention_position: str = "none"
     """Attention-level position mechanism, a name in fusion_ray.model.ATTENTION_POSITIONS."""
     attention_position_kwargs: dict[str, Any] = field(default_factory=dict)
-    """Keyword options of the attention-level position mechanism."""
+    """Keyword options of the attention-level position mechanism. An entry's recorded options
+    (``RECORDED_OPTIONS``, e.g. xpos's ``direction``) are filled in at their defaults when left
+    out, so the config says which form ran."""
+
+    def __post_init__(self) -> None:
+        # The attention position's recorded options enter the config at their defaults, so a
+        # trial's config (hence its cell id and MLflow params) says which form it ran.
+        self.attention_position_kwargs = with_recorded_options(
+            self.attention_position, self.attention_position_kwargs
+        )
+
+
+def with_recorded_options(name: Any, kwargs: Any) -> Any:
+    """``kwargs`` plus the ``RECORDED_OPTIONS`` of attention position ``name`` that it leaves
+    out (a new dict); anything else (an unknown name, kwargs not a mapping) as given, for
+    ``check_model_spec`` to report."""
+    if not isinstance(name, str) or name not in ATTENTION_POSITIONS or not isinstance(kwargs, dict):
+        return kwargs
+    recorded = getattr(ATTENTION_POSITIONS.get(name), "RECORDED_OPTIONS", {})
+    missing = {k: v for k, v in recorded.items() if k not in kwargs}
+    return {**kwargs, **missing} if missing else kwargs
