@@ -661,14 +661,19 @@ def test_bidirectional_xpos_terms_have_the_right_gradients() -> None:
 
 
 def test_xpos_options_are_validated() -> None:
-    with pytest.raises(ValueError, match="direction must be one of bidirectional, published"):
+    with pytest.raises(ValueError, match="direction: allowed values: bidirectional or published"):
         ATTENTION_POSITIONS.build("xpos", 2, 4, 16, direction="causal")
+    with pytest.raises(ValueError, match="direction must be one of bidirectional, published"):
+        ATTENTION_POSITIONS.get("xpos")(2, 4, 16, direction="causal")  # the class checks too
     spec = ModelSpec(d_model=8, n_heads=2, attention_position="xpos")
     assert check_model_spec(spec) == []
     bad = ModelSpec(
         d_model=8, n_heads=2, attention_position="xpos", attention_position_kwargs={"direction": 1}
     )
-    assert any("direction must be one of" in p for p in check_model_spec(bad))
+    assert any(
+        "option direction: allowed values: bidirectional or published (got 1)" in p
+        for p in check_model_spec(bad)
+    )
 
 
 def test_the_xpos_default_enters_the_config_and_the_cell_id() -> None:

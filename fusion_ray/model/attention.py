@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -365,7 +365,7 @@ class XPos(Rotary):
         *,
         base: float = 10000.0,
         scale_base: float = 512.0,
-        direction: str = "bidirectional",
+        direction: Literal["bidirectional", "published"] = "bidirectional",
     ) -> None:
         super().__init__(n_heads, head_dim, max_len, n_layers, base=base)
         self.scale_base = positive_number("scale_base", scale_base)
