@@ -835,7 +835,7 @@ def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[A
     """One trial's data, model or train settings built (pydantic checks each field's type and
     range), then the rules between its fields: (the settings or None, the problems)."""
     from fusion_ray.data import data_rules
-    from fusion_ray.model import check_model_spec
+    from fusion_ray.model import model_rules
 
     value, problems = validate_as(_SECTIONS[name], settings, name)
     problems = [p.replace(f"{name}: ", f"{name}.", 1) for p in problems]
@@ -844,7 +844,7 @@ def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[A
     if name == "data":
         problems += data_rules(value)  # its messages name data.<field> already
     elif name == "model":
-        problems += [f"model: {p}" for p in check_model_spec(value)]
+        problems += [f"model: {p}" for p in model_rules(value)]
     else:
         problems += [f"train.{p}" for p in train_rules(value, workers)]
     return (value if not problems else None), problems

@@ -136,6 +136,7 @@ def test_no_function_is_longer_than_a_screenful():
             "fusion_ray.model",
             {
                 "torch",
+                "annotated_types",
                 "fusion_ray.model",
                 "fusion_ray.registry",
                 "fusion_ray.checks",

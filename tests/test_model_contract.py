@@ -242,9 +242,9 @@ def test_check_model_spec_reports_every_problem() -> None:
     )
     problems = check_model_spec(spec)
     text = "\n".join(problems)
-    assert "model.n_layers=0" in text
-    assert "model.dropout=1.5" in text
-    assert "model.activation='tanh'" in text
+    assert "model.n_layers: must be >= 1 (got 0)" in text
+    assert "model.dropout: must be < 1 (got 1.5)" in text
+    assert "model.activation: allowed values: relu or gelu (got 'tanh')" in text
     assert "n_heads=8 does not divide model.d_model=130" in text
     assert "kernel_size must be a positive odd integer" in text
     assert "unknown position 'rope'" in text and "rotary_features" in text

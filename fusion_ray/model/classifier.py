@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from fusion_ray.checks import is_int
+from fusion_ray.checks import field_problems, is_int
 from fusion_ray.model.attention import ATTENTION_POSITIONS, Encoder, EncoderBlock
 from fusion_ray.model.fusion import FUSIONS, Fusion
 from fusion_ray.model.positions import POSITIONS, PositionSignal
@@ -180,8 +180,16 @@ def flops_per_token(spec: ModelSpec, seq_len: int) -> float:
 
 
 def check_model_spec(spec: ModelSpec) -> list[str]:
-    """Every problem with ``spec`` as a user-facing message (field, bad value, allowed, fix)."""
-    problems = _field_problems(spec)
+    """Every problem with ``spec`` as a user-facing message (field, bad value, allowed, fix):
+    its fields' own types and ranges, then ``model_rules``."""
+    return _field_problems(spec) + model_rules(spec)
+
+
+def model_rules(spec: ModelSpec) -> list[str]:
+    """The rules between a ModelSpec's fields: n_heads dividing d_model, and each registry
+    entry built with its options and the sizes it is given (the config validator calls this
+    for every grid point, after the fields were checked as the spec was built)."""
+    problems: list[str] = []
     d_ok = all(is_int(v) and v >= 1 for v in (spec.d_model, spec.max_len))
     heads_ok = d_ok and is_int(spec.n_heads) and spec.n_heads >= 1
     if heads_ok and spec.d_model % spec.n_heads:
@@ -221,21 +229,9 @@ def check_model_spec(spec: ModelSpec) -> list[str]:
 
 
 def _field_problems(spec: ModelSpec) -> list[str]:
-    """The plain fields' values: sizes, dropout, activation, the two switches."""
-    problems: list[str] = []
-    for field in ("d_model", "n_heads", "n_layers", "d_ff", "max_len"):
-        value = getattr(spec, field)
-        if not is_int(value) or value < 1:
-            problems.append(f"model.{field}={value!r}: must be a positive integer")
-    dropout = spec.dropout
-    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-        problems.append(f"model.dropout={dropout!r}: must be a number in [0, 1)")
-    if spec.activation not in ("relu", "gelu"):
-        problems.append(f"model.activation={spec.activation!r}: allowed values: relu, gelu")
-    for field in ("norm_first", "scale_embeddings"):
-        if not isinstance(getattr(spec, field), bool):
-            problems.append(f"model.{field}={getattr(spec, field)!r}: must be true or false")
-    return problems
+    """The fields' own types and ranges (sizes, dropout, activation, the two switches): they
+    live on the fields of ModelSpec."""
+    return field_problems(spec, "model.")
 
 
 def _entry_problems(
