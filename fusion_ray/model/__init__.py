@@ -8,10 +8,10 @@ from fusion_ray.model.classifier import (
     FusionClassifier,
     build_classifier,
     check_model_spec,
-    model_rules,
     count_parameters,
     derive_seed,
     flops_per_token,
+    model_rules,
 )
 from fusion_ray.model.fusion import FUSIONS
 from fusion_ray.model.positions import POSITIONS
