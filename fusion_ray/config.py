@@ -17,6 +17,7 @@ import itertools
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -509,12 +510,54 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
     return spec, problems
 
 
-def load_sweep(path: str | Path) -> SweepSpec:
-    """Read and fully validate a sweep file; raises ``SweepFileError`` listing every problem."""
-    spec, problems = validate_sweep_dict(read_sweep_dict(path))
+def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and fully validate a sweep file, with command-line ``overrides`` (``key=value``)
+    applied as edits of the file; raises ``SweepFileError`` listing every problem."""
+    raw = apply_overrides(read_sweep_dict(path), overrides, path)
+    spec, problems = validate_sweep_dict(raw)
     if problems or spec is None:
         raise SweepFileError(path, problems)
     return spec
+
+
+#: Sections that a ``data.X=``, ``model.X=`` or ``train.X=`` override sets in every dataset preset.
+PRESET_SECTIONS = ("data", "model", "train")
+
+
+def apply_overrides(
+    raw: dict[str, Any], overrides: Sequence[str], path: str | Path
+) -> dict[str, Any]:
+    """The sweep file's mapping with each ``key=value`` override applied as an edit of the file:
+    ``key`` is a dotted path into the file (``seeds=[0,1]``, ``resources.workers=2``,
+    ``datasets.short.data.max_length=64``), and ``data.X``, ``model.X``, ``train.X`` set X in
+    every dataset's preset (as editing each preset would); ``value`` is read as YAML."""
+    out = copy.deepcopy(raw)
+    problems = []
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not _DOTTED_KEY.fullmatch(key):
+            problems.append(
+                f"override {override!r}: write key=value with a dotted key, e.g. train.epochs=3"
+            )
+            continue
+        try:
+            value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        except yaml.YAMLError as exc:
+            problems.append(f"override {override!r}: the value is not valid YAML ({exc})")
+            continue
+        section = key.split(".", 1)[0]
+        if section in PRESET_SECTIONS and "." in key:
+            for preset in (out.get("datasets") or {}).values():
+                if isinstance(preset, dict):
+                    set_dotted(preset, key, value)
+        else:
+            set_dotted(out, key, value)
+    if problems:
+        raise SweepFileError(path, problems)
+    return out
+
+
+_DOTTED_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 
 def smoke_version(spec: SweepSpec) -> SweepSpec:

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,7 @@ def run_sweep(
     verbose: int = 0,
     take_over: bool = False,
     smoke: bool = False,
+    overrides: Sequence[str] = (),
 ) -> SweepOutcome:
     """Run every cell of ``spec`` without a FINISHED MLflow run; returns what happened.
 
@@ -109,6 +111,8 @@ def run_sweep(
         parent_tags = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
         if rehearsal:
             parent_tags[CPU_REHEARSAL_TAG] = "true"
+        if overrides:
+            parent_tags[OVERRIDES_PARAM] = json.dumps(list(overrides))
         parent_tags[GRID_AXES_TAG] = json.dumps(
             {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
         )
@@ -124,6 +128,8 @@ def run_sweep(
             raise
 
 
+OVERRIDES_PARAM = "overrides"
+"""Parent-run param: the command line's ``key=value`` overrides of the sweep file (JSON list)."""
 CPU_REHEARSAL_TAG = "smoke_gpu_trials_on_cpu"
 """Parent-run tag of a --smoke run that trained a GPU sweep's trials on CPUs."""
 
@@ -392,7 +398,7 @@ def _trial_name(cell: Cell) -> str:
 # ----------------------------------------------------------------------------- output
 
 
-def _existing_tracker(spec: SweepSpec) -> Any:
+def existing_tracker(spec: SweepSpec) -> Any:
     """The sweep's tracker if its store and experiment exist (None, without importing MLflow,
     when a local store is not there yet)."""
     if spec.tracking_uri.startswith("sqlite:///"):
@@ -403,45 +409,44 @@ def _existing_tracker(spec: SweepSpec) -> Any:
     return Tracker.existing(spec.tracking_uri, spec.name)
 
 
-def print_dry_run(spec: SweepSpec, todo: Plan) -> None:
+def dry_run_text(spec: SweepSpec, todo: Plan) -> str:
+    """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, and
+    for an adaptive sweep its first wave, cap and worst case."""
     cells, done = todo.cells, todo.done
-    print(
+    out = [
         f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {spec.tracking_uri})"
-    )
+    ]
     if spec.adaptive is not None:
-        _print_adaptive_plan(spec, todo)
+        out += _adaptive_plan_lines(spec, todo)
     for axis, counts in axis_counts(cells).items():
-        print(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+        out.append(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
     note = todo.other_settings_note(spec.name)
     if note:
-        print(f"  note: {note}")
+        out.append(f"  note: {note}")
     axes = list(spec.grid.settings)
     columns = ", ".join(["seed", "dataset", "position", "attention_position", "fusion", *axes])
-    print(f"  {'seed-major order':<19} ({columns}, status, cell_id):")
-    lines = []
+    out.append(f"  {'seed-major order':<19} ({columns}, status, cell_id):")
     for cell in cells:
         status = "FINISHED" if cell.cell_id in done else "pending"
         settings = "".join(f"{text:<8} " for _, text in cell.axes)
-        lines.append(
+        out.append(
             f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {settings}{status:<8} {cell.cell_id}"
         )
-    print("\n".join(lines))
+    return "\n".join(out)
 
 
-def _print_adaptive_plan(spec: SweepSpec, todo: Plan) -> None:
+def _adaptive_plan_lines(spec: SweepSpec, todo: Plan) -> list[str]:
     """The adaptive sweep's first wave, cap and worst case, and what it would run next."""
     rule, schedule = spec.adaptive, adaptive_schedule(spec, todo)
     first = len(schedule.first_wave())
-    print(
+    return [
         f"  adaptive seeds: first wave seeds 0-{rule.first - 1} ({first} cells), then the next seed "
         f"of each undecided comparison up to {rule.max} seeds; {len(schedule.comparisons)} "
         f"comparisons vs {schedule.baseline}, alpha {rule.alpha} (Holm at every look)"
-        + (f", equivalence margin +-{rule.margin} points" if rule.margin else "")
-    )
-    print(
+        + (f", equivalence margin +-{rule.margin} points" if rule.margin else ""),
         f"  worst case {schedule.worst_case()} cells (every comparison undecided to seed "
-        f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones"
-    )
+        f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones",
+    ]
 
 
 def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> None:
@@ -516,6 +521,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
     parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="edits of the file, e.g. train.epochs=3 seeds=[0,1] resources.workers=2 (data.X, "
+        "model.X and train.X set X in every dataset's preset); checked like the file, recorded "
+        "on the parent run, and part of the cells' configs",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the cells and what is already finished; start nothing",
@@ -568,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(name, "1e9")
 
     try:
-        spec = load_sweep(args.sweep_file)
+        spec = load_sweep(args.sweep_file, args.overrides)
     except (SweepFileError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -581,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     if args.dry_run:
-        print_dry_run(spec, plan(spec, _existing_tracker(spec)))
+        print(dry_run_text(spec, plan(spec, existing_tracker(spec))))
         return 0
 
     from fusion_ray.lease import LeaseHeldError
@@ -598,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
             take_over=args.take_over,
             smoke=args.smoke,
+            overrides=args.overrides,
         )
     except LeaseHeldError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,0 +1,86 @@
+"""The ``fusion-ray`` command: one entry point for every job of the package.
+
+    fusion-ray sweep sweeps/quickstart.yaml [KEY=VALUE ...] [--dry-run] [--smoke] ...
+    fusion-ray hpo sweeps/hpo/agnews.yaml ...
+    fusion-ray report --experiment quickstart ...
+    fusion-ray train TRIAL.yaml ...
+    fusion-ray cluster ...
+    fusion-ray list
+
+Each subcommand takes the options of the module it runs (``fusion-ray sweep --help`` shows
+them); ``python -m fusion_ray.sweep ...`` and the other module commands keep working as they are.
+``list`` prints every entry of every registry, with its options and the package it comes from.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Sequence
+
+#: subcommand -> (module whose ``main(argv)`` runs it, one line of help)
+COMMANDS = {
+    "sweep": ("fusion_ray.sweep", "run a sweep file's cells on Ray (or --dry-run / --smoke)"),
+    "hpo": ("fusion_ray.hpo", "tune a sweep's shared settings with Optuna on Ray Tune"),
+    "report": ("analysis.report", "the paired-statistics report of a sweep's MLflow runs"),
+    "train": ("fusion_ray.train.__main__", "train one trial config locally (no Ray)"),
+    "cluster": ("fusion_ray.cluster", "render or check the cluster files"),
+    "list": ("fusion_ray.cli", "every registry entry with its options and origin"),
+}
+
+
+def registries() -> dict[str, object]:
+    """Every registry a sweep file selects from by name."""
+    from fusion_ray.data.sources import SOURCES
+    from fusion_ray.data.tokenizer import TOKENIZERS
+    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
+
+    return {
+        "fusions": FUSIONS,
+        "positions": POSITIONS,
+        "attention_positions": ATTENTION_POSITIONS,
+        "data sources": SOURCES,
+        "tokenizers": TOKENIZERS,
+    }
+
+
+def _option_text(param: inspect.Parameter) -> str:
+    if param.default is inspect.Parameter.empty:
+        return f"{param.name} (required)"
+    return f"{param.name}={param.default!r}"
+
+
+def list_entries() -> str:
+    """Every entry of every registry: name, origin, options (with defaults)."""
+    lines = []
+    for title, registry in registries().items():
+        lines.append(f"{title} (entry-point group {registry.group}):")
+        for name in registry.names():
+            options = ", ".join(map(_option_text, registry.user_kwargs(name).values()))
+            alias = registry.same_as(name)
+            extra = f" = {alias}" if alias else ""
+            lines.append(
+                f"  {name:<20} [{registry.origin(name)}]{extra}  options: {options or 'none'}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
+        width = max(map(len, COMMANDS))
+        usage = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
+        summary = __doc__.split("\n\n")[0]
+        print(f"usage: fusion-ray COMMAND [options]\n\n{summary}\n\ncommands:\n{usage}")
+        return 0 if args and args[0] in ("-h", "--help") else 2
+    command, rest = args[0], args[1:]
+    if command == "list":
+        print(list_entries())
+        return 0
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
