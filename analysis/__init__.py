@@ -1,14 +1,14 @@
 """Paired-seed analysis of fusion-ray sweeps, read from MLflow.
 
-The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it never imports
-``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
+The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"), whose names it imports
+from ``fusion_ray.schema`` (standard library only); it imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
 
     from analysis import load_experiment, pair_runs, compare, StatsSettings
     exp = load_experiment("full_grid", "sqlite:///mlflow.db")
     pairing = pair_runs(exp.runs, baseline="add")
     stats = compare(pairing, StatsSettings(alpha=0.05)).table
 
-Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame of the sweep's
+Modules: ``load`` (MLflow -> tidy frame of the sweep's
 cells, metrics checked), ``other_settings`` (the runs left out as other settings, described),
 ``pairing`` (seed pairs against the baseline, checked; why nothing can be compared), ``paired``
 (statistics and their registry), ``interaction`` (does an operator effect depend on a grid

@@ -37,7 +37,6 @@ from analysis.paired import Comparisons, StatsSettings, compare
 from analysis.pairing import NothingToCompareError, Pairing, pair_runs, why_nothing_to_compare
 from analysis.plots import slug
 from analysis.reproduction import reproduction_table
-from analysis.schema import CELLS_ARTIFACT, GATE_COLUMNS, GATES_FILE
 from analysis.tables import (
     Table,
     TableInputs,
@@ -50,6 +49,7 @@ from analysis.tables import (
     table2,
     table3,
 )
+from fusion_ray.schema import CELLS_ARTIFACT, GATE_COLUMNS, GATES_FILE
 
 #: Where the report goes among the sweep parent run's artifacts.
 ARTIFACT_PATH = "analysis"

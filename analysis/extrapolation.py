@@ -50,12 +50,12 @@ from analysis.paired import (
     finish_family,
     integer_deltas,
 )
-from analysis.schema import (
+from analysis.tables import Table, column_label, fmt
+from fusion_ray.schema import (
     EVAL_LENGTH_METRIC_PREFIXES,
     LENGTH_PREDICTION_COLUMNS,
     LENGTH_PREDICTIONS_FILE,
 )
-from analysis.tables import Table, column_label, fmt
 
 #: The param holding a run's training length (documents are truncated to it in training).
 TRAIN_LENGTH_PARAM = PARAM_PREFIX + "data.max_length"

@@ -15,8 +15,8 @@ import pandas as pd
 from analysis import plots
 from analysis.context import ReportContext
 from analysis.gates import gate_figure
-from analysis.schema import AXIS_TAG_PREFIX
 from analysis.tables import describe_setting, select
+from fusion_ray.schema import AXIS_TAG_PREFIX
 
 #: A figure of report.md: its caption and the PNG (a PDF lies next to it).
 DrawnFigure = tuple[str, Path]

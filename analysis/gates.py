@@ -29,7 +29,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
 from analysis.plots import operator_colors  # noqa: E402
-from analysis.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
+from fusion_ray.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
 
 #: The trial tags each row of the gate frame carries, beside every ``axis.*`` tag of its run.
 RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")

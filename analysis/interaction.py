@@ -34,7 +34,7 @@ from analysis.paired import (
     exact_family_warnings,
     exact_test_columns,
 )
-from analysis.schema import INIT_METRICS
+from fusion_ray.schema import INIT_METRICS
 
 #: Name of the interaction family in warnings and in report.md.
 FAMILY = "interaction tests"

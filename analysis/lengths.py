@@ -27,7 +27,7 @@ import pandas as pd
 
 from analysis.load import read_run_parquet
 from analysis.paired import StatsSettings, describe_deltas, finish_family
-from analysis.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
+from fusion_ray.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 
 def read_predictions(artifact_uri: str) -> pd.DataFrame | None:

@@ -1,8 +1,8 @@
 """MLflow -> a tidy frame of an experiment's trial runs.
 
-This module reads only the MLflow schema (``analysis.schema``, the names agreed with the sweep
-side and repeated in the README's Analysis section); it never imports fusion_ray, so it can
-analyse runs logged by anything that follows the schema.
+This module reads only the MLflow schema (``fusion_ray.schema``, the one module of names both
+sides share, repeated in the README's Analysis section); of fusion_ray it imports nothing else,
+so it can analyse runs logged by anything that follows the schema.
 
 Loading fetches all runs of the experiment with a few large ``search_runs`` pages (never one
 client call per run), or, for a sqlite store, with a handful of SQL queries over MLflow's own
@@ -39,7 +39,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from analysis.schema import (
+from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     CELLS_ARTIFACT,
     EPOCH_METRICS,
@@ -54,6 +54,7 @@ from analysis.schema import (
     ROLE_TAG,
     ROLE_TRIAL,
     TRIAL_TAGS,
+    axis_text,
 )
 
 #: Every param of a run becomes a column ``params.<name>`` (a string, as MLflow stores it).
@@ -653,14 +654,6 @@ def split_sweep_cells(
 
 
 # ----------------------------------------------------------------------------- grid axes
-
-
-def axis_text(value: Any) -> str:
-    """A level as the sweep writes it in an ``axis.<key>`` tag: booleans ``true``/``false``,
-    anything else as text."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def natural_levels(values: Sequence[str]) -> list[str]:

@@ -12,7 +12,15 @@ from analysis.extrapolation import CSV_FILES
 from analysis.interaction import ADDITIVE, SCALE_AXIS
 from analysis.paired import method_lines
 from analysis.reproduction import reproduction_markdown
-from analysis.schema import (
+from analysis.tables import (
+    column_label,
+    describe_setting,
+    interaction_caption,
+    latency_note,
+    select,
+    stats_table,
+)
+from fusion_ray.schema import (
     CELLS_ARTIFACT,
     GATES_FILE,
     GRID_AXES_TAG,
@@ -22,14 +30,6 @@ from analysis.schema import (
     POSITION_ALIAS_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
-)
-from analysis.tables import (
-    column_label,
-    describe_setting,
-    interaction_caption,
-    latency_note,
-    select,
-    stats_table,
 )
 
 TABLES = ("table1", "table2", "table3")

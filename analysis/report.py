@@ -53,14 +53,14 @@ from analysis.markdown import GATES_CSV, REPRODUCTION_CSV, render_report
 from analysis.other_settings import OtherSettings
 from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
-from analysis.schema import (
+from analysis.tables import Table
+from fusion_ray.schema import (
     GATES_FILE,
     LENGTH_PREDICTIONS_FILE,
     PREDICTIONS_FILE,
     ROLE_SWEEP,
     ROLE_TAG,
 )
-from analysis.tables import Table
 
 __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
 

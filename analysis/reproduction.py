@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.schema import AXIS_TAG_PREFIX
 from analysis.tables import fmt
+from fusion_ray.schema import AXIS_TAG_PREFIX
 
 #: The study's published numbers, a data file of this package.
 PAPER_RESULTS_FILE = "paper_results.csv"

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.paired import summary_cells
-from analysis.schema import LATENCY_RATIO_METRIC
+from fusion_ray.schema import LATENCY_RATIO_METRIC
 
 #: Display order of known operators; others follow alphabetically.
 KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")

@@ -25,8 +25,8 @@ from analysis.gates import gate_ends, gate_summary
 from analysis.load import load_experiment
 from analysis.report import ReportOptions, build_report
 from analysis.reproduction import reproduction_table
-from analysis.schema import GATES_FILE, ROLE_SWEEP, ROLE_TAG
 from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
+from fusion_ray.schema import GATES_FILE, ROLE_SWEEP, ROLE_TAG
 
 SEEDS = range(4)
 CORRECT = {"add": [58, 60, 62, 60], "gate_scalar": [64, 66, 68, 66]}

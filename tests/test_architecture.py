@@ -1,7 +1,7 @@
 """The house rules, checked on the source: every module imports on its own, no import cycles, no
 private names borrowed across modules, no function longer than a screenful, and the rooms of
-DESIGN.md (model imports only torch, data knows nothing of models, analysis never imports
-fusion_ray)."""
+DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
+fusion_ray but the shared schema, which itself imports only the standard library)."""
 
 from __future__ import annotations
 
@@ -169,8 +169,10 @@ def test_no_function_is_longer_than_a_screenful():
                 "pyarrow",
                 "sqlalchemy",
                 "analysis",
+                "fusion_ray.schema",
             },
         ),
+        ("fusion_ray.schema", set()),
     ],
 )
 def test_rooms_import_only_what_they_may(room, allowed):
@@ -185,3 +187,19 @@ def test_rooms_import_only_what_they_may(room, allowed):
                 continue
             wrong.append(f"{path.relative_to(ROOT)}:{line}: {module}")
     assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
+
+
+def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
+    """analysis imports ``fusion_ray.schema``; that must not pull in torch, Ray or the rest of
+    fusion_ray (the package's ``__init__`` stays import-light)."""
+    code = (
+        "import sys; before = set(sys.modules); import fusion_ray.schema; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    stdlib = set(sys.stdlib_module_names)
+    loaded = [m for m in proc.stdout.split() if m.split(".")[0] not in stdlib]
+    assert sorted(loaded) == ["fusion_ray", "fusion_ray.schema"], loaded
