@@ -29,7 +29,8 @@ from analysis.load import (
     ImpossibleMetricsError,
     load_experiment,
 )
-from analysis.paired import (
+from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
+from analysis.stats import (
     Comparisons,
     Statistic,
     StatsSettings,
@@ -42,7 +43,6 @@ from analysis.paired import (
     unregister,
     wilcoxon_signed_rank,
 )
-from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
 
 __all__ = [
     "AnalysisError",

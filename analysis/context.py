@@ -8,7 +8,7 @@ truncation lengths, the train-short-test-long analysis (``analysis.extrapolation
 embedding-scale confound, orders datasets and operators, builds the tables, sets the study's
 published numbers beside ours (``analysis.reproduction``), reads the gated runs' gate by
 position (``analysis.gates``) and gathers the warnings. The writers (``analysis.report``,
-``analysis.figures``, ``analysis.markdown``) read the resulting ``ReportContext`` and compute
+``analysis.figures``, ``analysis.report_md``) read the resulting ``ReportContext`` and compute
 nothing of their own.
 """
 
@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.drawing import slug
 from analysis.extrapolation import Extrapolation, analyse_extrapolation, extrapolation_tables
 from analysis.gates import gate_ends, gate_frame, gate_summary, is_gated
 from analysis.interaction import (
@@ -33,10 +34,9 @@ from analysis.interaction import (
 from analysis.lengths import LengthAnalysis, analyse_lengths
 from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
 from analysis.other_settings import OtherSettings, describe_other_settings
-from analysis.paired import Comparisons, StatsSettings, compare
 from analysis.pairing import NothingToCompareError, Pairing, pair_runs, why_nothing_to_compare
-from analysis.plots import slug
 from analysis.reproduction import reproduction_table
+from analysis.stats import Comparisons, StatsSettings, compare
 from analysis.tables import (
     Table,
     TableInputs,
@@ -104,7 +104,7 @@ class ReportOptions:
             object.__setattr__(self, name, tuple(value))
         if not isinstance(self.settings, StatsSettings):
             raise TypeError(
-                "ReportOptions.settings must be an analysis.paired.StatsSettings, e.g. "
+                "ReportOptions.settings must be an analysis.stats.StatsSettings, e.g. "
                 f"StatsSettings(alpha=0.05), not {self.settings!r}"
             )
 

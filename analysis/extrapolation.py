@@ -9,7 +9,7 @@ them, for the runs of a Pairing:
 
 - curves: accuracy against L per operator and setting, mean and sd over seeds (``accuracy``);
 - the operator effect at each L: integer paired deltas against the baseline with the main
-  comparisons' statistics (``analysis.paired.describe_deltas``), Holm over every (comparison, L)
+  comparisons' statistics (``analysis.stats.describe_deltas``), Holm over every (comparison, L)
   test, a family apart from the main one (``stats``);
 - does the effect change with L: per seed, the least-squares slope of the delta (pp) against
   log2(L); exact two-sided Wilcoxon signed-rank test over seeds, Holm over the comparisons
@@ -41,7 +41,7 @@ from analysis.load import (
     eval_length_metrics,
     read_run_parquet,
 )
-from analysis.paired import (
+from analysis.stats import (
     StatsSettings,
     common_denominator,
     describe_deltas,

@@ -1,4 +1,4 @@
-"""Which figures a report draws, from its context (the drawing itself is ``analysis.plots``).
+"""Which figures a report draws, from its context (the drawing itself is ``analysis.drawing``).
 
 With extra grid axes, the paired-delta figures get a panel per level (one figure per setting,
 and per dataset one with a panel per setting), and the summary and length figures a line style
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import plots
+from analysis import drawing
 from analysis.context import ReportContext
 from analysis.gates import gate_figure
 from analysis.tables import describe_setting, select
@@ -38,7 +38,7 @@ class _Drawn:
 def draw_figures(ctx: ReportContext, fig_dir: Path) -> tuple[list[DrawnFigure], list[Path]]:
     """Every figure of the report; returns (caption, PNG path) pairs and all files written."""
     drawn = _Drawn()
-    colors = plots.operator_colors(ctx.operators)
+    colors = drawing.operator_colors(ctx.operators)
     _paired_delta_figures(ctx, fig_dir, colors, drawn)
     _summary_figures(ctx, fig_dir, colors, drawn)
     _length_figure(ctx, fig_dir, colors, drawn)
@@ -58,7 +58,7 @@ def _paired_delta_figures(
     deltas = ctx.comparisons.deltas
     for s in settings:
         label = describe_setting(s)
-        paths = plots.paired_deltas(
+        paths = drawing.paired_deltas(
             select(deltas, s),
             "dataset",
             ctx.datasets,
@@ -66,7 +66,7 @@ def _paired_delta_figures(
             ctx.baseline,
             f"Paired per-seed deltas vs {ctx.baseline} ({label})",
             fig_dir,
-            "paired_deltas__" + "__".join(plots.slug(v) for v in s.values()),
+            "paired_deltas__" + "__".join(drawing.slug(v) for v in s.values()),
             colors,
         )
         drawn.add(f"Paired per-seed deltas vs `{ctx.baseline}` ({label})", paths)
@@ -78,7 +78,7 @@ def _paired_delta_figures(
     # with extra axes the panels are settings (a level each), not only position families
     what, stem = ("setting", "by_setting") if ctx.axes else ("position family", "by_position")
     for d in ctx.datasets:
-        paths = plots.paired_deltas(
+        paths = drawing.paired_deltas(
             deltas[deltas["dataset"] == d],
             "setting",
             setting_names,
@@ -86,7 +86,7 @@ def _paired_delta_figures(
             ctx.baseline,
             f"{d}: paired per-seed deltas vs {ctx.baseline} per {what} ({' / '.join(other)})",
             fig_dir,
-            f"paired_deltas_{stem}__{plots.slug(d)}",
+            f"paired_deltas_{stem}__{drawing.slug(d)}",
             colors,
         )
         drawn.add(f"{d}: paired deltas per {what}", paths)
@@ -127,7 +127,7 @@ def _summary_figures(
     """Accuracy by length regime, and accuracy against latency, in the main setting."""
     where = describe_setting(ctx.main_setting)
     main_summary, style, order = _with_level(select(ctx.summary, ctx.main_setting), ctx)
-    paths = plots.accuracy_by_regime(
+    paths = drawing.accuracy_by_regime(
         main_summary,
         ctx.datasets,
         ctx.operators,
@@ -139,7 +139,7 @@ def _summary_figures(
         style_order=order,
     )
     drawn.add("Accuracy by length regime (datasets, shortest to longest)", paths)
-    paths = plots.accuracy_vs_latency(
+    paths = drawing.accuracy_vs_latency(
         main_summary,
         ctx.datasets,
         ctx.operators,
@@ -160,7 +160,7 @@ def _length_figure(
         return
     accuracy, style, order = _with_level(select(lengths.accuracy, ctx.main_setting), ctx)
     stats, _, _ = _with_level(select(lengths.stats, ctx.main_setting), ctx)
-    paths = plots.accuracy_by_length_bucket(
+    paths = drawing.accuracy_by_length_bucket(
         accuracy,
         stats,
         ctx.datasets,
@@ -192,7 +192,7 @@ def _extrapolation_figure(
         for d, *rest in curves[["dataset", *others]].itertuples(index=False, name=None)
     ]
     curves["setting"] = curves[lines].astype(str).agg(" / ".join, axis=1)
-    paths = plots.accuracy_by_eval_length(
+    paths = drawing.accuracy_by_eval_length(
         curves,
         ctx.operators,
         "Accuracy against evaluation length (band: ± sd over seeds)",
@@ -215,4 +215,4 @@ def _gate_figure(ctx: ReportContext, fig_dir: Path, drawn: _Drawn) -> None:
     if fig is None:
         return
     caption = "Gate on token embeddings by position (gated operators; 0.5: E and P weighed equally)"
-    drawn.add(caption, plots.save(fig, fig_dir, "gates_by_position"))
+    drawn.add(caption, drawing.save(fig, fig_dir, "gates_by_position"))

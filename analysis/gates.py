@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from analysis.drawing import operator_colors  # noqa: E402
 from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
-from analysis.plots import operator_colors  # noqa: E402
 from fusion_ray.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
 
 #: The trial tags each row of the gate frame carries, beside every ``axis.*`` tag of its run.

@@ -6,7 +6,7 @@ For an extra grid axis (e.g. ``model.scale_embeddings: [true, false]``) with ref
 inside each combination of the other group keys, the operator's delta against the baseline at
 l minus its delta at r. The deltas are integer correct-count differences over a common
 denominator (shown in percentage points), so ties are exact; the test is the exact two-sided
-Wilcoxon signed-rank test of ``analysis.paired`` (two-sided whatever the report's alternative:
+Wilcoxon signed-rank test of ``analysis.stats`` (two-sided whatever the report's alternative:
 the direction of an interaction is not known in advance), and Holm's correction runs over every
 interaction test of the report, a family apart from the main comparisons. An axis with more
 than two levels gives one test per non-reference level, each against the reference.
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import PARAM_PREFIX
-from analysis.paired import (
+from analysis.stats import (
     StatsSettings,
     common_denominator,
     exact_family_warnings,

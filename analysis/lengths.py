@@ -17,7 +17,6 @@ per axis.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import read_run_parquet
-from analysis.paired import StatsSettings, describe_deltas, finish_family
+from analysis.stats import StatsSettings, describe_deltas, finish_family
 from fusion_ray.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 
@@ -292,8 +291,3 @@ def _finish_families(
         part["family"] = label
         parts.append(part)
     return pd.concat(parts).sort_index()
-
-
-def order_by_length(datasets: Sequence[str], medians: dict[str, float]) -> list[str]:
-    """Datasets from shortest to longest median test document (unknown ones last, by name)."""
-    return sorted(datasets, key=lambda d: (medians.get(d, math.inf), d))

@@ -49,10 +49,10 @@ from analysis.extrapolation import CSV_FILES
 from analysis.figures import draw_figures
 from analysis.lengths import LengthAnalysis
 from analysis.load import AnalysisError, Experiment
-from analysis.markdown import GATES_CSV, REPRODUCTION_CSV, render_report
 from analysis.other_settings import OtherSettings
-from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
+from analysis.report_md import GATES_CSV, REPRODUCTION_CSV, render_report
+from analysis.stats import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.tables import Table
 from fusion_ray.schema import (
     GATES_FILE,
@@ -67,7 +67,7 @@ __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "ma
 
 def stats_columns(axes: Sequence[str] = ()) -> list[str]:
     """stats.csv leads with these: the comparison (with a column per extra grid axis), then the
-    registered statistics' headline columns (``analysis.paired.STATISTICS``); every other
+    registered statistics' headline columns (``analysis.stats.STATISTICS``); every other
     column follows."""
     return [*GROUP_KEYS, *axes, "operator", "baseline", *headline_columns()]
 

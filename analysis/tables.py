@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.paired import summary_cells
+from analysis.stats import summary_cells
 from fusion_ray.schema import LATENCY_RATIO_METRIC
 
 #: Display order of known operators; others follow alphabetically.
@@ -537,7 +537,7 @@ def stats_table(
     axes: Sequence[str] = (),
 ) -> Table:
     """The paired statistics, compact, for report.md (every column is in stats.csv); the cells
-    come from the statistic registry (``analysis.paired.STATISTICS``)."""
+    come from the statistic registry (``analysis.stats.STATISTICS``)."""
     rows = [
         {
             **{column_label(k, axes): r[k] for k in keys},

@@ -27,9 +27,9 @@ from scipy import stats
 from analysis.interaction import interaction_tests
 from analysis.load import axis_levels, load_experiment
 from analysis.other_settings import compare_with_counterparts
-from analysis.paired import StatsSettings, compare, holm
 from analysis.pairing import pair_runs
 from analysis.report import STATS_COLUMNS, ReportOptions, build_report
+from analysis.stats import StatsSettings, compare, holm
 from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
 from analysis.tables import TableInputs, operator_summary, table2
 from fusion_ray.schema import (

@@ -10,8 +10,8 @@ import pandas as pd
 from analysis.context import ARTIFACT_PATH, ReportContext
 from analysis.extrapolation import CSV_FILES
 from analysis.interaction import ADDITIVE, SCALE_AXIS
-from analysis.paired import method_lines
 from analysis.reproduction import reproduction_markdown
+from analysis.stats import method_lines
 from analysis.tables import (
     column_label,
     describe_setting,
