@@ -616,3 +616,8 @@ def interaction_table(
         tests.reset_index(drop=True),
         notes,
     )
+
+
+def fmt_p(p: float) -> str:
+    """A p-value with four significant digits ('–' when there is none)."""
+    return "–" if p is None or (isinstance(p, float) and math.isnan(p)) else f"{p:.4g}"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import analysis.context
+import analysis.gates
 from analysis.gates import gate_ends, gate_summary
 from analysis.load import load_experiment
 from analysis.report import ReportOptions, build_report
@@ -113,11 +113,11 @@ def _options(out: Path, **kw) -> ReportOptions:
 
 
 class _GateFrameSpy:
-    """Stands in for ``gate_frame`` in ``analysis.context``: records the run ids it is asked
+    """Stands in for ``gate_frame`` in ``analysis.gates``: records the run ids it is asked
     for, then reads them (or raises ``error``)."""
 
     def __init__(self, error: Exception | None = None) -> None:
-        self.real = analysis.context.gate_frame
+        self.real = analysis.gates.gate_frame
         self.error = error
         self.calls: list[list[str]] = []
 
@@ -133,7 +133,7 @@ def paper_report(store):
     """The report of ``paper`` with figures (so with the gates), and the gate_frame calls."""
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(store["root"] / "report_paper"))
     return result, spy.calls
 
@@ -179,7 +179,7 @@ def test_runs_of_a_paper_cell_get_the_reproduction_section_and_csv(paper_report)
 def test_simulated_runs_get_neither_section(store, tmp_path):
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("synthetic", store["uri"], _options(tmp_path / "r"))
     out = result.out_dir
     md = (out / "report.md").read_text()
@@ -253,7 +253,7 @@ def test_gates_are_read_once_per_report_and_only_for_gated_runs(store, paper_rep
 def test_without_figures_no_gate_is_read(store, tmp_path):
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(tmp_path / "r", make_figures=False))
     assert spy.calls == []
     out = result.out_dir
@@ -267,7 +267,7 @@ def test_an_unreadable_artifact_store_leaves_a_warning_not_a_failure(store, tmp_
 
     spy = _GateFrameSpy(MlflowException("artifact store unreachable"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(tmp_path / "r"))
     assert len(spy.calls) == 1
     out = result.out_dir
