@@ -203,3 +203,19 @@ def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
     stdlib = set(sys.stdlib_module_names)
     loaded = [m for m in proc.stdout.split() if m.split(".")[0] not in stdlib]
     assert sorted(loaded) == ["fusion_ray", "fusion_ray.schema"], loaded
+
+
+def test_every_report_section_is_one_module_with_a_known_place():
+    """A report analysis is one module with a ``Section`` and one entry of ``SECTIONS``: the
+    entries have distinct names, each lives in a module of its own, and says which part of
+    report.md it follows and where its warnings go."""
+    from analysis.report import SECTIONS
+    from analysis.section import PARTS, WARNING_PLACES, Section
+
+    assert all(isinstance(s, Section) for s in SECTIONS)
+    names = [s.name for s in SECTIONS]
+    modules = [type(s).__module__ for s in SECTIONS]
+    assert len(set(names)) == len(names) and all(names), names
+    assert len(set(modules)) == len(modules), modules
+    assert all(s.follows in PARTS for s in SECTIONS)
+    assert all(s.warns_with in WARNING_PLACES for s in SECTIONS)
