@@ -1,7 +1,8 @@
 """The sweep report: ``python -m analysis.report --experiment NAME``.
 
 Loads the experiment's runs from MLflow, pairs every operator with the baseline by seed,
-runs the paired statistics, and writes into ``--out``:
+runs the paired statistics (the paired core, ``analysis.context``), computes every section of
+``SECTIONS`` (``analysis.section``) and writes into ``--out``:
 
     report.md            tables, figures, statistics, warnings, what is missing
     stats.csv            one row per comparison (stats.json: the same, plus every setting)
