@@ -339,3 +339,62 @@ def test_no_study_run_left_gives_no_table_even_with_a_setting_column():
     )
     assert reproduction_table(runs) is None
     assert len(reproduction_table(runs.assign(attention_position="none"))) == 3
+
+
+# ----------------------------------------------------------------------------- a new section
+
+
+class _SeedCount:
+    """A section made for this test: the number of seed pairs, as a line, a file and a key."""
+
+    name = "seed_count"
+    follows = "paired statistics"
+    warns_with = "end"
+    before_order = False
+
+    def compute(self, ctx, warnings):
+        warnings.append("seed count: a test warning")
+        return len(ctx.pairing.pairs)
+
+    def tables(self, result, ctx):
+        return {}
+
+    def markdown(self, result, ctx):
+        return ["## Seed pairs", "", f"{result} seed pairs.", ""]
+
+    def figures(self, result, ctx, fig_dir):
+        return []
+
+    def data_files(self, result, ctx):
+        path = ctx.out_dir / "seed_count.txt"
+        path.write_text(str(result))
+        return [path]
+
+    def record(self, result, ctx):
+        return {"seed_count": result}
+
+    def listed_files(self, result):
+        return ["`seed_count.txt`"]
+
+    def tables_note(self, result):
+        return ""
+
+
+def test_a_new_section_is_one_list_entry(store, tmp_path):
+    """An analysis added to the report's list shows in report.md after the part it follows,
+    writes its file, names it on the Files line, and adds its key and warning to stats.json."""
+    from analysis.report import SECTIONS, build_context, write_report
+
+    sections = [*SECTIONS, _SeedCount()]
+    options = _options(tmp_path, make_figures=False)
+    ctx = build_context("synthetic", store["uri"], options, sections)
+    write_report(ctx, sections)
+    md = (tmp_path / "report.md").read_text()
+    pairs = len(ctx.pairing.pairs)
+    assert ctx.results["seed_count"] == pairs > 0
+    assert md.index("## Paired statistics") < md.index("## Seed pairs") < md.index("## Figures")
+    assert f"{pairs} seed pairs." in md and "`seed_count.txt`, `runs.csv`" in md
+    assert (tmp_path / "seed_count.txt").read_text() == str(pairs)
+    payload = json.loads((tmp_path / "stats.json").read_text())
+    assert payload["seed_count"] == pairs
+    assert payload["warnings"][-1] == "seed count: a test warning"
