@@ -1,6 +1,7 @@
 """Paired-seed analysis of fusion-ray sweeps, read from MLflow.
 
-The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it never imports
+The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"), whose names it
+imports from ``fusion_ray.schema`` (standard library only); it imports nothing else of
 ``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
 
     from analysis import load_experiment, pair_runs, compare, StatsSettings
@@ -8,17 +9,20 @@ The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"); it ne
     pairing = pair_runs(exp.runs, baseline="add")
     stats = compare(pairing, StatsSettings(alpha=0.05)).table
 
-Modules: ``schema`` (the MLflow names it reads), ``load`` (MLflow -> tidy frame of the sweep's
-cells, metrics checked), ``other_settings`` (the runs left out as other settings, described),
-``pairing`` (seed pairs against the baseline, checked; why nothing can be compared), ``paired``
-(statistics and their registry), ``interaction`` (does an operator effect depend on a grid
-axis; the embedding-scale check), ``lengths`` (per-document length analysis),
-``extrapolation`` (train short, test long: the operator effect at each evaluation length, its
-slope against log2 of the length, the truncation ladder), ``gates`` (the gated operators' weight
-on E by position), ``reproduction`` (the study's published numbers beside ours), ``tables``,
-``plots``, ``context`` (a report's options and everything computed for it), ``figures`` and
-``markdown`` (its writers), ``report`` (``build_report`` and the CLI), ``synthetic``
-(schema-conformant fake sweeps for tests, benchmarks and demos).
+The paired core: ``load`` (MLflow -> tidy frame of the sweep's cells, metrics checked),
+``other_settings`` (the runs left out as other settings, described), ``pairing`` (seed pairs
+against the baseline, checked; why nothing can be compared), ``stats`` (the paired statistics
+and their registry). The report: ``context`` (its options and paired core), ``section`` (the
+protocol of a report section), ``tables`` (Tables 1-3 and the other DataFrame tables, written
+as Markdown, LaTeX and CSV), ``drawing`` (how each kind of figure is drawn with matplotlib),
+``figures`` (the core's figures), ``report_md`` (report.md), ``report`` (``SECTIONS``,
+``build_report`` and the CLI). The sections, one module each: ``interaction`` (does an operator
+effect depend on a grid axis), ``scaling`` (the embedding-scale confound check), ``lengths``
+(per-document length analysis), ``extrapolation`` (train short, test long: the operator effect
+at each evaluation length, its slope against log2 of the length, the truncation ladder),
+``gates`` (the gated operators' weight on E by position), ``reproduction`` (the study's
+published numbers beside ours). And ``synthetic`` (schema-conformant fake sweeps for tests,
+benchmarks and demos).
 """
 
 from analysis.load import (
@@ -29,7 +33,8 @@ from analysis.load import (
     ImpossibleMetricsError,
     load_experiment,
 )
-from analysis.paired import (
+from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
+from analysis.stats import (
     Comparisons,
     Statistic,
     StatsSettings,
@@ -42,7 +47,6 @@ from analysis.paired import (
     unregister,
     wilcoxon_signed_rank,
 )
-from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
 
 __all__ = [
     "AnalysisError",

@@ -1,15 +1,14 @@
-"""What a report is made of: its options, and everything computed once from the runs.
+"""What a report is made of: its options, and the paired core every section reads.
 
-``build_context`` loads the experiment (only its sweep's cells, when the parent run lists them),
+``paired_core`` loads the experiment (only its sweep's cells, when the parent run lists them),
 counts the runs of other settings, pairs the runs within every combination of the grid's
-non-fusion axes (refusing a report with nothing to compare), runs the statistics, the
-interaction tests of the extra grid axes, the length analysis and, for runs evaluated at several
-truncation lengths, the train-short-test-long analysis (``analysis.extrapolation``), checks the
-embedding-scale confound, orders datasets and operators, builds the tables, sets the study's
-published numbers beside ours (``analysis.reproduction``), reads the gated runs' gate by
-position (``analysis.gates``) and gathers the warnings. The writers (``analysis.report``,
-``analysis.figures``, ``analysis.markdown``) read the resulting ``ReportContext`` and compute
-nothing of their own.
+non-fusion axes (refusing a report with nothing to compare) and runs the statistics of the main
+comparisons. ``arrange`` then puts the core in display order (datasets shortest to longest by
+median test document, from the length section's result; operators in the study's order), picks
+the main setting and builds Tables 1-3. The analyses beside the core are sections
+(``analysis.section``): their results are kept in ``ReportContext.results`` by name, and
+``analysis.report`` runs them. The writers (``analysis.report``, ``analysis.figures``,
+``analysis.report_md``) read the resulting ``ReportContext`` and compute nothing of their own.
 """
 
 from __future__ import annotations
@@ -22,27 +21,15 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.extrapolation import Extrapolation, analyse_extrapolation, extrapolation_tables
-from analysis.gates import gate_ends, gate_frame, gate_summary, is_gated
-from analysis.interaction import (
-    Interactions,
-    ScalingCheck,
-    interaction_tests,
-    scaling_check,
-)
-from analysis.lengths import LengthAnalysis, analyse_lengths
+from analysis.drawing import slug
 from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
 from analysis.other_settings import OtherSettings, describe_other_settings
-from analysis.paired import Comparisons, StatsSettings, compare
 from analysis.pairing import NothingToCompareError, Pairing, pair_runs, why_nothing_to_compare
-from analysis.plots import slug
-from analysis.reproduction import reproduction_table
-from analysis.schema import CELLS_ARTIFACT, GATE_COLUMNS, GATES_FILE
+from analysis.stats import Comparisons, StatsSettings, compare
 from analysis.tables import (
     Table,
     TableInputs,
     dataset_order,
-    interaction_table,
     level_ranks,
     operator_order,
     operator_summary,
@@ -50,6 +37,7 @@ from analysis.tables import (
     table2,
     table3,
 )
+from fusion_ray.schema import CELLS_ARTIFACT
 
 #: Where the report goes among the sweep parent run's artifacts.
 ARTIFACT_PATH = "analysis"
@@ -104,32 +92,15 @@ class ReportOptions:
             object.__setattr__(self, name, tuple(value))
         if not isinstance(self.settings, StatsSettings):
             raise TypeError(
-                "ReportOptions.settings must be an analysis.paired.StatsSettings, e.g. "
+                "ReportOptions.settings must be an analysis.stats.StatsSettings, e.g. "
                 f"StatsSettings(alpha=0.05), not {self.settings!r}"
             )
 
 
 @dataclass
-class GateAnalysis:
-    """Where the gated operators' gate g (H = g E + (1 - g) P) puts its weight along the
-    document, for the analysed runs that logged ``schema.GATES_FILE``."""
-
-    frame: pd.DataFrame
-    """One row per (run, position bucket): ``run_id``, the report's group keys, ``operator``,
-    ``seed``, then ``schema.GATE_COLUMNS`` (from ``gates.gate_frame``)."""
-    summary: pd.DataFrame
-    """Per (group, operator, bucket holding tokens): mean, min and max over seeds
-    (``gates.gate_summary``); written as ``gates_by_position.csv``."""
-    ends: pd.DataFrame
-    """Per (group, operator): the first and the last bucket holding tokens
-    (``gates.gate_ends``)."""
-    runs: int
-    """How many runs logged their gates."""
-
-
-@dataclass
 class ReportContext:
-    """Everything a report shows, computed once; the writers only read it."""
+    """The paired core of a report and every section's result, computed once; the writers
+    only read it."""
 
     options: ReportOptions
     experiment: Experiment
@@ -137,38 +108,28 @@ class ReportContext:
     """The experiment's trial runs left out as other settings (none without sweep_cells.json)."""
     pairing: Pairing
     comparisons: Comparisons
-    """The stats table, its rows in display order (dataset, setting, operator)."""
-    lengths: LengthAnalysis | None
-    summary: pd.DataFrame
-    """Per (group, operator): seeds, accuracy, latency, size (``tables.operator_summary``)."""
-    datasets: list[str]
-    """Shortest to longest median test document when known."""
-    operators: list[str]
-    """The baseline first, then the study's order."""
-    main_setting: dict[str, Any]
-    """The setting of Tables 1 and 2 and of the summary figures (column -> value)."""
-    tables: dict[str, Table]
-    warnings: list[str]
+    """The stats table, its rows in display order (dataset, setting, operator) once arranged."""
     out_dir: Path
     generated_at: str
-    figures: list[tuple[str, Path]] = field(default_factory=list)
-    """(caption, PNG path) of every figure drawn, for report.md."""
     axis_levels: dict[str, list[str]] = field(default_factory=dict)
     """The extra grid axes compared within (columns of every table) -> their levels, the
     reference first; empty for a grid without extra axes."""
-    interactions: Interactions | None = None
-    """The interaction tests of the extra grid axes (None without extra axes)."""
-    scaling: ScalingCheck = field(default_factory=ScalingCheck)
-    """The embedding-scale confound check against ``add``."""
-    reproduction: pd.DataFrame | None = None
-    """The study's published cells our runs reproduce, its numbers beside ours
-    (``reproduction.reproduction_table``); None when no run matches a cell."""
-    gates: GateAnalysis | None = None
-    """The gate of the gated operators by position (None when no analysed run logged it, or
-    with ``make_figures`` off)."""
-    extrapolation: Extrapolation | None = None
-    """Train short, test long: accuracy and the operator effect at each evaluation length
-    (None when no analysed run logged per-length metrics)."""
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Per (group, operator): seeds, accuracy, latency, size (``tables.operator_summary``)."""
+    datasets: list[str] = field(default_factory=list)
+    """Shortest to longest median test document when known."""
+    operators: list[str] = field(default_factory=list)
+    """The baseline first, then the study's order."""
+    main_setting: dict[str, Any] = field(default_factory=dict)
+    """The setting of Tables 1 and 2 and of the summary figures (column -> value)."""
+    tables: dict[str, Table] = field(default_factory=dict)
+    """Tables 1, 2 and 3 (the sections' tables are theirs: ``Section.tables``)."""
+    results: dict[str, Any] = field(default_factory=dict)
+    """Section name -> its result (None: nothing to show), in the order computed."""
+    warnings: list[str] = field(default_factory=list)
+    """Every warning of the report, the sections' among them, in report.md's order."""
+    figures: list[tuple[str, Path]] = field(default_factory=list)
+    """(caption, PNG path) of every figure drawn, for report.md."""
 
     @property
     def keys(self) -> list[str]:
@@ -195,7 +156,9 @@ class ReportContext:
 
     @property
     def medians(self) -> dict[str, float]:
-        return self.lengths.median_length if self.lengths else {}
+        """Median test length per dataset, from the length section ({} when it did not run)."""
+        lengths = self.results.get("lengths")
+        return lengths.median_length if lengths is not None else {}
 
     @property
     def scope(self) -> str:
@@ -212,12 +175,10 @@ def scope_of(o: ReportOptions) -> str:
     )
 
 
-def build_context(
-    experiment: str, tracking_uri: str | None, options: ReportOptions
-) -> ReportContext:
-    """Load, pair, compare and tabulate ``experiment``; raises AnalysisError subclasses with
-    messages meant for the user (NothingToCompareError when no operator has a seed pair with
-    the baseline)."""
+def paired_core(experiment: str, tracking_uri: str | None, options: ReportOptions) -> ReportContext:
+    """Load, pair and compare ``experiment`` (not yet in display order: see ``arrange``);
+    raises AnalysisError subclasses with messages meant for the user (NothingToCompareError
+    when no operator has a seed pair with the baseline)."""
     o = options
     exp = load_experiment(experiment, tracking_uri, method=o.load_method)
     other = describe_other_settings(exp)
@@ -225,41 +186,6 @@ def build_context(
     runs = restrict(runs, "dataset", o.only_datasets)
     pairing = pair_runs(runs, o.baseline, by=o.by, ignore_params=o.ignore_params, axes=exp.axes)
     require_comparisons(exp, pairing, other, scope_of(o))
-    levels = {a: exp.axis_levels[a] for a in pairing.axes}
-    comps = compare(pairing, o.settings)
-    lengths = None
-    if o.lengths and len(pairing.pairs):
-        lengths = analyse_lengths(pairing, o.settings, n_buckets=o.length_buckets)
-    keys = list(pairing.keys)
-    datasets = dataset_order(pairing.runs["dataset"], lengths.median_length if lengths else {})
-    operators = operator_order(pairing.runs["operator"], o.baseline)
-    not_axes = [k for k in keys if k not in levels]
-    setting = main_setting(pairing.runs, not_axes, o.position, o.attention_position)
-    comps.table = display_order(comps.table, datasets, operators, levels)
-    if lengths is not None and not lengths.stats.empty:
-        lengths.stats = display_order(lengths.stats, datasets, operators, levels)
-    interactions = None
-    if levels:
-        interactions = interaction_tests(pairing, levels, o.settings)
-        interactions.table = interaction_order(interactions.table, datasets, operators, levels)
-    scaling = scaling_check(pairing, comps.table, interactions)
-    summary = operator_summary(pairing.runs, keys)
-    inputs = TableInputs(
-        summary, comps.table, comps.settings, o.baseline, keys, datasets, setting, [*levels], levels
-    )
-    tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
-    tables["table3"].footnotes += alias_footnotes(pairing)
-    tables |= interaction_tables(interactions, keys, comps.settings, list(levels))
-    extrapolation = extrapolate(pairing, o, datasets, operators, levels)
-    tables |= extrapolation_tables(extrapolation, keys, list(levels), comps.settings)
-    warnings = ([scaling.warning] if scaling.warning else []) + collect_warnings(
-        exp, pairing, comps, lengths
-    )
-    warnings += interactions.warnings if interactions is not None else []
-    warnings += extrapolation.warnings if extrapolation is not None else []
-    gates = None
-    if o.make_figures:
-        gates = analyse_gates(exp, pairing, datasets, operators, levels, warnings)
     out_dir = Path(o.out) if o.out is not None else Path("reports") / slug(experiment)
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat()
     return ReportContext(
@@ -267,100 +193,38 @@ def build_context(
         experiment=exp,
         other_settings=other,
         pairing=pairing,
-        comparisons=comps,
-        lengths=lengths,
-        summary=summary,
-        datasets=datasets,
-        operators=operators,
-        main_setting=setting,
-        tables=tables,
-        warnings=warnings,
+        comparisons=compare(pairing, o.settings),
         out_dir=out_dir,
         generated_at=now,
-        axis_levels=levels,
-        interactions=interactions,
-        scaling=scaling,
-        reproduction=reproduction_table(pairing.runs),
-        gates=gates,
-        extrapolation=extrapolation,
+        axis_levels={a: exp.axis_levels[a] for a in pairing.axes},
     )
 
 
-def extrapolate(
-    pairing: Pairing,
-    options: ReportOptions,
-    datasets: Sequence[str],
-    operators: Sequence[str],
-    levels: dict[str, list[str]],
-) -> Extrapolation | None:
-    """The train-short-test-long analysis of the paired runs, its frames in display order;
-    None when no run logged per-length metrics. The truncation ladder reads the by-length
-    predictions only with ``options.lengths``."""
-    if pairing.pairs.empty:
-        return None
-    ex = analyse_extrapolation(pairing, options.settings, read_predictions=options.lengths)
-    if ex is None:
-        return None
-    for name in ("accuracy", "stats", "slopes", "ladder"):
-        setattr(ex, name, display_order(getattr(ex, name), datasets, operators, levels))
-    return ex
-
-
-def analyse_gates(
-    exp: Experiment,
-    pairing: Pairing,
-    datasets: Sequence[str],
-    operators: Sequence[str],
-    levels: dict[str, list[str]],
-    warnings: list[str],
-) -> GateAnalysis | None:
-    """The gate by position of the analysed runs of gated operators, grouped by the report's
-    keys and in display order; None when none of them logged it. Downloads one artifact per
-    gated run (ungated runs are not searched). When the artifacts cannot be read, or only some
-    gated runs have one, says so in ``warnings``."""
-    gated = pairing.runs[pairing.runs["operator"].map(is_gated)]
-    if gated.empty:
-        return None
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    try:
-        logged = gate_frame(MlflowClient(exp.tracking_uri), list(gated["run_id"]))
-    except (MlflowException, OSError, ValueError) as err:
-        warnings.append(
-            f"gates: the {GATES_FILE} artifacts of the {len(gated)} gated runs could not be "
-            f"read ({err!r}), so the report has no gate figure or section; check that the "
-            "artifact store of the runs is reachable from here."
-        )
-        return None
-    have = logged["run_id"].nunique()
-    if have and have < len(gated):
-        warnings.append(
-            f"gates: {len(gated) - have} of the {len(gated)} analysed runs of gated operators "
-            f"have no {GATES_FILE}; the gate figure and section show the other {have}."
-        )
+def arrange(ctx: ReportContext) -> None:
+    """Put the core in display order (datasets by ``ctx.medians``, operators in the study's
+    order), pick the main setting and build Tables 1-3."""
+    o, pairing, levels = ctx.options, ctx.pairing, ctx.axis_levels
     keys = list(pairing.keys)
-    ids = gated[["run_id", *keys, "operator", "seed"]]
-    frame = ids.merge(logged[["run_id", *GATE_COLUMNS]], on="run_id", how="inner")
-    summary = gate_summary(frame, keys)
-    if summary.empty:
-        return None
-    summary = display_order(summary, datasets, operators, levels)
-    return GateAnalysis(frame, summary, gate_ends(summary, keys), int(have))
-
-
-def interaction_tables(
-    interactions: Interactions | None, keys: list[str], settings: Any, axes: list[str]
-) -> dict[str, Any]:
-    """One "does the operator effect depend on <axis>?" table per setting axis."""
-    if interactions is None:
-        return {}
-    return {
-        f"interaction:{axis}": interaction_table(
-            interactions.for_axis(axis), axis, keys, settings, interactions.m, axes
-        )
-        for axis in interactions.levels
-    }
+    ctx.datasets = dataset_order(pairing.runs["dataset"], ctx.medians)
+    ctx.operators = operator_order(pairing.runs["operator"], o.baseline)
+    not_axes = [k for k in keys if k not in levels]
+    ctx.main_setting = main_setting(pairing.runs, not_axes, o.position, o.attention_position)
+    comps = ctx.comparisons
+    comps.table = display_order(comps.table, ctx.datasets, ctx.operators, levels)
+    ctx.summary = operator_summary(pairing.runs, keys)
+    inputs = TableInputs(
+        ctx.summary,
+        comps.table,
+        comps.settings,
+        o.baseline,
+        keys,
+        ctx.datasets,
+        ctx.main_setting,
+        [*levels],
+        levels,
+    )
+    ctx.tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
+    ctx.tables["table3"].footnotes += alias_footnotes(pairing)
 
 
 def alias_footnotes(pairing: Pairing) -> list[str]:
@@ -469,37 +333,10 @@ def display_order(
     )
 
 
-def interaction_order(
-    table: pd.DataFrame,
-    datasets: Sequence[str],
-    operators: Sequence[str],
-    levels: dict[str, list[str]],
-) -> pd.DataFrame:
-    """Interaction tests by axis and level (sweep file's order), then as ``display_order``."""
-    if table.empty:
-        return table
-    ordered = display_order(table, datasets, operators, levels)
-    axis_rank = {a: i for i, a in enumerate(levels)}
-    level_rank = ordered.apply(lambda r: levels[r["axis"]].index(str(r["level"])), axis=1)
-    return (
-        ordered.assign(_x=ordered["axis"].map(axis_rank), _l=level_rank)
-        .sort_values(["_x", "_l"], kind="stable")
-        .drop(columns=["_x", "_l"])
-        .reset_index(drop=True)
-    )
-
-
-def collect_warnings(
-    exp: Experiment,
-    pairing: Pairing,
-    comps: Comparisons,
-    lengths: LengthAnalysis | None,
-) -> list[str]:
-    """Every warning of the report: statistics first, then loading, pairing and gaps."""
-    warns = list(comps.warnings)
-    if lengths is not None:
-        warns += lengths.warnings
-    warns += exp.notes + pairing.notes
+def loading_warnings(exp: Experiment, pairing: Pairing) -> list[str]:
+    """The warnings of loading and pairing: the loader's and the pairing's notes, a partial
+    sweep, then one per kind of gap the pairing found."""
+    warns = exp.notes + pairing.notes
     expected = pd.to_numeric(exp.parent_tags.get("cells"), errors="coerce")
     if expected is not None and not pd.isna(expected):
         cells = exp.runs["cell_id"].dropna()

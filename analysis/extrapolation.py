@@ -9,7 +9,7 @@ them, for the runs of a Pairing:
 
 - curves: accuracy against L per operator and setting, mean and sd over seeds (``accuracy``);
 - the operator effect at each L: integer paired deltas against the baseline with the main
-  comparisons' statistics (``analysis.paired.describe_deltas``), Holm over every (comparison, L)
+  comparisons' statistics (``analysis.stats.describe_deltas``), Holm over every (comparison, L)
   test, a family apart from the main one (``stats``);
 - does the effect change with L: per seed, the least-squares slope of the delta (pp) against
   log2(L); exact two-sided Wilcoxon signed-rank test over seeds, Holm over the comparisons
@@ -20,28 +20,34 @@ them, for the runs of a Pairing:
   baseline (``ladder``, its own Holm family). Documents longer than L2 are cut at both lengths,
   so their gain comes from seeing more of each document; documents that fit in L2 (longer than
   L1, at most L2 tokens) are read whole at L2.
+
+``EXTRAPOLATION`` is the report's section of this analysis (``analysis.section``): its tables,
+markdown, figure, CSV files and stats.json block.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analysis import drawing
+from analysis.context import ReportContext, display_order
 from analysis.load import (
     ACC_TOLERANCE,
     PARAM_PREFIX,
     eval_length_metric,
     eval_length_metrics,
-    read_run_parquet,
+    read_run_artifacts,
 )
-from analysis.paired import (
+from analysis.section import Drawn, Section, records, write_csv
+from analysis.stats import (
     StatsSettings,
     common_denominator,
     describe_deltas,
@@ -50,12 +56,12 @@ from analysis.paired import (
     finish_family,
     integer_deltas,
 )
-from analysis.schema import (
+from analysis.tables import Table, column_label, fmt
+from fusion_ray.schema import (
     EVAL_LENGTH_METRIC_PREFIXES,
     LENGTH_PREDICTION_COLUMNS,
     LENGTH_PREDICTIONS_FILE,
 )
-from analysis.tables import Table, column_label, fmt
 
 #: The param holding a run's training length (documents are truncated to it in training).
 TRAIN_LENGTH_PARAM = PARAM_PREFIX + "data.max_length"
@@ -398,40 +404,25 @@ def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
 # ----------------------------------------------------------------------------- the ladder
 
 
-def read_length_predictions(artifact_uri: str) -> pd.DataFrame | None:
-    """A run's ``test_predictions_by_length.parquet`` (columns LENGTH_PREDICTION_COLUMNS), or
-    None when it has none."""
-    return read_run_parquet(artifact_uri, LENGTH_PREDICTIONS_FILE, LENGTH_PREDICTION_COLUMNS)
-
-
-def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:
-    try:
-        return read_length_predictions(artifact_uri)
-    except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
-        return err
-
-
 def read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
-    """run id -> its by-length predictions, or None when it has none or they cannot be read
-    (said in ``warns``); each run's file is read once, a thread pool for the I/O."""
-    uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        preds = dict(zip(uris, pool.map(_read_or_error, uris.values()), strict=True))
-    broken = {r: p for r, p in preds.items() if isinstance(p, Exception)}
-    if broken:
-        run_id, err = next(iter(broken.items()))
+    """run id -> its by-length predictions, for the runs that have readable ones (the others
+    said in ``warns``); each run's file is read once."""
+    found = read_run_artifacts(
+        runs, LENGTH_PREDICTIONS_FILE, LENGTH_PREDICTION_COLUMNS, max_workers
+    )
+    if found.broken:
+        run_id, err = next(iter(found.broken.items()))
         warns.append(
-            f"{LADDER_FAMILY}: {len(broken)} {LENGTH_PREDICTIONS_FILE} file(s) could not be read "
-            f"and are left out (run {run_id}: {err!r})."
+            f"{LADDER_FAMILY}: {len(found.broken)} {LENGTH_PREDICTIONS_FILE} file(s) could not "
+            f"be read and are left out (run {run_id}: {err!r})."
         )
-    missing = sorted(r for r, p in preds.items() if p is None)
-    if missing:
+    if found.missing:
         warns.append(
-            f"{LADDER_FAMILY}: {len(missing)} of {len(preds)} paired runs have no "
+            f"{LADDER_FAMILY}: {len(found.missing)} of {found.runs} paired runs have no "
             f"{LENGTH_PREDICTIONS_FILE} and are left out of the ladder (e.g. "
-            f"{', '.join(missing[:3])})."
+            f"{', '.join(found.missing[:3])})."
         )
-    return {r: p for r, p in preds.items() if isinstance(p, pd.DataFrame)}
+    return found.frames
 
 
 def docs_key(doc: np.ndarray, length: np.ndarray, label: np.ndarray) -> str:
@@ -600,29 +591,49 @@ def _guard_note(table: pd.DataFrame, alpha: float) -> list[str]:
     ]
 
 
+def _family_table(
+    frame: pd.DataFrame,
+    keys: Sequence[str],
+    axes: Sequence[str],
+    title: tuple[str, str],
+    cells: Callable[[pd.Series], dict[str, Any]],
+    note: str,
+    alpha: float,
+) -> Table:
+    """A table of one Holm family: per row of ``frame``, the group keys, the operator, its own
+    ``cells`` and the p cells; ``title`` is (file name, caption)."""
+    rows = [
+        {
+            **{column_label(k, axes): r[k] for k in keys},
+            "operator": r["operator"],
+            **cells(r),
+            **_p_cells(r),
+        }
+        for _, r in frame.iterrows()
+    ]
+    name, caption = title
+    notes = [note, *_guard_note(frame, alpha)]
+    return Table(name, caption, pd.DataFrame(rows), frame.reset_index(drop=True), notes)
+
+
 def length_table(
     stats: pd.DataFrame, keys: Sequence[str], axes: Sequence[str], record: Mapping[str, Any]
 ) -> Table:
     """ "Operator effect at each evaluation length": per comparison and L, the accuracies and
     the paired statistics, Holm over all (comparison, L) tests."""
     alpha, alt = record.get("alpha", 0.05), record.get("alternative", "two-sided")
-    rows = []
-    for _, r in stats.iterrows():
-        base = r["baseline"]
-        rows.append(
-            {
-                **{column_label(k, axes): r[k] for k in keys},
-                "operator": r["operator"],
-                "L": _times_train(int(r["eval_length"]), r["train_length"]),
-                "n": int(r["n_pairs"]),
-                "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]),
-                f"{base} (%)": fmt(r["baseline_acc_mean"], r["baseline_acc_sd"]),
-                "Δ mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
-                "HL (pp)": _pp(r["hl_estimate"]),
-                **_p_cells(r),
-            }
-        )
-    notes = [
+
+    def cells(r: pd.Series) -> dict[str, Any]:
+        return {
+            "L": _times_train(int(r["eval_length"]), r["train_length"]),
+            "n": int(r["n_pairs"]),
+            "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]),
+            f"{r['baseline']} (%)": fmt(r["baseline_acc_mean"], r["baseline_acc_sd"]),
+            "Δ mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
+            "HL (pp)": _pp(r["hl_estimate"]),
+        }
+
+    note = (
         "Accuracy: mean ± sd over the paired seeds of the test split truncated at L (the model "
         "of each run's best validation epoch, chosen at its training length T only). Δ: "
         "operator − baseline accuracy from the integer correct counts at L. Exact "
@@ -630,14 +641,9 @@ def length_table(
         f"{record.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over "
         f"all m = {len(stats)} (comparison, L) tests, a family apart from the comparisons at "
         "the training length."
-    ]
-    return Table(
-        "extrapolation_by_length",
-        "Operator effect at each evaluation length.",
-        pd.DataFrame(rows),
-        stats.reset_index(drop=True),
-        notes + _guard_note(stats, alpha),
     )
+    title = ("extrapolation_by_length", "Operator effect at each evaluation length.")
+    return _family_table(stats, keys, axes, title, cells, note, alpha)
 
 
 def slope_table(
@@ -646,37 +652,28 @@ def slope_table(
     """ "Does the operator effect change with evaluation length?": the per-seed slopes of the
     delta against log2(L), their exact two-sided Wilcoxon test and Holm."""
     alpha = record.get("alpha", 0.05)
-    rows = []
-    for _, r in slopes.iterrows():
-        rows.append(
-            {
-                **{column_label(k, axes): r[k] for k in keys},
-                "operator": r["operator"],
-                "lengths": r["lengths"].replace(",", ", "),
-                "n": int(r["n_pairs"]),
-                "Δ median, shortest L (pp)": _pp(r["median_delta_shortest"]),
-                "Δ median, longest L (pp)": _pp(r["median_delta_longest"]),
-                "slope: median [HL CI] (pp per doubling)": _interval(
-                    r["median_slope"], r["hl_ci_low"], r["hl_ci_high"]
-                ),
-                **_p_cells(r),
-            }
-        )
-    notes = [
+
+    def cells(r: pd.Series) -> dict[str, Any]:
+        return {
+            "lengths": r["lengths"].replace(",", ", "),
+            "n": int(r["n_pairs"]),
+            "Δ median, shortest L (pp)": _pp(r["median_delta_shortest"]),
+            "Δ median, longest L (pp)": _pp(r["median_delta_longest"]),
+            "slope: median [HL CI] (pp per doubling)": _interval(
+                r["median_slope"], r["hl_ci_low"], r["hl_ci_high"]
+            ),
+        }
+
+    note = (
         "Per seed: the least-squares slope of the operator's paired delta against the baseline "
         "(pp) on log2(L) over the evaluation lengths, in pp per doubling of L (the interval is "
         "the Hodges-Lehmann one; wins: positive slopes). Exact two-sided Wilcoxon signed-rank "
         f"test of the slopes over seeds (zero_method = {record.get('zero_method', 'wilcox')}); "
         f"`*`: Holm-adjusted p ≤ {alpha}, Holm over all m = {len(slopes)} slope tests (a family "
         "of its own)."
-    ]
-    return Table(
-        "extrapolation_interaction",
-        "Does the operator effect change with evaluation length?",
-        pd.DataFrame(rows),
-        slopes.reset_index(drop=True),
-        notes + _guard_note(slopes, alpha),
     )
+    title = ("extrapolation_interaction", "Does the operator effect change with evaluation length?")
+    return _family_table(slopes, keys, axes, title, cells, note, alpha)
 
 
 def _documents(r: Any) -> str:
@@ -692,36 +689,30 @@ def ladder_table(
     """The truncation ladder: per comparison, step and documents, the mean gains of the
     operator and of the baseline and the paired statistics of their difference."""
     alpha, alt = record.get("alpha", 0.05), record.get("alternative", "two-sided")
-    rows = []
-    for _, r in ladder.iterrows():
-        rows.append(
-            {
-                **{column_label(k, axes): r[k] for k in keys},
-                "operator": r["operator"],
-                "L1 → L2": f"{int(r['l1'])} → {_times_train(int(r['l2']), r['train_length'])}",
-                "documents": _documents(r),
-                "docs": int(r["n_docs"]),
-                "n": int(r["n_pairs"]),
-                "gain (pp)": _pp(r["gain_mean"]),
-                f"{r['baseline']} gain (pp)": _pp(r["baseline_gain_mean"]),
-                "Δ gain mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
-                **_p_cells(r),
-            }
-        )
-    notes = [
+
+    def cells(r: pd.Series) -> dict[str, Any]:
+        return {
+            "L1 → L2": f"{int(r['l1'])} → {_times_train(int(r['l2']), r['train_length'])}",
+            "documents": _documents(r),
+            "docs": int(r["n_docs"]),
+            "n": int(r["n_pairs"]),
+            "gain (pp)": _pp(r["gain_mean"]),
+            f"{r['baseline']} gain (pp)": _pp(r["baseline_gain_mean"]),
+            "Δ gain mean [boot CI] (pp)": _interval(r["mean_delta"], r["ci_low"], r["ci_high"]),
+        }
+
+    note = (
         "Gain: accuracy at L2 minus accuracy at L1 on the same documents (pp), mean over the "
         "paired seeds. Δ gain: the operator's gain minus the baseline's, per seed, from integer "
         f"correct counts; exact {alt} Wilcoxon signed-rank test over seeds (zero_method = "
         f"{record.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over all "
         f"m = {len(ladder)} ladder tests (a family of its own)."
-    ]
-    return Table(
+    )
+    title = (
         "truncation_ladder",
         "Truncation ladder: accuracy gained from a longer truncation, on the same documents.",
-        pd.DataFrame(rows),
-        ladder.reset_index(drop=True),
-        notes + _guard_note(ladder, alpha),
     )
+    return _family_table(ladder, keys, axes, title, cells, note, alpha)
 
 
 def extrapolation_tables(
@@ -741,3 +732,155 @@ def extrapolation_tables(
         for name, (frame, build) in made.items()
         if len(frame)
     }
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+class ExtrapolationSection(Section):
+    """Train short, test long (none without per-length metrics)."""
+
+    name = "extrapolation"
+
+    def compute(self, ctx: ReportContext, warnings: list[str]) -> Extrapolation | None:
+        """The analysis of the paired runs, its frames in display order; the truncation ladder
+        reads the by-length predictions only with ``options.lengths``."""
+        o, pairing = ctx.options, ctx.pairing
+        if pairing.pairs.empty:
+            return None
+        ex = analyse_extrapolation(pairing, o.settings, read_predictions=o.lengths)
+        if ex is None:
+            return None
+        for name in ("accuracy", "stats", "slopes", "ladder"):
+            frame = display_order(getattr(ex, name), ctx.datasets, ctx.operators, ctx.axis_levels)
+            setattr(ex, name, frame)
+        warnings += ex.warnings
+        return ex
+
+    def tables(self, result: Extrapolation, ctx: ReportContext) -> dict[str, Table]:
+        return extrapolation_tables(result, ctx.keys, ctx.axes, ctx.record)
+
+    def markdown(self, result: Extrapolation, ctx: ReportContext) -> list[str]:
+        return extrapolation_markdown(result, self.tables(result, ctx), ctx)
+
+    def figures(self, result: Extrapolation, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+        return extrapolation_figure(result, ctx, fig_dir)
+
+    def data_files(self, result: Extrapolation, ctx: ReportContext) -> list[Path]:
+        return [
+            write_csv(getattr(result, attribute), ctx.out_dir / name)
+            for attribute, name in CSV_FILES.items()
+            if len(getattr(result, attribute))
+        ]
+
+    def record(self, result: Extrapolation | None, ctx: ReportContext) -> dict[str, Any]:
+        return {"extrapolation": extrapolation_record(result)} if result is not None else {}
+
+    def listed_files(self, result: Extrapolation | None) -> list[str]:
+        return [f"`{name}`" for name in written_files(result)] if result is not None else []
+
+
+def written_files(ex: Extrapolation) -> list[str]:
+    """The names of the CSV files (``CSV_FILES``) that have rows."""
+    return [name for attribute, name in CSV_FILES.items() if len(getattr(ex, attribute))]
+
+
+def extrapolation_record(ex: Extrapolation) -> dict[str, Any]:
+    """stats.json's block on the train-short-test-long analysis: lengths, families, rows."""
+    return {
+        "eval_lengths": ex.lengths,
+        "train_lengths": ex.train_lengths,
+        "files": written_files(ex),
+        "by_length": {"m": len(ex.stats), "rows": records(ex.stats)},
+        "slopes": {
+            "m": len(ex.slopes),
+            "test": "exact two-sided Wilcoxon signed-rank of the per-seed least-squares slopes "
+            "of the delta (pp) on log2(evaluation length); Holm over all slope tests",
+            "rows": records(ex.slopes),
+        },
+        "truncation_ladder": {
+            "predictions_read": ex.predictions_read,
+            "m": len(ex.ladder),
+            "rows": records(ex.ladder),
+        },
+    }
+
+
+#: The truncation ladder, in words (report.md's "Train short, test long" section).
+LADDER_TEXT = (
+    "**Truncation ladder.** For consecutive evaluation lengths L1 < L2, each run's predictions "
+    f"(`{LENGTH_PREDICTIONS_FILE}`) give its accuracy at L1 and at L2 on the same test "
+    "documents; the gain is the difference (pp). Documents no longer than L1 read the same at "
+    "both lengths and are left out; the others are split in two. Documents longer than L2 are "
+    "cut at both lengths, L2 showing L2 − L1 more tokens of each: a gain on them comes from "
+    "seeing more of each document. Documents that fit in L2 (L1 + 1 to L2 tokens) are read "
+    "whole at L2. Up to the training length T the added tokens sit at trained positions, so the "
+    "gain is what more evidence is worth there. Whether the model can use positions beyond the "
+    "training length is what the steps beyond T show, on documents that fit in L2 above all "
+    "(the whole document is read): with L1 ≥ T every added token sits at a position never "
+    "trained on, so a gain means the model drew evidence from such positions and a loss that "
+    "reading them cost more than they brought; a gain near zero cannot tell evidence the model "
+    "could not use from evidence that adds nothing. Δ gain: the operator's gain minus the "
+    "baseline's, per seed, on the same documents."
+)
+
+
+def extrapolation_markdown(
+    ex: Extrapolation, tables: dict[str, Table], ctx: ReportContext
+) -> list[str]:
+    """Train short, test long: the effect at each evaluation length, whether it changes with
+    the length, and the truncation ladder."""
+    trained = ", ".join(map(str, ex.train_lengths)) or "not logged"
+    lines = [
+        "## Train short, test long",
+        "",
+        f"Each run trains on documents truncated at its training length T (param "
+        f"`data.max_length`: {trained}); its model of the best validation epoch, chosen at T "
+        "only, is then evaluated on the test split truncated at each evaluation length L "
+        f"({', '.join(map(str, ex.lengths))}), a document no longer than L being read whole. "
+        "Beyond T, tokens sit at positions the model never trained on. The figure *Accuracy "
+        "against evaluation length* (under Figures) draws the curves, mean ± sd over seeds.",
+        "",
+    ]
+    for name, absent in (
+        ("extrapolation:by_length", "No seed pair has counts at an evaluation length."),
+        ("extrapolation:interaction", "Not tested: no comparison has two evaluation lengths."),
+    ):
+        table = tables.get(name)
+        lines += [table.to_markdown() if table is not None else absent, ""]
+    lines += [LADDER_TEXT, ""]
+    ladder = tables.get("extrapolation:ladder")
+    if ladder is not None:
+        lines += [ladder.to_markdown(), ""]
+    elif not ex.predictions_read:
+        lines += ["Not computed: --no-lengths, so the by-length predictions were not read.", ""]
+    else:
+        lines += ["No run's by-length predictions gave a ladder step (see the warnings).", ""]
+    files = ", ".join(f"`{n}`" for n in written_files(ex))
+    return [*lines, f"Every column: {files}.", ""]
+
+
+def extrapolation_figure(ex: Extrapolation, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+    """Accuracy against evaluation length: a panel per dataset and level of the other group
+    keys (extra axes, ``--by`` params), a line per operator and position setting."""
+    if ex.accuracy.empty:
+        return []
+    lines = [k for k in ("position", "attention_position") if k in ctx.keys]
+    others = [k for k in ctx.keys if k not in lines and k != "dataset"]
+    curves = ex.accuracy.copy()
+    curves["panel"] = [
+        ", ".join([str(d), *(f"{k}={v}" for k, v in zip(others, rest, strict=True))])
+        for d, *rest in curves[["dataset", *others]].itertuples(index=False, name=None)
+    ]
+    curves["setting"] = curves[lines].astype(str).agg(" / ".join, axis=1)
+    paths = drawing.accuracy_by_eval_length(
+        curves,
+        ctx.operators,
+        "Accuracy against evaluation length (band: ± sd over seeds)",
+        fig_dir,
+        colors=drawing.operator_colors(ctx.operators),
+    )
+    return [("Accuracy against evaluation length (dashed: the training length)", paths)]
+
+
+EXTRAPOLATION = ExtrapolationSection()

@@ -7,7 +7,8 @@ position bucket (columns ``schema.GATE_COLUMNS``). ``gate_frame`` gathers those 
 runs' tags; ``plot_gates`` draws the mean weight on E against position, one line per operator,
 so one can see whether a gate leans on the tokens (g > 0.5) or on position (g < 0.5), and where
 along the document that changes. ``gate_summary`` gives the same numbers as a table (mean and
-range over seeds per bucket) and ``gate_ends`` its first and last bucket, for the report.
+range over seeds per bucket) and ``gate_ends`` its first and last bucket, for the report's
+gate section (``GATES``: its markdown, figure, CSV file and stats.json block).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import tempfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +29,19 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from analysis.context import ReportContext, display_order  # noqa: E402
+from analysis.drawing import operator_colors, save  # noqa: E402
 from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
-from analysis.plots import operator_colors  # noqa: E402
-from analysis.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
+from analysis.section import Drawn, Section, records, write_csv  # noqa: E402
+from analysis.tables import column_label  # noqa: E402
+from fusion_ray.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
 
 #: The trial tags each row of the gate frame carries, beside every ``axis.*`` tag of its run.
 RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")
 #: The gate frame's leading columns (tag ``fusion`` is column ``operator``, as in analysis.load).
 ID_COLUMNS = ["run_id", *(tag_column(t) for t in RUN_TAGS)]
+#: The report's file of the gate summary (mean, min and max over seeds per bucket).
+GATES_CSV = "gates_by_position.csv"
 #: The gated operators' registry names: only their runs carry ``schema.GATES_FILE``.
 GATED_OPERATORS = ("gate_scalar", "gate_vector", "gate_cnn", "gate_mlp")
 #: Columns of ``gate_summary`` after the group keys and ``operator``.
@@ -256,3 +263,154 @@ def _draw_panel(ax: Any, panel: pd.DataFrame, colors: dict[str, str]) -> None:
     ax.set_ylabel("mean gate g (weight on E)")
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=7, frameon=False, title="operator (seeds)", title_fontsize=7)
+
+
+# ----------------------------------------------------------------------------- in a report
+
+
+@dataclass
+class GateAnalysis:
+    """Where the gated operators' gate g (H = g E + (1 - g) P) puts its weight along the
+    document, for the analysed runs that logged ``schema.GATES_FILE``."""
+
+    frame: pd.DataFrame
+    """One row per (run, position bucket): ``run_id``, the report's group keys, ``operator``,
+    ``seed``, then ``schema.GATE_COLUMNS`` (from ``gates.gate_frame``)."""
+    summary: pd.DataFrame
+    """Per (group, operator, bucket holding tokens): mean, min and max over seeds
+    (``gates.gate_summary``); written as ``gates_by_position.csv``."""
+    ends: pd.DataFrame
+    """Per (group, operator): the first and the last bucket holding tokens
+    (``gates.gate_ends``)."""
+    runs: int
+    """How many runs logged their gates."""
+
+
+def analyse_gates(ctx: ReportContext, warnings: list[str]) -> GateAnalysis | None:
+    """The gate by position of the analysed runs of gated operators, grouped by the report's
+    keys and in display order; None when none of them logged it. Downloads one artifact per
+    gated run (ungated runs are not searched). When the artifacts cannot be read, or only some
+    gated runs have one, says so in ``warnings``."""
+    exp, pairing = ctx.experiment, ctx.pairing
+    gated = pairing.runs[pairing.runs["operator"].map(is_gated)]
+    if gated.empty:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        logged = gate_frame(MlflowClient(exp.tracking_uri), list(gated["run_id"]))
+    except (MlflowException, OSError, ValueError) as err:
+        warnings.append(
+            f"gates: the {GATES_FILE} artifacts of the {len(gated)} gated runs could not be "
+            f"read ({err!r}), so the report has no gate figure or section; check that the "
+            "artifact store of the runs is reachable from here."
+        )
+        return None
+    have = logged["run_id"].nunique()
+    if have and have < len(gated):
+        warnings.append(
+            f"gates: {len(gated) - have} of the {len(gated)} analysed runs of gated operators "
+            f"have no {GATES_FILE}; the gate figure and section show the other {have}."
+        )
+    keys = list(pairing.keys)
+    ids = gated[["run_id", *keys, "operator", "seed"]]
+    frame = ids.merge(logged[["run_id", *GATE_COLUMNS]], on="run_id", how="inner")
+    summary = gate_summary(frame, keys)
+    if summary.empty:
+        return None
+    summary = display_order(summary, ctx.datasets, ctx.operators, ctx.axis_levels)
+    return GateAnalysis(frame, summary, gate_ends(summary, keys), int(have))
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+class GateSection(Section):
+    """The gated operators' gate by position (only with figures: it downloads an artifact per
+    gated run)."""
+
+    name = "gates"
+
+    def compute(self, ctx: ReportContext, warnings: list[str]) -> GateAnalysis | None:
+        return analyse_gates(ctx, warnings) if ctx.options.make_figures else None
+
+    def markdown(self, result: GateAnalysis, ctx: ReportContext) -> list[str]:
+        return gates_markdown(result, ctx)
+
+    def figures(self, result: GateAnalysis, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+        return report_gate_figure(result, ctx, fig_dir)
+
+    def data_files(self, result: GateAnalysis, ctx: ReportContext) -> list[Path]:
+        return [write_csv(result.summary, ctx.out_dir / GATES_CSV)]
+
+    def record(self, result: GateAnalysis | None, ctx: ReportContext) -> dict[str, Any]:
+        if result is None:
+            return {}
+        block = {
+            "file": GATES_CSV,
+            "artifact": GATES_FILE,
+            "runs": result.runs,
+            "first_and_last_bucket": records(result.ends),
+        }
+        return {"gates": block}
+
+    def listed_files(self, result: GateAnalysis | None) -> list[str]:
+        return [f"`{GATES_CSV}`"] if result is not None else []
+
+
+def gates_markdown(gates: GateAnalysis, ctx: ReportContext) -> list[str]:
+    """Per group and gated operator: the mean gate on E in the first and the last position
+    bucket holding tokens, with its range over seeds."""
+    keys = [k for k in ctx.keys if k in gates.ends]
+    heads = [*(column_label(k, ctx.axes) for k in keys), "operator", "seeds"]
+    heads += ["first bucket", "g first [min, max]", "last bucket", "g last [min, max]"]
+    lines = [
+        "## Gate on token embeddings by position",
+        "",
+        "A gated operator mixes the token embeddings E and the position signal P as "
+        "H = g E + (1 − g) P, so g is the weight on E: g = 0.5 weighs E and P equally, g = 1 "
+        "keeps E alone, g = 0 keeps P alone (feature-wise gates are averaged over features "
+        f"too). Each gated run logs `{GATES_FILE}`: g on its test split at its best validation "
+        "epoch, averaged over the tokens of each position bucket (a bucket `a-b` holds the "
+        "token positions a to b, counted from 0). Per group and operator: the mean over "
+        "seeds of that gate in the first and in the last bucket holding tokens, the lowest "
+        "and highest seed in brackets, and the last mean minus the first. No test is run on "
+        f"these numbers. {gates.runs} run(s) logged their gates.",
+        "",
+        "| " + " | ".join([*heads, "last − first"]) + " |",
+        "|" + "---|" * (len(heads) + 1),
+    ]
+    for r in gates.ends.to_dict(orient="records"):
+        seeds = {int(r["first_n_seeds"]), int(r["last_n_seeds"])}
+        cells = [*(str(r[k]) for k in keys), str(r["operator"])]
+        cells += [" / ".join(str(n) for n in sorted(seeds)), str(r["first_bucket"])]
+        cells += [_gate_value(r, "first"), str(r["last_bucket"]), _gate_value(r, "last")]
+        cells.append(f"{r['change']:+.3f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", f"Every bucket (mean, min and max over seeds): `{GATES_CSV}`.", ""]
+
+
+def _gate_value(row: dict, end: str) -> str:
+    """``0.482 [0.451, 0.503]`` (no range for a single seed)."""
+    mean = f"{row[f'{end}_gate_mean']:.3f}"
+    if int(row[f"{end}_n_seeds"]) < 2:
+        return mean
+    return f"{mean} [{row[f'{end}_gate_min']:.3f}, {row[f'{end}_gate_max']:.3f}]"
+
+
+def report_gate_figure(gates: GateAnalysis, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+    """The gate on E by position bucket, one panel per dataset and setting (``gates_by_position``).
+
+    ``gates.gate_figure`` makes a panel per ``axis.*`` column: the report's extra axes and
+    ``--by`` params are handed over under that prefix, so that no line averages two settings."""
+    extra = [k for k in ctx.keys if k not in ("dataset", "position", "attention_position")]
+    frame = gates.frame.rename(columns={k: AXIS_TAG_PREFIX + k for k in extra})
+    fig = gate_figure(frame)
+    if fig is None:
+        return []
+    caption = "Gate on token embeddings by position (gated operators; 0.5: E and P weighed equally)"
+    return [(caption, save(fig, fig_dir, "gates_by_position"))]
+
+
+GATES = GateSection()

@@ -1,52 +1,42 @@
-"""Does an operator's effect depend on a grid axis? Interaction tests, and the embedding-scale
-confound check that reads them.
+"""Does an operator's effect depend on a grid axis? Interaction tests, and the report section
+that shows them (``INTERACTION``: a table per axis, ``interaction.csv``); the embedding-scale
+confound check that reads them is ``analysis.scaling``.
 
 For an extra grid axis (e.g. ``model.scale_embeddings: [true, false]``) with reference level r
 (the first in the sweep file) and another level l, every seed paired at both levels gives,
 inside each combination of the other group keys, the operator's delta against the baseline at
 l minus its delta at r. The deltas are integer correct-count differences over a common
 denominator (shown in percentage points), so ties are exact; the test is the exact two-sided
-Wilcoxon signed-rank test of ``analysis.paired`` (two-sided whatever the report's alternative:
+Wilcoxon signed-rank test of ``analysis.stats`` (two-sided whatever the report's alternative:
 the direction of an interaction is not known in advance), and Holm's correction runs over every
 interaction test of the report, a family apart from the main comparisons. An axis with more
 than two levels gives one test per non-reference level, each against the reference.
-
-The confound check: ``add`` (H = E + P) compared with token embeddings scaled by sqrt(d_model)
-and no unscaled arm confounds the operator with the scale of E against P. ``scaling_check``
-warns then, with the measured (or implied) ratio; when both arms are present it gathers each
-operator's effect per arm and the interaction test of the axis ``model.scale_embeddings``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.load import PARAM_PREFIX
-from analysis.paired import (
+from analysis.context import ReportContext, display_order
+from analysis.section import Section, records, write_csv
+from analysis.stats import (
     StatsSettings,
     common_denominator,
     exact_family_warnings,
     exact_test_columns,
 )
-from analysis.schema import INIT_METRICS
+from analysis.tables import Table, interaction_caption, interaction_table
 
 #: Name of the interaction family in warnings and in report.md.
 FAMILY = "interaction tests"
-#: The setting whose two arms separate the operator from the scale of E against P.
-SCALE_AXIS = "model.scale_embeddings"
-SCALE_PARAM = PARAM_PREFIX + SCALE_AXIS
-#: The sweep file that varies it.
-CONFOUND_SWEEP = "sweeps/confound.yaml"
-#: The baseline operator the confound concerns.
-ADDITIVE = "add"
-#: The RMS of a sinusoidal position signal (sin and cos of each frequency: sqrt(1/2)).
-SINUSOIDAL_RMS = math.sqrt(0.5)
+#: The section's CSV file: one row per interaction test.
+CSV = "interaction.csv"
 #: Columns of the interaction table after the comparison's name (axis, levels, keys, operator).
 RESULT_COLUMNS = (
     "baseline",
@@ -176,157 +166,98 @@ def _finish_family(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     )
 
 
-# ----------------------------------------------------------------------------- the confound
+# ----------------------------------------------------------------------------- the section
 
 
-def as_bool(value: Any) -> bool | None:
-    """``true``/``True``/``1`` -> True, ``false``/``False``/``0`` -> False, else None (a tag or
-    param as logged: the axis tag writes ``true``, a param ``True``)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    text = str(value).strip().lower()
-    if text in ("true", "1"):
-        return True
-    if text in ("false", "0"):
-        return False
-    return None
+class InteractionSection(Section):
+    """The interaction tests of the grid's extra axes (none without extra axes)."""
 
+    name = "interaction"
 
-def scale_arms(runs: pd.DataFrame) -> pd.Series:
-    """Each run's ``model.scale_embeddings`` (True, False or None when unknown): the axis
-    column when the run has it, else the logged param."""
-    values = pd.Series([None] * len(runs), index=runs.index, dtype=object)
-    if SCALE_PARAM in runs:
-        values = runs[SCALE_PARAM].astype(object)
-    if SCALE_AXIS in runs:
-        values = runs[SCALE_AXIS].astype(object).where(runs[SCALE_AXIS].notna(), values)
-    return values.map(as_bool).astype(object)
+    def compute(self, ctx: ReportContext, warnings: list[str]) -> Interactions | None:
+        levels = ctx.axis_levels
+        if not levels:
+            return None
+        inter = interaction_tests(ctx.pairing, levels, ctx.options.settings)
+        inter.table = interaction_order(inter.table, ctx.datasets, ctx.operators, levels)
+        warnings += inter.warnings
+        return inter
 
+    def tables(self, result: Interactions, ctx: ReportContext) -> dict[str, Table]:
+        return interaction_tables(result, ctx.keys, ctx.record, ctx.axes)
 
-@dataclass
-class ScalingCheck:
-    """What the report says about the scale of the token embeddings against ``add``."""
+    def markdown(self, result: Interactions, ctx: ReportContext) -> list[str]:
+        return interaction_markdown(result, self.tables(result, ctx), ctx)
 
-    warning: str = ""
-    """The confound warning: only scaled runs are compared with ``add`` ('' otherwise)."""
-    effects: pd.DataFrame = field(default_factory=pd.DataFrame)
-    """When both arms are compared: one row per (other group keys, operator) with the median
-    delta and Holm-adjusted p in each arm and the interaction test's result."""
-    interaction_levels: tuple[str, str] | None = None
-    """(level, reference) of the interaction columns, when the axis was tested."""
+    def data_files(self, result: Interactions, ctx: ReportContext) -> list[Path]:
+        return [write_csv(result.table, ctx.out_dir / CSV)]
 
-    @property
-    def both_arms(self) -> bool:
-        return not self.effects.empty
-
-
-def scaling_check(
-    pairing: Any, comparisons: pd.DataFrame, interactions: Interactions | None
-) -> ScalingCheck:
-    """The confound check of a report against ``add``: a warning when every compared run with
-    an input-level position signal scales its token embeddings and none does not; each
-    operator's effect per arm (and their interaction) when both arms are compared."""
-    if pairing.baseline != ADDITIVE or pairing.pairs.empty:
-        return ScalingCheck()
-    used = set(pairing.pairs["run_id"]) | set(pairing.pairs["baseline_run_id"])
-    runs = pairing.runs[pairing.runs["run_id"].isin(used) & (pairing.runs["position"] != "none")]
-    arms = scale_arms(runs)
-    present = set(arms.dropna())
-    if present == {True}:
-        return ScalingCheck(warning=confound_warning(runs[arms.map(lambda v: v is True)]))
-    if present == {True, False}:
-        return _effects_by_arm(pairing, comparisons, interactions, runs, arms)
-    return ScalingCheck()
-
-
-def confound_warning(scaled: pd.DataFrame) -> str:
-    """The warning for comparisons against ``add`` whose runs all scale the token embeddings."""
-    return (
-        f"possible confound: every run compared with `{ADDITIVE}` scales its token embeddings "
-        f"by sqrt(d_model) (`{SCALE_AXIS}` true) and none leaves them unscaled, so "
-        f"{_ratio_text(scaled)}. Under `{ADDITIVE}` (H = E + P) the position signal is then a "
-        "small perturbation of the token embeddings, and an operator's difference from "
-        f"`{ADDITIVE}` may come from re-weighting E against P rather than from how it fuses "
-        f"them. The grid axis `{SCALE_AXIS}: [true, false]` separates the two (see "
-        f"{CONFOUND_SWEEP}); the report then tests whether each effect depends on it."
-    )
-
-
-def _ratio_text(scaled: pd.DataFrame) -> str:
-    """The measured ratio init_token_rms / init_position_rms (median over runs, per input
-    position when there are several), else the ratio the logged d_model implies."""
-    token, position = INIT_METRICS
-    if token in scaled and position in scaled:
-        ok = scaled[token].notna() & (scaled[position] > 0)
-        if ok.any():
-            measured = scaled[ok].assign(_ratio=scaled[token] / scaled[position])
-            text = (
-                f"at initialisation the token embeddings are {measured['_ratio'].median():.3g}x "
-                f"the position signal in RMS ({token} / {position}, median over "
-                f"{int(ok.sum())} runs"
-            )
-            per = measured.groupby("position", sort=True)["_ratio"].median()
-            if len(per) > 1:
-                text += "; " + ", ".join(f"{p}: {r:.3g}x" for p, r in per.items())
-            return text + ")"
-    d_model = PARAM_PREFIX + "model.d_model"
-    logged = pd.to_numeric(scaled[d_model], errors="coerce") if d_model in scaled else None
-    d_models = [] if logged is None else sorted({int(d) for d in logged.dropna()})
-    missing = f"{token} and {position} were not logged, so the ratio is not measured"
-    if not d_models:
-        return missing + " (and no model.d_model param gives the ratio it implies)"
-    implied = ", ".join(
-        f"d_model = {d} implies sqrt({d}) / sqrt(1/2) = {math.sqrt(d) / SINUSOIDAL_RMS:.3g}x"
-        for d in d_models
-    )
-    return (
-        f"{missing}; for a sinusoidal position signal (RMS sqrt(1/2)) and unit-variance token "
-        f"embeddings, {implied} the position signal in RMS"
-    )
-
-
-def _effects_by_arm(
-    pairing: Any,
-    comparisons: pd.DataFrame,
-    interactions: Interactions | None,
-    runs: pd.DataFrame,
-    arms: pd.Series,
-) -> ScalingCheck:
-    """Each operator's median delta and Holm-adjusted p in the scaled and the unscaled arm,
-    side by side, with the interaction test of ``model.scale_embeddings`` when it ran."""
-    keys = list(pairing.keys)
-    arm_of = dict(zip(runs["run_id"], arms, strict=True))
-    pairs = pairing.pairs.assign(_arm=pairing.pairs["run_id"].map(arm_of))
-    per_comparison = (
-        pairs.dropna(subset=["_arm"])
-        .groupby([*keys, "operator"], sort=False, dropna=False)["_arm"]
-        .agg(lambda s: s.iloc[0] if s.nunique() == 1 else None)
-        .dropna()
-        .reset_index()
-    )
-    table = comparisons.merge(per_comparison, on=[*keys, "operator"], how="inner")
-    others = [k for k in keys if k != SCALE_AXIS]
-    rows: dict[tuple, dict[str, Any]] = {}
-    for _, r in table.iterrows():
-        ident = tuple(r[k] for k in [*others, "operator"])
-        row = rows.setdefault(ident, dict(zip([*others, "operator"], ident, strict=True)))
-        arm = "scaled" if r["_arm"] else "unscaled"
-        row[f"{arm}_median_delta"] = r["median_delta"]
-        row[f"{arm}_p_holm"] = r["p_holm"]
-        row[f"{arm}_significant"] = bool(r["significant"])
-        row[f"{arm}_n_pairs"] = int(r["n_pairs"])
-    effects = pd.DataFrame(list(rows.values()))
-    levels = None
-    tested = interactions.for_axis(SCALE_AXIS) if interactions is not None else pd.DataFrame()
-    if len(tested) and len(effects):
-        levels = (str(tested["level"].iloc[0]), str(tested["reference"].iloc[0]))
-        inter = tested[[*others, "operator", "median_interaction", "p_holm", "significant"]]
-        inter = inter.rename(
-            columns={
-                "median_interaction": "interaction_median",
-                "p_holm": "interaction_p_holm",
-                "significant": "interaction_significant",
-            }
+    def record(self, result: Interactions | None, ctx: ReportContext) -> dict[str, Any]:
+        if result is None:
+            return {}
+        test = (
+            "exact two-sided Wilcoxon signed-rank of per-seed (delta at level - delta at the "
+            "reference level); Holm over all interaction tests"
         )
-        effects = effects.merge(inter, on=[*others, "operator"], how="left")
-    return ScalingCheck(effects=effects, interaction_levels=levels)
+        return {"interaction_tests": {"m": result.m, "test": test, "rows": records(result.table)}}
+
+    def listed_files(self, result: Interactions | None) -> list[str]:
+        return [f"`{CSV}`"] if result is not None else []
+
+
+def interaction_tables(
+    interactions: Interactions, keys: list[str], settings: Any, axes: list[str]
+) -> dict[str, Table]:
+    """One "does the operator effect depend on <axis>?" table per setting axis."""
+    return {
+        f"interaction:{axis}": interaction_table(
+            interactions.for_axis(axis), axis, keys, settings, interactions.m, axes
+        )
+        for axis in interactions.levels
+    }
+
+
+def interaction_order(
+    table: pd.DataFrame,
+    datasets: Sequence[str],
+    operators: Sequence[str],
+    levels: dict[str, list[str]],
+) -> pd.DataFrame:
+    """Interaction tests by axis and level (sweep file's order), then as ``display_order``."""
+    if table.empty:
+        return table
+    ordered = display_order(table, datasets, operators, levels)
+    axis_rank = {a: i for i, a in enumerate(levels)}
+    level_rank = ordered.apply(lambda r: levels[r["axis"]].index(str(r["level"])), axis=1)
+    return (
+        ordered.assign(_x=ordered["axis"].map(axis_rank), _l=level_rank)
+        .sort_values(["_x", "_l"], kind="stable")
+        .drop(columns=["_x", "_l"])
+        .reset_index(drop=True)
+    )
+
+
+def interaction_markdown(
+    inter: Interactions, tables: dict[str, Table], ctx: ReportContext
+) -> list[str]:
+    """One table per extra grid axis: does the operator effect depend on it?"""
+    lines = ["## Interaction tests", ""]
+    for axis in ctx.axes:
+        table = tables.get(f"interaction:{axis}")
+        if table is not None and len(table.display):
+            lines += [table.to_markdown(), ""]
+            continue
+        compared = sorted(set(ctx.pairing.pairs[axis].astype(str)))
+        why = (
+            f"every comparison is at {axis} = {compared[0]}"
+            if len(compared) == 1
+            else f"no seed is paired with `{ctx.baseline}` at two levels of `{axis}` in the "
+            "same combination of the other group keys"
+        )
+        lines += [f"**{interaction_caption(axis)}** Not tested: {why}.", ""]
+    if inter.m:
+        lines += [f"Every column of these tests is in `{CSV}`.", ""]
+    return lines
+
+
+INTERACTION = InteractionSection()

@@ -12,34 +12,34 @@ complete pairs, a thread pool for the I/O, and local artifact stores are read in
 With extra grid axes, buckets are cut per dataset and axis level (an axis such as the tokenizer's
 vocabulary changes the token counts), and the buckets, accuracies and comparisons carry a column
 per axis.
+
+``LENGTHS`` is the report's length section (``analysis.section``): its markdown, figure, CSV
+files and stats.json block. Its median test length per dataset sets the report's dataset order,
+so it runs before the core is put in display order.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from analysis.load import read_run_parquet
-from analysis.paired import StatsSettings, describe_deltas, finish_family
-from analysis.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
+from analysis import drawing
+from analysis.context import ReportContext, display_order
+from analysis.figures import with_level
+from analysis.load import read_run_artifacts
+from analysis.section import Drawn, Section, records, write_csv
+from analysis.stats import StatsSettings, describe_deltas, finish_family
+from analysis.tables import dataset_order, describe_setting, fmt_p, operator_order, select
+from fusion_ray.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
 
-
-def read_predictions(artifact_uri: str) -> pd.DataFrame | None:
-    """A run's test predictions (columns length, label, pred), or None when it has none."""
-    return read_run_parquet(artifact_uri, PREDICTIONS_FILE, PREDICTION_COLUMNS)
-
-
-def _read_or_error(artifact_uri: str) -> pd.DataFrame | None | Exception:
-    try:
-        return read_predictions(artifact_uri)
-    except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
-        return err
+#: The section's CSV files: comparisons per bucket (and contrasts), accuracy per bucket.
+STATS_CSV = "length_stats.csv"
+ACCURACY_CSV = "length_accuracy.csv"
 
 
 @dataclass
@@ -94,25 +94,20 @@ def analyse_lengths(
 
 
 def _read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
-    """run id -> its predictions, or None when it has none or they cannot be read (warned)."""
-    uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
-    with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        preds = dict(zip(uris, pool.map(_read_or_error, uris.values()), strict=True))
-    broken = {r: p for r, p in preds.items() if isinstance(p, Exception)}
-    if broken:
-        first = next(iter(broken.items()))
+    """run id -> its predictions, for the runs that have readable ones (the others warned)."""
+    found = read_run_artifacts(runs, PREDICTIONS_FILE, PREDICTION_COLUMNS, max_workers)
+    if found.broken:
+        first = next(iter(found.broken.items()))
         warns.append(
-            f"length analysis: {len(broken)} {PREDICTIONS_FILE} file(s) could not be read "
+            f"length analysis: {len(found.broken)} {PREDICTIONS_FILE} file(s) could not be read "
             f"and are left out (run {first[0]}: {first[1]!r})."
         )
-        preds = {r: (None if r in broken else p) for r, p in preds.items()}
-    missing = sorted(r for r, p in preds.items() if p is None and r not in broken)
-    if missing:
+    if found.missing:
         warns.append(
-            f"length analysis: {len(missing)} of {len(preds)} paired runs have no "
-            f"{PREDICTIONS_FILE} and are left out (e.g. {', '.join(missing[:3])})."
+            f"length analysis: {len(found.missing)} of {found.runs} paired runs have no "
+            f"{PREDICTIONS_FILE} and are left out (e.g. {', '.join(found.missing[:3])})."
         )
-    return preds
+    return found.frames
 
 
 BUCKET_COLUMNS = [
@@ -294,6 +289,116 @@ def _finish_families(
     return pd.concat(parts).sort_index()
 
 
-def order_by_length(datasets: Sequence[str], medians: dict[str, float]) -> list[str]:
-    """Datasets from shortest to longest median test document (unknown ones last, by name)."""
-    return sorted(datasets, key=lambda d: (medians.get(d, math.inf), d))
+# ----------------------------------------------------------------------------- the section
+
+
+class LengthSection(Section):
+    """Accuracy and operator effects by document length inside each dataset."""
+
+    name = "lengths"
+    warns_with = "statistics"
+    before_order = True
+
+    def compute(self, ctx: ReportContext, warnings: list[str]) -> LengthAnalysis | None:
+        o, pairing = ctx.options, ctx.pairing
+        if not o.lengths or not len(pairing.pairs):
+            return None
+        lengths = analyse_lengths(pairing, o.settings, n_buckets=o.length_buckets)
+        if not lengths.stats.empty:
+            runs = pairing.runs
+            datasets = dataset_order(runs["dataset"], lengths.median_length)
+            operators = operator_order(runs["operator"], o.baseline)
+            lengths.stats = display_order(lengths.stats, datasets, operators, ctx.axis_levels)
+        warnings += lengths.warnings
+        return lengths
+
+    def markdown(self, result: LengthAnalysis, ctx: ReportContext) -> list[str]:
+        return length_markdown(result, ctx)
+
+    def figures(self, result: LengthAnalysis, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+        return length_figure(result, ctx, fig_dir)
+
+    def data_files(self, result: LengthAnalysis, ctx: ReportContext) -> list[Path]:
+        if result.stats.empty:
+            return []
+        return [
+            write_csv(result.stats, ctx.out_dir / STATS_CSV),
+            write_csv(result.accuracy, ctx.out_dir / ACCURACY_CSV),
+        ]
+
+    def record(self, result: LengthAnalysis | None, ctx: ReportContext) -> dict[str, Any]:
+        return {"length_comparisons": records(result.stats if result is not None else None)}
+
+    def listed_files(self, result: LengthAnalysis | None) -> list[str]:
+        return [f"`{STATS_CSV}`", f"`{ACCURACY_CSV}`"]
+
+
+def length_markdown(lengths: LengthAnalysis, ctx: ReportContext) -> list[str]:
+    """The length-aware analysis: the buckets, then the comparisons in the main setting."""
+    if lengths.stats.empty:
+        return []
+    lines = [
+        "## Length-aware analysis",
+        "",
+        "Test documents of each dataset are cut into length quantile buckets (tokens "
+        "before truncation). Per bucket, paired deltas of correct counts get the same "
+        "statistics as above (Holm over all bucket comparisons); `long-short` is, per seed, "
+        "the delta in the longest bucket minus the delta in the shortest (Holm over the "
+        "contrasts): a positive, significant contrast means the operator's advantage grows "
+        "with length inside the dataset.",
+        "",
+    ]
+    buckets = lengths.buckets
+    bucket_axes = [a for a in ctx.axes if a in buckets]
+    plain = buckets.drop(columns=bucket_axes).drop_duplicates()
+    if bucket_axes and not plain.duplicated(["dataset", "bucket"]).any():
+        buckets, bucket_axes = plain, []  # the same buckets at every level: list them once
+    heads = ["dataset", *bucket_axes, "bucket", "tokens", "documents", "truncated"]
+    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    for _, r in buckets.iterrows():
+        trunc = "–" if pd.isna(r["truncated_share"]) else f"{r['truncated_share']:.0%}"
+        levels = "".join(f" {r[a]} |" for a in bucket_axes)
+        lines.append(
+            f"| {r['dataset']} |{levels} {r['bucket']} | {r['label']} | {r['n_docs']} | {trunc} |"
+        )
+    stat_axes = [a for a in ctx.axes if a in lengths.stats]
+    heads = ["dataset", *stat_axes, "operator", "bucket", "n", "Δ mean (pp)", "HL", "p"]
+    heads += ["p Holm", "wins"]
+    lines += [
+        "",
+        f"Contrasts and buckets in the main setting ({describe_setting(ctx.main_setting)}):",
+        "",
+        "| " + " | ".join(heads) + " |",
+        "|" + "---|" * len(heads),
+    ]
+    for _, r in select(lengths.stats, ctx.main_setting).iterrows():
+        levels = "".join(f" {r[a]} |" for a in stat_axes)
+        lines.append(
+            f"| {r['dataset']} |{levels} {r['operator']} | {r['bucket']} | {int(r['n_pairs'])} | "
+            f"{r['mean_delta']:+.2f} | {r['hl_estimate']:+.2f} | {fmt_p(r['p_wilcoxon'])} | "
+            f"{fmt_p(r['p_holm'])}{'*' if r['significant'] else ''} | "
+            f"{int(r['wins'])}/{int(r['n_pairs'])} |"
+        )
+    return [*lines, "", f"All settings: `{STATS_CSV}`, `{ACCURACY_CSV}`.", ""]
+
+
+def length_figure(lengths: LengthAnalysis, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+    """Accuracy by length quantile inside each dataset, in the main setting."""
+    if lengths.accuracy.empty:
+        return []
+    accuracy, style, order = with_level(select(lengths.accuracy, ctx.main_setting), ctx)
+    stats, _, _ = with_level(select(lengths.stats, ctx.main_setting), ctx)
+    paths = drawing.accuracy_by_length_bucket(
+        accuracy,
+        stats,
+        ctx.datasets,
+        ctx.operators,
+        ctx.baseline,
+        f"Accuracy by document length inside each dataset ({describe_setting(ctx.main_setting)})",
+        fig_dir,
+        drawing.Styles(drawing.operator_colors(ctx.operators), style, order),
+    )
+    return [("Accuracy by length quantile inside each dataset", paths)]
+
+
+LENGTHS = LengthSection()

@@ -1,8 +1,8 @@
 """MLflow -> a tidy frame of an experiment's trial runs.
 
-This module reads only the MLflow schema (``analysis.schema``, the names agreed with the sweep
-side and repeated in the README's Analysis section); it never imports fusion_ray, so it can
-analyse runs logged by anything that follows the schema.
+This module reads only the MLflow schema (``fusion_ray.schema``, the one module of names both
+sides share, repeated in the README's Analysis section); of fusion_ray it imports nothing else,
+so it can analyse runs logged by anything that follows the schema.
 
 Loading fetches all runs of the experiment with a few large ``search_runs`` pages (never one
 client call per run), or, for a sqlite store, with a handful of SQL queries over MLflow's own
@@ -31,6 +31,7 @@ import json
 import math
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
-from analysis.schema import (
+from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     CELLS_ARTIFACT,
     EPOCH_METRICS,
@@ -54,6 +55,7 @@ from analysis.schema import (
     ROLE_TAG,
     ROLE_TRIAL,
     TRIAL_TAGS,
+    axis_text,
 )
 
 #: Every param of a run becomes a column ``params.<name>`` (a string, as MLflow stores it).
@@ -398,7 +400,16 @@ def _frame_from_sql(uri: str, experiment_id: str) -> pd.DataFrame:
     frame["parent_run_id"] = tags[PARENT_TAG]
     for tag in TRIAL_TAGS:
         frame[tag_column(tag)] = tags[tag]
-    metrics = fetched["metrics"]
+    _add_sql_metrics(frame, fetched["metrics"])
+    _add_sql_optional_tags(frame, tags)
+    frame = pd.concat([frame, _wide(fetched["params"], frame.index, PARAM_PREFIX)], axis=1)
+    return _tidy(frame.reset_index())
+
+
+def _add_sql_metrics(frame: pd.DataFrame, metrics: pd.DataFrame) -> None:
+    """The metric columns of ``frame`` (indexed by run id) from the metrics query, in place:
+    every metric of ``METRICS`` (NaN when not logged), then the optional and per-length ones
+    some run logged."""
     if not metrics.empty:
         metrics["value"] = metrics["value"].astype("float64").where(~metrics["is_nan"].astype(bool))
     metric_wide = _wide(metrics.drop(columns="is_nan"), frame.index)
@@ -407,14 +418,16 @@ def _frame_from_sql(uri: str, experiment_id: str) -> pd.DataFrame:
     for name in [*OPTIONAL_METRICS, *eval_length_metrics(metric_wide.columns)]:
         if name in metric_wide:
             frame[name] = metric_wide[name]
+
+
+def _add_sql_optional_tags(frame: pd.DataFrame, tags: pd.DataFrame) -> None:
+    """The optional tag columns some run carries, then a column per ``axis.*`` tag, in place."""
     for tag in OPTIONAL_TAGS:
         if tags[tag].notna().any():
             frame[tag] = tags[tag]
     for tag in tags.columns:
         if tag.startswith(AXIS_TAG_PREFIX):
             frame[axis_key(tag)] = tags[tag]
-    frame = pd.concat([frame, _wide(fetched["params"], frame.index, PARAM_PREFIX)], axis=1)
-    return _tidy(frame.reset_index())
 
 
 # ----------------------------------------------------------------------------- the experiment
@@ -602,6 +615,45 @@ def read_run_parquet(artifact_uri: str, name: str, columns: Sequence[str]) -> pd
         return pq.read_table(path, columns=list(columns)).to_pandas()
 
 
+@dataclass
+class RunArtifacts:
+    """One parquet artifact of each of a set of runs, as ``read_run_artifacts`` found it."""
+
+    frames: dict[str, pd.DataFrame]
+    """Run id -> the artifact, for the runs that have a readable one."""
+    broken: dict[str, Exception]
+    """Run id -> why its artifact could not be read."""
+    missing: list[str]
+    """Run ids without the artifact, sorted."""
+
+    @property
+    def runs(self) -> int:
+        return len(self.frames) + len(self.broken) + len(self.missing)
+
+
+def read_run_artifacts(
+    runs: pd.DataFrame, name: str, columns: Sequence[str], max_workers: int = 8
+) -> RunArtifacts:
+    """The parquet artifact ``name`` (``columns`` only) of each run of ``runs`` (columns
+    ``run_id`` and ``artifact_uri``), read once per run in a thread pool (the work is I/O).
+    A run whose file cannot be read is reported, not raised."""
+
+    def read(artifact_uri: str) -> pd.DataFrame | None | Exception:
+        try:
+            return read_run_parquet(artifact_uri, name, columns)
+        except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
+            return err
+
+    uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        found = dict(zip(uris, pool.map(read, uris.values()), strict=True))
+    return RunArtifacts(
+        frames={r: f for r, f in found.items() if isinstance(f, pd.DataFrame)},
+        broken={r: f for r, f in found.items() if isinstance(f, Exception)},
+        missing=sorted(r for r, f in found.items() if f is None),
+    )
+
+
 def read_sweep_cells(client: Any, parent: Any) -> list[str] | None:
     """The cell ids in ``sweep_cells.json`` of the sweep's parent run ``parent`` (an MLflow
     ``Run``), or None when it has no such artifact (an older sweep, or another tool's runs).
@@ -653,14 +705,6 @@ def split_sweep_cells(
 
 
 # ----------------------------------------------------------------------------- grid axes
-
-
-def axis_text(value: Any) -> str:
-    """A level as the sweep writes it in an ``axis.<key>`` tag: booleans ``true``/``false``,
-    anything else as text."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
 
 
 def natural_levels(values: Sequence[str]) -> list[str]:

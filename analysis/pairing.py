@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.load import FINISHED, PARAM_PREFIX, AnalysisError, axis_columns
-from analysis.schema import (
+from fusion_ray.schema import (
     EXECUTION_PARAMS,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,

@@ -1,7 +1,8 @@
 """The sweep report: ``python -m analysis.report --experiment NAME``.
 
 Loads the experiment's runs from MLflow, pairs every operator with the baseline by seed,
-runs the paired statistics, and writes into ``--out``:
+runs the paired statistics (the paired core, ``analysis.context``), computes every section of
+``SECTIONS`` (``analysis.section``) and writes into ``--out``:
 
     report.md            tables, figures, statistics, warnings, what is missing
     stats.csv            one row per comparison (stats.json: the same, plus every setting)
@@ -32,42 +33,50 @@ From Python::
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from analysis.context import ARTIFACT_PATH, ReportContext, ReportOptions, build_context
-from analysis.extrapolation import CSV_FILES
-from analysis.figures import draw_figures
-from analysis.lengths import LengthAnalysis
-from analysis.load import AnalysisError, Experiment
-from analysis.markdown import GATES_CSV, REPRODUCTION_CSV, render_report
-from analysis.other_settings import OtherSettings
-from analysis.paired import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
-from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
-from analysis.schema import (
-    GATES_FILE,
-    LENGTH_PREDICTIONS_FILE,
-    PREDICTIONS_FILE,
-    ROLE_SWEEP,
-    ROLE_TAG,
+from analysis.context import (
+    ARTIFACT_PATH,
+    ReportContext,
+    ReportOptions,
+    arrange,
+    loading_warnings,
+    paired_core,
 )
+from analysis.extrapolation import EXTRAPOLATION
+from analysis.figures import core_figures
+from analysis.gates import GATES
+from analysis.interaction import INTERACTION
+from analysis.lengths import LENGTHS, LengthAnalysis
+from analysis.load import AnalysisError, Experiment
+from analysis.other_settings import OtherSettings
+from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
+from analysis.report_md import render_report
+from analysis.reproduction import REPRODUCTION
+from analysis.scaling import SCALING
+from analysis.section import Section, jsonable, records
+from analysis.stats import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.tables import Table
+from fusion_ray.schema import LENGTH_PREDICTIONS_FILE, PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
 
-__all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
+__all__ = ["SECTIONS", "STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
+
+#: The report's sections (``analysis.section``), computed in this order (a section may read the
+#: results before it: the scaling check reads the interaction tests) and shown in this order
+#: within each part of report.md they follow. A new analysis is one module and one entry here.
+SECTIONS: list[Section] = [INTERACTION, SCALING, LENGTHS, EXTRAPOLATION, GATES, REPRODUCTION]
 
 
 def stats_columns(axes: Sequence[str] = ()) -> list[str]:
     """stats.csv leads with these: the comparison (with a column per extra grid axis), then the
-    registered statistics' headline columns (``analysis.paired.STATISTICS``); every other
+    registered statistics' headline columns (``analysis.stats.STATISTICS``); every other
     column follows."""
     return [*GROUP_KEYS, *axes, "operator", "baseline", *headline_columns()]
 
@@ -92,6 +101,8 @@ class ReportResult:
     tables: dict[str, Table] = field(default_factory=dict)
     other_settings: OtherSettings = field(default_factory=OtherSettings)
     """The trial runs left out as other settings: ``.finished``, ``.left_out``, ``.sentence``."""
+    results: dict[str, Any] = field(default_factory=dict)
+    """Every section's result by name (``ReportContext.results``)."""
 
 
 def build_report(
@@ -116,141 +127,103 @@ def build_report(
         experiment=ctx.experiment,
         pairing=ctx.pairing,
         comparisons=ctx.comparisons,
-        lengths=ctx.lengths,
+        lengths=ctx.results.get(LENGTHS.name),
         warnings=ctx.warnings,
         logged_to=ctx.logged_to,
-        tables=ctx.tables,
+        tables=all_tables(ctx),
         other_settings=ctx.other_settings,
+        results=ctx.results,
     )
 
 
-def write_report(ctx: ReportContext) -> list[Path]:
+def build_context(
+    experiment: str,
+    tracking_uri: str | None,
+    options: ReportOptions,
+    sections: Sequence[Section] = SECTIONS,
+) -> ReportContext:
+    """The paired core of ``experiment`` and the result of every section. Sections marked
+    ``before_order`` run before the core is put in display order, the others after it."""
+    ctx = paired_core(experiment, tracking_uri, options)
+    warned: dict[str, list[str]] = {}
+    for early in (True, False):
+        if not early:
+            arrange(ctx)
+        for section in sections:
+            if section.before_order == early:
+                warned[section.name] = []
+                ctx.results[section.name] = section.compute(ctx, warned[section.name])
+    ctx.results = {s.name: ctx.results[s.name] for s in sections}
+
+    def placed(where: str) -> list[str]:
+        return [w for s in sections if s.warns_with == where for w in warned[s.name]]
+
+    ctx.warnings = [
+        *placed("start"),
+        *ctx.comparisons.warnings,
+        *placed("statistics"),
+        *loading_warnings(ctx.experiment, ctx.pairing),
+        *placed("end"),
+    ]
+    return ctx
+
+
+def shown(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> list[tuple[Section, Any]]:
+    """(section, result) of every section with something to show, in list order."""
+    return [(s, ctx.results[s.name]) for s in sections if ctx.results.get(s.name) is not None]
+
+
+def all_tables(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> dict[str, Table]:
+    """Tables 1-3, then every section's tables."""
+    tables = dict(ctx.tables)
+    for section, result in shown(ctx, sections):
+        tables |= section.tables(result, ctx)
+    return tables
+
+
+def write_report(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> list[Path]:
     """Write every file of the report into ``ctx.out_dir``; returns their paths."""
     out_dir = ctx.out_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
-    for table in ctx.tables.values():
+    for table in all_tables(ctx, sections).values():
         files += table.write(out_dir / "tables")
     if ctx.options.make_figures:
-        ctx.figures, drawn = draw_figures(ctx, out_dir / "figures")
-        files += drawn
-    files += write_data_files(ctx)
+        drawn = core_figures(ctx, out_dir / "figures")
+        for section, result in shown(ctx, sections):
+            drawn += section.figures(result, ctx, out_dir / "figures")
+        ctx.figures = [(caption, paths[0]) for caption, paths in drawn if paths]
+        files += [path for _, paths in drawn for path in paths]
+    files += write_data_files(ctx, sections)
     report_md = out_dir / "report.md"
-    report_md.write_text(render_report(ctx), encoding="utf-8")
+    report_md.write_text(render_report(ctx, sections), encoding="utf-8")
     return [*files, report_md]
 
 
-def write_data_files(ctx: ReportContext) -> list[Path]:
-    """stats.csv, interaction.csv (with extra grid axes), length_stats.csv and
-    length_accuracy.csv, the paper-versus-ours and gate tables (when there are some), runs.csv
-    and stats.json."""
+def write_data_files(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> list[Path]:
+    """stats.csv, every section's data files, runs.csv and stats.json."""
     out_dir, table = ctx.out_dir, ctx.comparisons.table
     lead = stats_columns(ctx.axes)
     ordered = [c for c in lead if c in table] + [c for c in table if c not in lead]
     stats_csv = out_dir / "stats.csv"
     (table[ordered] if len(table) else pd.DataFrame(columns=lead)).to_csv(stats_csv, index=False)
     files = [stats_csv]
-    if ctx.interactions is not None:
-        interaction_csv = out_dir / "interaction.csv"
-        ctx.interactions.table.to_csv(interaction_csv, index=False)
-        files.append(interaction_csv)
-    lengths = ctx.lengths
-    if lengths is not None and not lengths.stats.empty:
-        p1, p2 = out_dir / "length_stats.csv", out_dir / "length_accuracy.csv"
-        lengths.stats.to_csv(p1, index=False)
-        lengths.accuracy.to_csv(p2, index=False)
-        files += [p1, p2]
-    files += write_optional_tables(ctx)
-    files += write_extrapolation(ctx)
+    for section, result in shown(ctx, sections):
+        files += section.data_files(result, ctx)
     runs_csv = out_dir / "runs.csv"
     ctx.experiment.runs.to_csv(runs_csv, index=False)
     stats_json = out_dir / "stats.json"
-    payload = _stats_payload(ctx, table[ordered] if len(table) else None)
-    stats_json.write_text(json.dumps(_jsonable(payload), indent=2), encoding="utf-8")
+    payload = stats_payload(ctx, table[ordered] if len(table) else None, sections)
+    stats_json.write_text(json.dumps(jsonable(payload), indent=2), encoding="utf-8")
     return [*files, runs_csv, stats_json]
 
 
-def write_optional_tables(ctx: ReportContext) -> list[Path]:
-    """tables/reproduction.csv when runs match the study's cells, gates_by_position.csv when
-    gated runs logged their gates; nothing otherwise."""
-    tables = [(REPRODUCTION_CSV, ctx.reproduction)]
-    tables.append((GATES_CSV, ctx.gates.summary if ctx.gates is not None else None))
-    files = []
-    for name, frame in tables:
-        if frame is None:
-            continue
-        path = ctx.out_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        frame.to_csv(path, index=False)
-        files.append(path)
-    return files
-
-
-def write_extrapolation(ctx: ReportContext) -> list[Path]:
-    """The train-short-test-long CSVs (``extrapolation.CSV_FILES``) that have rows; nothing
-    when no analysed run logged per-length metrics."""
-    ex = ctx.extrapolation
-    if ex is None:
-        return []
-    files = []
-    for attribute, name in CSV_FILES.items():
-        frame = getattr(ex, attribute)
-        if len(frame):
-            frame.to_csv(ctx.out_dir / name, index=False)
-            files.append(ctx.out_dir / name)
-    return files
-
-
-def _extrapolation_record(ctx: ReportContext) -> dict[str, Any]:
-    """stats.json's block on the train-short-test-long analysis: lengths, families, rows."""
-    ex = ctx.extrapolation
-    assert ex is not None
-    return {
-        "eval_lengths": ex.lengths,
-        "train_lengths": ex.train_lengths,
-        "files": [n for a, n in CSV_FILES.items() if len(getattr(ex, a))],
-        "by_length": {"m": len(ex.stats), "rows": _records(ex.stats)},
-        "slopes": {
-            "m": len(ex.slopes),
-            "test": "exact two-sided Wilcoxon signed-rank of the per-seed least-squares slopes "
-            "of the delta (pp) on log2(evaluation length); Holm over all slope tests",
-            "rows": _records(ex.slopes),
-        },
-        "truncation_ladder": {
-            "predictions_read": ex.predictions_read,
-            "m": len(ex.ladder),
-            "rows": _records(ex.ladder),
-        },
-    }
-
-
-def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict[str, Any]:
-    exp, o, lengths, pairing = ctx.experiment, ctx.options, ctx.lengths, ctx.pairing
-    extra: dict[str, Any] = {}
-    if ctx.interactions is not None:
-        extra["interaction_tests"] = {
-            "m": ctx.interactions.m,
-            "test": "exact two-sided Wilcoxon signed-rank of per-seed (delta at level - delta "
-            "at the reference level); Holm over all interaction tests",
-            "rows": _records(ctx.interactions.table),
-        }
-    if not pairing.aliases.empty:
-        extra["position_aliases"] = _records(pairing.aliases)
-    if ctx.scaling.warning:
-        extra["scaling_confound"] = ctx.scaling.warning
-    if ctx.scaling.both_arms:
-        extra["scaling_effects"] = _records(ctx.scaling.effects)
-    if ctx.reproduction is not None:
-        extra["reproduction"] = {"file": REPRODUCTION_CSV, "rows": _records(ctx.reproduction)}
-    if ctx.extrapolation is not None:
-        extra["extrapolation"] = _extrapolation_record(ctx)
-    if ctx.gates is not None:
-        extra["gates"] = {
-            "file": GATES_CSV,
-            "artifact": GATES_FILE,
-            "runs": ctx.gates.runs,
-            "first_and_last_bucket": _records(ctx.gates.ends),
-        }
+def stats_payload(
+    ctx: ReportContext, comparisons: pd.DataFrame | None, sections: Sequence[Section] = SECTIONS
+) -> dict[str, Any]:
+    """stats.json: the experiment, every setting, the comparisons, the warnings, what could not
+    be paired, then every section's record."""
+    exp, o, pairing = ctx.experiment, ctx.options, ctx.pairing
     payload = {
         "experiment": exp.name,
         "experiment_id": exp.experiment_id,
@@ -268,18 +241,21 @@ def _stats_payload(ctx: ReportContext, comparisons: pd.DataFrame | None) -> dict
             "operators": list(o.only_operators) or "all",
             "datasets": list(o.only_datasets) or "all",
         },
-        "comparisons": _records(comparisons),
-        "length_comparisons": _records(lengths.stats if lengths else None),
+        "comparisons": records(comparisons),
         "warnings": ctx.warnings,
         "other_settings": _other_settings_record(ctx.other_settings),
-        "incomplete_blocks": _records(pairing.incomplete),
-        "duplicates": _records(pairing.duplicates),
-        "excluded_runs": _records(pairing.excluded),
-        "no_baseline": _records(pairing.no_baseline),
+        "incomplete_blocks": records(pairing.incomplete),
+        "duplicates": records(pairing.duplicates),
+        "excluded_runs": records(pairing.excluded),
+        "no_baseline": records(pairing.no_baseline),
     }
     if ctx.axis_levels:
         payload["settings"]["grid_axes"] = ctx.axis_levels
-    return {**payload, **extra}
+    if not pairing.aliases.empty:
+        payload["position_aliases"] = records(pairing.aliases)
+    for section in sections:
+        payload |= section.record(ctx.results.get(section.name), ctx)
+    return payload
 
 
 def _other_settings_record(other: OtherSettings) -> dict[str, Any]:
@@ -292,30 +268,6 @@ def _other_settings_record(other: OtherSettings) -> dict[str, Any]:
         "same_params": other.same_params,
         "sentence": other.sentence,
     }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, (np.floating, float)):
-        return None if not math.isfinite(float(value)) else float(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, (pd.Timestamp, dt.datetime)):
-        return value.isoformat()
-    return value
-
-
-def _records(frame: pd.DataFrame | None) -> list[dict[str, Any]]:
-    if frame is None or frame.empty:
-        return []
-    return [_jsonable(r) for r in frame.astype(object).to_dict(orient="records")]
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -11,7 +11,8 @@ percent, so the file keeps the printed digits.
 
 ``reproduction_table`` matches runs to those cells (same dataset, input-level position and
 operator, no attention-level position) and puts our mean test accuracy, its 95 % t interval over
-seeds and the seed count beside the paper's mean and sd; ``reproduction_markdown`` renders it.
+seeds and the seed count beside the paper's mean and sd; ``reproduction_markdown`` renders it,
+and ``REPRODUCTION`` is the report's section of it (after Tables 1-3; ``tables/reproduction.csv``).
 """
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
-from analysis.schema import AXIS_TAG_PREFIX
+from analysis.context import ReportContext
+from analysis.section import Section, records, write_csv
 from analysis.tables import fmt
+from fusion_ray.schema import AXIS_TAG_PREFIX
+
+#: Where the report writes the paper-versus-ours table.
+REPRODUCTION_CSV = "tables/reproduction.csv"
 
 #: The study's published numbers, a data file of this package.
 PAPER_RESULTS_FILE = "paper_results.csv"
@@ -290,3 +297,43 @@ _CAPTION = (
     "show that the results agree, and `no` can come from a setting that differs as well as from "
     "a different effect."
 )
+
+
+# ----------------------------------------------------------------------------- the section
+
+
+class ReproductionSection(Section):
+    """The study's published cells that our runs reproduce, beside ours (none: no section)."""
+
+    name = "reproduction"
+    follows = "tables"
+
+    def compute(self, ctx: ReportContext, warnings: list[str]) -> pd.DataFrame | None:
+        return reproduction_table(ctx.pairing.runs)
+
+    def markdown(self, result: pd.DataFrame, ctx: ReportContext) -> list[str]:
+        return [
+            "## Reproduction: the paper's numbers beside ours",
+            "",
+            reproduction_markdown(result).rstrip("\n"),
+            "",
+            f"Every column (differences, sd in points, the source of each number): "
+            f"`{REPRODUCTION_CSV}`.",
+            "",
+        ]
+
+    def data_files(self, result: pd.DataFrame, ctx: ReportContext) -> list[Path]:
+        return [write_csv(result, ctx.out_dir / REPRODUCTION_CSV)]
+
+    def record(self, result: pd.DataFrame | None, ctx: ReportContext) -> dict[str, Any]:
+        if result is None:
+            return {}
+        return {"reproduction": {"file": REPRODUCTION_CSV, "rows": records(result)}}
+
+    def tables_note(self, result: pd.DataFrame | None) -> str:
+        if result is None:
+            return ""
+        return f"; `{REPRODUCTION_CSV}`: the paper's numbers beside ours"
+
+
+REPRODUCTION = ReproductionSection()

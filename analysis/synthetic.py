@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from analysis.schema import (
+from fusion_ray.schema import (
     CELLS_ARTIFACT,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,

@@ -26,8 +26,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.paired import summary_cells
-from analysis.schema import LATENCY_RATIO_METRIC
+from analysis.stats import summary_cells
+from fusion_ray.schema import LATENCY_RATIO_METRIC
 
 #: Display order of known operators; others follow alphabetically.
 KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")
@@ -537,7 +537,7 @@ def stats_table(
     axes: Sequence[str] = (),
 ) -> Table:
     """The paired statistics, compact, for report.md (every column is in stats.csv); the cells
-    come from the statistic registry (``analysis.paired.STATISTICS``)."""
+    come from the statistic registry (``analysis.stats.STATISTICS``)."""
     rows = [
         {
             **{column_label(k, axes): r[k] for k in keys},
@@ -616,3 +616,8 @@ def interaction_table(
         tests.reset_index(drop=True),
         notes,
     )
+
+
+def fmt_p(p: float) -> str:
+    """A p-value with four significant digits ('–' when there is none)."""
+    return "–" if p is None or (isinstance(p, float) and math.isnan(p)) else f"{p:.4g}"

@@ -98,8 +98,8 @@ def main() -> None:
         n_runs = seeds * per_seed
 
     from analysis.load import load_experiment
-    from analysis.paired import StatsSettings, compare
     from analysis.pairing import pair_runs
+    from analysis.stats import StatsSettings, compare
 
     timings = []
     for _ in range(max(1, args.repeats)):

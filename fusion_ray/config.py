@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import functools
 import itertools
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from pydantic import (
 from fusion_ray.checks import error_text, is_int
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
+from fusion_ray.schema import axis_text
 from fusion_ray.train.spec import TrainSpec, TrialConfig, train_rules
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
@@ -651,18 +651,6 @@ class Combination(NamedTuple):
         parts = [self.dataset, self.position.label, self.attention.label, self.fusion.label]
         parts += [f"{key}={axis_text(value)}" for key, value in self.settings]
         return "grid point " + "/".join(parts)
-
-
-def axis_text(value: Any) -> str:
-    """A setting-axis value as text (MLflow tags, exclude rules, messages): ``true``/``false``,
-    numbers and strings as written, anything else as JSON."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    return json.dumps(value, sort_keys=True)
 
 
 def _setting_values(grid: Grid | SubGrid, spec: SweepSpec) -> list[list[tuple[str, Any]]]:

@@ -1,11 +1,19 @@
-"""The MLflow schema that fusion_ray writes and ``analysis`` reads (DESIGN.md, "MLflow schema").
+"""The MLflow schema: the contract between fusion_ray, which writes runs, and ``analysis``, which
+reads them (DESIGN.md, "The MLflow schema").
 
-Names only, no behaviour: the tracking callback, the training loop and the HPO phase spell every
-tag, metric and artifact through these constants. ``analysis/schema.py`` holds the same values
-(analysis never imports fusion_ray); ``tests/test_schema.py`` checks that the two agree.
+One module, shared by both sides. It holds the tag, metric, param and artifact names, plus
+``axis_text``, the one spelling of a grid-axis value as tag text; it imports nothing beyond the
+standard library. It lives in fusion_ray, the writer that defines the contract, and
+``analysis`` imports its names from here: ``fusion_ray/__init__.py`` imports nothing, so
+``import fusion_ray.schema`` loads no torch, Ray or pydantic, and ``analysis`` still needs
+nothing else of fusion_ray (``tests/test_architecture.py`` checks both). Runs logged by any
+other code that follows these names are analysed the same way.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 #: Tag that tells a sweep's parent run from its trial runs.
 ROLE_TAG = "role"
@@ -30,7 +38,7 @@ CHECKPOINT_TAG = "checkpoint_path"
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"
 
-#: Metrics logged once per epoch (step = epoch).
+#: Metrics logged once per epoch (step = epoch); search_runs returns their last value.
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
 #: Metrics logged once, when the trial ends (test metrics at the best validation epoch).
 FINAL_METRICS = (
@@ -70,6 +78,20 @@ AXIS_TAG_PREFIX = "axis."
 #: On a sweep's parent run: JSON ``{dotted key: [value texts in the sweep file's order]}``; the
 #: first value of an axis is its reference level in interaction tests.
 GRID_AXES_TAG = "grid_axes"
+
+
+def axis_text(value: Any) -> str:
+    """A setting-axis value as text: the ``axis.<key>`` tags, the ``grid_axes`` tag, exclude
+    rules and messages. Booleans ``true``/``false``, ``null``, numbers and strings as
+    written, anything else as JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
+
 
 #: Measured on the model as initialised, before any training step: the RMS over the vocabulary of
 #: the token embeddings as they enter the fusion (times sqrt(d_model) when scale_embeddings is

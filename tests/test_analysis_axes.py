@@ -27,10 +27,12 @@ from scipy import stats
 from analysis.interaction import interaction_tests
 from analysis.load import axis_levels, load_experiment
 from analysis.other_settings import compare_with_counterparts
-from analysis.paired import StatsSettings, compare, holm
 from analysis.pairing import pair_runs
 from analysis.report import STATS_COLUMNS, ReportOptions, build_report
-from analysis.schema import (
+from analysis.stats import StatsSettings, compare, holm
+from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
+from analysis.tables import TableInputs, operator_summary, table2
+from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     GRID_AXES_TAG,
     LATENCY_RATIO_METRIC,
@@ -38,8 +40,6 @@ from analysis.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
 )
-from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
-from analysis.tables import TableInputs, operator_summary, table2
 
 SCALE = "model.scale_embeddings"
 SEEDS = range(6)

@@ -38,11 +38,11 @@ from analysis.extrapolation import (
     slope_weights,
 )
 from analysis.load import eval_length_metric, eval_length_metrics, load_experiment
-from analysis.paired import holm, wilcoxon_signed_rank
 from analysis.pairing import pair_runs
 from analysis.report import ReportOptions, build_report
-from analysis.schema import LENGTH_PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
+from analysis.stats import holm, wilcoxon_signed_rank
 from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
+from fusion_ray.schema import LENGTH_PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
 
 SEEDS = range(6)
 LENGTHS = (64, 128, 256)

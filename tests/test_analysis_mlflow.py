@@ -25,7 +25,9 @@ from analysis.load import (
     ExperimentNotFoundError,
     load_experiment,
 )
-from analysis.paired import (
+from analysis.pairing import NothingToCompareError, pair_runs
+from analysis.report import STATS_COLUMNS, ReportOptions, build_report, main
+from analysis.stats import (
     STATISTICS,
     PairedDeltas,
     Statistic,
@@ -35,8 +37,6 @@ from analysis.paired import (
     register,
     unregister,
 )
-from analysis.pairing import NothingToCompareError, pair_runs
-from analysis.report import STATS_COLUMNS, ReportOptions, build_report, main
 from analysis.synthetic import (
     SyntheticSweep,
     flat_config,

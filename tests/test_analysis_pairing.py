@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis.paired import compare
 from analysis.pairing import PairingError, pair_runs
+from analysis.stats import compare
 
 
 def run(op, seed, *, dataset="arxiv", status="FINISHED", correct=60, lr="0.0003", **params):

@@ -20,13 +20,13 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import analysis.context
+import analysis.gates
 from analysis.gates import gate_ends, gate_summary
 from analysis.load import load_experiment
 from analysis.report import ReportOptions, build_report
 from analysis.reproduction import reproduction_table
-from analysis.schema import GATES_FILE, ROLE_SWEEP, ROLE_TAG
 from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
+from fusion_ray.schema import GATES_FILE, ROLE_SWEEP, ROLE_TAG
 
 SEEDS = range(4)
 CORRECT = {"add": [58, 60, 62, 60], "gate_scalar": [64, 66, 68, 66]}
@@ -113,11 +113,11 @@ def _options(out: Path, **kw) -> ReportOptions:
 
 
 class _GateFrameSpy:
-    """Stands in for ``gate_frame`` in ``analysis.context``: records the run ids it is asked
+    """Stands in for ``gate_frame`` in ``analysis.gates``: records the run ids it is asked
     for, then reads them (or raises ``error``)."""
 
     def __init__(self, error: Exception | None = None) -> None:
-        self.real = analysis.context.gate_frame
+        self.real = analysis.gates.gate_frame
         self.error = error
         self.calls: list[list[str]] = []
 
@@ -133,7 +133,7 @@ def paper_report(store):
     """The report of ``paper`` with figures (so with the gates), and the gate_frame calls."""
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(store["root"] / "report_paper"))
     return result, spy.calls
 
@@ -179,7 +179,7 @@ def test_runs_of_a_paper_cell_get_the_reproduction_section_and_csv(paper_report)
 def test_simulated_runs_get_neither_section(store, tmp_path):
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("synthetic", store["uri"], _options(tmp_path / "r"))
     out = result.out_dir
     md = (out / "report.md").read_text()
@@ -253,7 +253,7 @@ def test_gates_are_read_once_per_report_and_only_for_gated_runs(store, paper_rep
 def test_without_figures_no_gate_is_read(store, tmp_path):
     spy = _GateFrameSpy()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(tmp_path / "r", make_figures=False))
     assert spy.calls == []
     out = result.out_dir
@@ -267,7 +267,7 @@ def test_an_unreadable_artifact_store_leaves_a_warning_not_a_failure(store, tmp_
 
     spy = _GateFrameSpy(MlflowException("artifact store unreachable"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(analysis.context, "gate_frame", spy)
+        mp.setattr(analysis.gates, "gate_frame", spy)
         result = build_report("paper", store["uri"], _options(tmp_path / "r"))
     assert len(spy.calls) == 1
     out = result.out_dir
@@ -339,3 +339,62 @@ def test_no_study_run_left_gives_no_table_even_with_a_setting_column():
     )
     assert reproduction_table(runs) is None
     assert len(reproduction_table(runs.assign(attention_position="none"))) == 3
+
+
+# ----------------------------------------------------------------------------- a new section
+
+
+class _SeedCount:
+    """A section made for this test: the number of seed pairs, as a line, a file and a key."""
+
+    name = "seed_count"
+    follows = "paired statistics"
+    warns_with = "end"
+    before_order = False
+
+    def compute(self, ctx, warnings):
+        warnings.append("seed count: a test warning")
+        return len(ctx.pairing.pairs)
+
+    def tables(self, result, ctx):
+        return {}
+
+    def markdown(self, result, ctx):
+        return ["## Seed pairs", "", f"{result} seed pairs.", ""]
+
+    def figures(self, result, ctx, fig_dir):
+        return []
+
+    def data_files(self, result, ctx):
+        path = ctx.out_dir / "seed_count.txt"
+        path.write_text(str(result))
+        return [path]
+
+    def record(self, result, ctx):
+        return {"seed_count": result}
+
+    def listed_files(self, result):
+        return ["`seed_count.txt`"]
+
+    def tables_note(self, result):
+        return ""
+
+
+def test_a_new_section_is_one_list_entry(store, tmp_path):
+    """An analysis added to the report's list shows in report.md after the part it follows,
+    writes its file, names it on the Files line, and adds its key and warning to stats.json."""
+    from analysis.report import SECTIONS, build_context, write_report
+
+    sections = [*SECTIONS, _SeedCount()]
+    options = _options(tmp_path, make_figures=False)
+    ctx = build_context("synthetic", store["uri"], options, sections)
+    write_report(ctx, sections)
+    md = (tmp_path / "report.md").read_text()
+    pairs = len(ctx.pairing.pairs)
+    assert ctx.results["seed_count"] == pairs > 0
+    assert md.index("## Paired statistics") < md.index("## Seed pairs") < md.index("## Figures")
+    assert f"{pairs} seed pairs." in md and "`seed_count.txt`, `runs.csv`" in md
+    assert (tmp_path / "seed_count.txt").read_text() == str(pairs)
+    payload = json.loads((tmp_path / "stats.json").read_text())
+    assert payload["seed_count"] == pairs
+    assert payload["warnings"][-1] == "seed count: a test warning"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import plots
+from analysis import drawing
 from analysis.tables import (
     TableInputs,
     dataset_order,
@@ -154,7 +154,7 @@ def test_paired_delta_figure_writes_png_and_pdf(tmp_path):
             "delta": [1.0, 2.0, -0.5, 0.5, 0.1, -0.1, 0.0, 0.2],
         }
     )
-    paths = plots.paired_deltas(
+    paths = drawing.paired_deltas(
         deltas,
         "dataset",
         ["imdb", "arxiv"],
@@ -165,7 +165,7 @@ def test_paired_delta_figure_writes_png_and_pdf(tmp_path):
         "deltas",
     )
     assert [p.name for p in paths] == ["deltas.png", "deltas.pdf"]
-    assert plots.slug("gate_cnn(kernel_size=3)") == "gate_cnn-kernel_size-3"
+    assert drawing.slug("gate_cnn(kernel_size=3)") == "gate_cnn-kernel_size-3"
 
 
 def test_length_buckets_merge_rather_than_come_out_empty():

@@ -1,7 +1,7 @@
 """The house rules, checked on the source: every module imports on its own, no import cycles, no
 private names borrowed across modules, no function longer than a screenful, and the rooms of
-DESIGN.md (model imports only torch, data knows nothing of models, analysis never imports
-fusion_ray)."""
+DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
+fusion_ray but the shared schema, which itself imports only the standard library)."""
 
 from __future__ import annotations
 
@@ -171,8 +171,10 @@ def test_no_function_is_longer_than_a_screenful():
                 "pyarrow",
                 "sqlalchemy",
                 "analysis",
+                "fusion_ray.schema",
             },
         ),
+        ("fusion_ray.schema", set()),
     ],
 )
 def test_rooms_import_only_what_they_may(room, allowed):
@@ -209,3 +211,35 @@ def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
     assert not reads, "string-key reads in orchestrate:\n" + "\n".join(reads)
     hints = inspect.get_annotations(orchestrate.run_cell, eval_str=True)
     assert hints["job"] is TrialJob
+
+
+def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
+    """analysis imports ``fusion_ray.schema``; that must not pull in torch, Ray or the rest of
+    fusion_ray (the package's ``__init__`` stays import-light)."""
+    code = (
+        "import sys; before = set(sys.modules); import fusion_ray.schema; "
+        "print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    stdlib = set(sys.stdlib_module_names)
+    loaded = [m for m in proc.stdout.split() if m.split(".")[0] not in stdlib]
+    assert sorted(loaded) == ["fusion_ray", "fusion_ray.schema"], loaded
+
+
+def test_every_report_section_is_one_module_with_a_known_place():
+    """A report analysis is one module with a ``Section`` and one entry of ``SECTIONS``: the
+    entries have distinct names, each lives in a module of its own, and says which part of
+    report.md it follows and where its warnings go."""
+    from analysis.report import SECTIONS
+    from analysis.section import PARTS, WARNING_PLACES, Section
+
+    assert all(isinstance(s, Section) for s in SECTIONS)
+    names = [s.name for s in SECTIONS]
+    modules = [type(s).__module__ for s in SECTIONS]
+    assert len(set(names)) == len(names) and all(names), names
+    assert len(set(modules)) == len(modules), modules
+    assert all(s.follows in PARTS for s in SECTIONS)
+    assert all(s.warns_with in WARNING_PLACES for s in SECTIONS)

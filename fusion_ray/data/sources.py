@@ -154,49 +154,12 @@ def table_problems(path: str | Path, text_column: str, label_column: str) -> lis
 
 def read_table(path: str | Path, text_column: str, label_column: str) -> tuple[list, list]:
     """Texts and raw labels from one csv/tsv/jsonl/json/parquet file."""
-    import pandas as pd
-
     path = Path(path)
     fmt = file_format(path)
-    wanted = (("text_column", text_column), ("label_column", label_column))
     if fmt == "jsonl":
-        records = _read_json_records(path)
-        columns = sorted({k for r in records for k in r})
-        for role, column in wanted:
-            if records and column not in columns:
-                raise _missing_column(path, column, role, columns)
-        texts = [r.get(text_column) for r in records]
-        labels = [r.get(label_column) for r in records]
+        texts, labels = _read_jsonl_columns(path, text_column, label_column)
     elif fmt in ("csv", "tsv", "parquet"):
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            columns = pq.read_schema(path).names
-        else:
-            columns = list(
-                pd.read_csv(
-                    path, sep="," if fmt == "csv" else "\t", nrows=0, encoding_errors="replace"
-                ).columns
-            )
-        for role, column in wanted:
-            if column not in columns:
-                raise _missing_column(path, column, role, columns)
-        if fmt == "parquet":
-            frame = pd.read_parquet(path, columns=[text_column, label_column])
-        else:
-            frame = pd.read_csv(
-                path,
-                sep="," if fmt == "csv" else "\t",
-                usecols=[text_column, label_column],
-                encoding="utf-8",
-                encoding_errors="replace",
-                # Texts stay verbatim ("NA" is a word); an empty label cell is missing.
-                keep_default_na=False,
-                na_values={label_column: [""]},
-                dtype={text_column: str},
-            )
-        texts = frame[text_column].tolist()
-        labels = frame[label_column].tolist()
+        texts, labels = _read_frame_columns(path, fmt, text_column, label_column)
     else:
         raise ValueError(
             f"{path}: unsupported file type {path.suffix!r}; use one of {', '.join(FORMATS)}"
@@ -211,6 +174,50 @@ def read_table(path: str | Path, text_column: str, label_column: str) -> tuple[l
         t if isinstance(t, str) else (None if t is None or _is_nan(t) else str(t)) for t in texts
     ]
     return texts, labels
+
+
+def _check_columns(path: Path, columns: list[str], text_column: str, label_column: str) -> None:
+    for role, column in (("text_column", text_column), ("label_column", label_column)):
+        if column not in columns:
+            raise _missing_column(path, column, role, columns)
+
+
+def _read_jsonl_columns(path: Path, text_column: str, label_column: str) -> tuple[list, list]:
+    records = _read_json_records(path)
+    if records:
+        _check_columns(path, sorted({k for r in records for k in r}), text_column, label_column)
+    return [r.get(text_column) for r in records], [r.get(label_column) for r in records]
+
+
+def _read_frame_columns(
+    path: Path, fmt: str, text_column: str, label_column: str
+) -> tuple[list, list]:
+    """The two columns of a csv, tsv or parquet file, read as written."""
+    import pandas as pd
+
+    sep = "," if fmt == "csv" else "\t"
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        columns = pq.read_schema(path).names
+    else:
+        columns = list(pd.read_csv(path, sep=sep, nrows=0, encoding_errors="replace").columns)
+    _check_columns(path, columns, text_column, label_column)
+    if fmt == "parquet":
+        frame = pd.read_parquet(path, columns=[text_column, label_column])
+    else:
+        frame = pd.read_csv(
+            path,
+            sep=sep,
+            usecols=[text_column, label_column],
+            encoding="utf-8",
+            encoding_errors="replace",
+            # Texts stay verbatim ("NA" is a word); an empty label cell is missing.
+            keep_default_na=False,
+            na_values={label_column: [""]},
+            dtype={text_column: str},
+        )
+    return frame[text_column].tolist(), frame[label_column].tolist()
 
 
 def _is_nan(x: Any) -> bool:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -44,6 +46,12 @@ def save(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
         fig.savefig(path, dpi=150)  # constrained layout already fits; "tight" draws twice
         paths.append(path)
     return paths
+
+
+def save_titled(fig: Figure, title: str, out_dir: Path, stem: str) -> list[Path]:
+    """``save`` with ``title`` over the whole figure (above every panel)."""
+    fig.suptitle(title, fontsize=10)
+    return save(fig, out_dir, stem)
 
 
 def _panels(
@@ -84,18 +92,25 @@ def level_styles(levels: Sequence[str]) -> dict[str, tuple[str, str]]:
     }
 
 
-def _styled(
-    frame: pd.DataFrame, style_key: str | None, style_order: Sequence[str]
-) -> list[tuple[str | None, pd.DataFrame, str, str]]:
+@dataclass(frozen=True)
+class Styles:
+    """How a figure's lines look: a colour per operator and, with ``key``, a line style and
+    marker per value of that column, in ``order``."""
+
+    colors: dict[str, str]
+    key: str | None = None
+    order: Sequence[str] = ()
+
+
+def _styled(frame: pd.DataFrame, styles: Styles) -> list[tuple[str | None, pd.DataFrame, str, str]]:
     """(level or None, its rows, line style, marker) for each style level present in
-    ``frame``; one unstyled entry when there is no ``style_key``."""
-    if style_key is None:
+    ``frame``; one unstyled entry when there is no ``styles.key``."""
+    key = styles.key
+    if key is None:
         return [(None, frame, "-", "o")]
-    styles = level_styles(list(style_order))
+    by_level = level_styles(list(styles.order))
     return [
-        (v, frame[frame[style_key] == v], *styles[v])
-        for v in style_order
-        if (frame[style_key] == v).any()
+        (v, frame[frame[key] == v], *by_level[v]) for v in styles.order if (frame[key] == v).any()
     ]
 
 
@@ -151,8 +166,7 @@ def paired_deltas(
         ax.yaxis.set_tick_params(labelleft=True)
         ax.set_title(str(panel))
         _grid_and_legend(ax)
-    fig.suptitle(title, fontsize=10)
-    return save(fig, out_dir, stem)
+    return save_titled(fig, title, out_dir, stem)
 
 
 def accuracy_by_regime(
@@ -162,40 +176,26 @@ def accuracy_by_regime(
     medians: dict[str, float],
     title: str,
     out_dir: Path,
+    styles: Styles,
     stem: str = "accuracy_by_length_regime",
-    colors: dict[str, str] | None = None,
-    style_key: str | None = None,
-    style_order: Sequence[str] = (),
 ) -> list[Path]:
     """Mean ± sd accuracy per operator across datasets ordered by median length (one line
-    style per value of ``style_key``, when given)."""
+    style per value of ``styles.key``, when given)."""
     datasets = present(datasets, summary, "dataset")
     if not datasets:
         return []
-    colors = colors or operator_colors(operators)
     fig = Figure(figsize=(max(4.5, 1.6 * len(datasets) + 2), 3.6), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(datasets))
     ops = present(operators, summary, "operator")
-    lines = _series(summary, ops, style_key, style_order)
+    lines = _series(summary, ops, styles)
     width = 0.5 / max(1, len(lines))
-    for i, (op, level, rows, ls, mk) in enumerate(lines):
-        sub = rows.set_index("dataset")
+    for i, line in enumerate(lines):
+        sub = line[2].set_index("dataset")
         mean = [sub["acc_mean"].get(d, np.nan) for d in datasets]
         sd = [sub["acc_sd"].get(d, np.nan) for d in datasets]
         xs = x + (i - (len(lines) - 1) / 2) * width
-        ax.errorbar(
-            xs,
-            mean,
-            yerr=sd,
-            fmt=mk,
-            ls=ls,
-            color=colors[op],
-            capsize=3,
-            ms=4,
-            lw=1,
-            label=_label(op, level),
-        )
+        _mean_sd_line(ax, xs, mean, sd, line, styles.colors)
     labels = [f"{d}\n(median {medians[d]:.0f} tok)" if d in medians else str(d) for d in datasets]
     ax.set_xticks(x, labels)
     ax.set_ylabel("test accuracy (%)")
@@ -211,22 +211,20 @@ def accuracy_vs_latency(
     operators: Sequence[str],
     title: str,
     out_dir: Path,
+    styles: Styles,
     stem: str = "accuracy_vs_latency",
-    colors: dict[str, str] | None = None,
-    style_key: str | None = None,
-    style_order: Sequence[str] = (),
 ) -> list[Path]:
     """Mean ± sd accuracy against mean ± sd latency, one panel per dataset (one marker per
-    value of ``style_key``, when given)."""
+    value of ``styles.key``, when given)."""
     datasets = present(datasets, summary, "dataset")
     if not datasets or summary["latency_mean"].isna().all():
         return []
-    colors = colors or operator_colors(operators)
+    colors = styles.colors
     fig, axes = _panels(len(datasets))
     for ax, d in zip(axes, datasets, strict=True):
         sub = summary[summary["dataset"] == d]
         for op in operators:
-            for level, rows, _, marker in _styled(sub, style_key, style_order):
+            for level, rows, _, marker in _styled(sub, styles):
                 r = rows[rows["operator"] == op]
                 if r.empty:
                     continue
@@ -245,8 +243,7 @@ def accuracy_vs_latency(
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(str(d))
         _grid_and_legend(ax, "both")
-    fig.suptitle(title, fontsize=10)
-    return save(fig, out_dir, stem)
+    return save_titled(fig, title, out_dir, stem)
 
 
 def accuracy_by_length_bucket(
@@ -257,90 +254,79 @@ def accuracy_by_length_bucket(
     baseline: str,
     title: str,
     out_dir: Path,
-    stem: str,
-    colors: dict[str, str] | None = None,
-    style_key: str | None = None,
-    style_order: Sequence[str] = (),
+    styles: Styles,
+    stem: str = "accuracy_by_length_bucket",
 ) -> list[Path]:
     """Top row: accuracy by length quantile per operator; bottom: mean paired delta per bucket
     with its percentile-bootstrap interval and a zero line (one line style per value of
-    ``style_key``, when given)."""
+    ``styles.key``, when given)."""
     datasets = present(datasets, accuracy, "dataset")
     if not datasets:
         return []
-    colors = colors or operator_colors(operators)
     fig = Figure(figsize=(4.2 * len(datasets), 6.0), layout="constrained")
     axes = fig.subplots(2, len(datasets), squeeze=False)
     for j, d in enumerate(datasets):
         top, bottom = axes[0][j], axes[1][j]
         sub = accuracy[accuracy["dataset"] == d]
         labels = sub.drop_duplicates("bucket").sort_values("bucket")["label"].tolist()
-        _bucket_accuracy_panel(top, sub, operators, colors, style_key, style_order)
+        _bucket_accuracy_panel(top, sub, operators, styles)
         top.set_title(str(d))
         top.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         _grid_and_legend(top)
         st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
-        _bucket_delta_panel(bottom, st, operators, colors, baseline, style_key, style_order)
+        _bucket_delta_panel(bottom, st, operators, baseline, styles)
         bottom.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         bottom.grid(axis="y", alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    return save(fig, out_dir, stem)
+    return save_titled(fig, title, out_dir, stem)
+
+
+def _mean_sd_line(ax, x: Any, mean: Any, sd: Any, line: tuple, colors: dict[str, str]) -> None:
+    """Mean ± sd of one ``_series`` entry: markers joined by its line style, in its
+    operator's colour, labelled with the operator and level."""
+    op, level, _, ls, mk = line
+    ax.errorbar(
+        x,
+        mean,
+        yerr=sd,
+        fmt=mk,
+        ls=ls,
+        color=colors[op],
+        capsize=3,
+        ms=4,
+        lw=1,
+        label=_label(op, level),
+    )
 
 
 def _series(
-    frame: pd.DataFrame,
-    operators: Sequence[str],
-    style_key: str | None,
-    style_order: Sequence[str],
+    frame: pd.DataFrame, operators: Sequence[str], styles: Styles
 ) -> list[tuple[str, str | None, pd.DataFrame, str, str]]:
     """(operator, level, rows, line style, marker) for each operator and style level present."""
     return [
         (op, level, rows[rows["operator"] == op], ls, mk)
         for op in present(operators, frame, "operator")
-        for level, rows, ls, mk in _styled(frame, style_key, style_order)
+        for level, rows, ls, mk in _styled(frame, styles)
         if (rows["operator"] == op).any()
     ]
 
 
-def _bucket_accuracy_panel(
-    ax,
-    sub: pd.DataFrame,
-    operators: Sequence[str],
-    colors: dict[str, str],
-    style_key: str | None = None,
-    style_order: Sequence[str] = (),
-) -> None:
+def _bucket_accuracy_panel(ax, sub: pd.DataFrame, operators: Sequence[str], styles: Styles) -> None:
     """Mean ± sd accuracy per length bucket, one line per operator (and style level)."""
-    series = _series(sub, operators, style_key, style_order)
+    series = _series(sub, operators, styles)
     step = 0.3 / max(1, len(series))
-    for i, (op, level, r, ls, mk) in enumerate(series):
-        r = r.sort_values("bucket")
-        ax.errorbar(
-            r["bucket"] + (i - (len(series) - 1) / 2) * step,
-            r["acc_mean"],
-            yerr=r["acc_sd"].fillna(0),
-            fmt=mk,
-            ls=ls,
-            color=colors[op],
-            capsize=3,
-            ms=4,
-            lw=1,
-            label=_label(op, level),
-        )
+    for i, line in enumerate(series):
+        r = line[2].sort_values("bucket")
+        xs = r["bucket"] + (i - (len(series) - 1) / 2) * step
+        _mean_sd_line(ax, xs, r["acc_mean"], r["acc_sd"].fillna(0), line, styles.colors)
     ax.set_ylabel("accuracy (%)")
 
 
 def _bucket_delta_panel(
-    ax,
-    st: pd.DataFrame,
-    operators: Sequence[str],
-    colors: dict[str, str],
-    baseline: str,
-    style_key: str | None = None,
-    style_order: Sequence[str] = (),
+    ax, st: pd.DataFrame, operators: Sequence[str], baseline: str, styles: Styles
 ) -> None:
     """Mean paired delta per length bucket with its bootstrap interval, and a zero line."""
-    series = _series(st, operators, style_key, style_order)
+    colors = styles.colors
+    series = _series(st, operators, styles)
     width = 0.5 / max(1, len(series))
     for i, (op, level, r, _, mk) in enumerate(series):
         r = r.assign(b=lambda f: f["bucket"].astype(int)).sort_values("b")
@@ -403,5 +389,4 @@ def accuracy_by_eval_length(
         ax.yaxis.set_tick_params(labelleft=True)
         ax.set_title(str(panel))
         _grid_and_legend(ax, "both")
-    fig.suptitle(title, fontsize=10)
-    return save(fig, out_dir, stem)
+    return save_titled(fig, title, out_dir, stem)

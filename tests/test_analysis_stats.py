@@ -1,4 +1,4 @@
-"""Golden and property tests of analysis.paired (pure statistics, no MLflow)."""
+"""Golden and property tests of analysis.stats (pure statistics, no MLflow)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
-from analysis.paired import (
+from analysis.stats import (
     StatsSettings,
     describe_deltas,
     finish_family,

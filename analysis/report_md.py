@@ -1,0 +1,231 @@
+"""report.md, written from a report's context: the core's parts, and each section's lines
+after the part it follows (``Section.follows``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from analysis.context import ARTIFACT_PATH, ReportContext
+from analysis.section import PARTS, Section
+from analysis.stats import method_lines
+from analysis.tables import latency_note, stats_table
+from fusion_ray.schema import (
+    CELLS_ARTIFACT,
+    GRID_AXES_TAG,
+    OPERATOR_KWARGS_PREFIX,
+    OPERATOR_PARAM,
+    POSITION_ALIAS_TAG,
+    ROLE_SWEEP,
+    ROLE_TAG,
+)
+
+TABLES = ("table1", "table2", "table3")
+
+
+def render_report(ctx: ReportContext, sections: Sequence[Section]) -> str:
+    """The whole of report.md: the core's parts in order, each followed by the sections that
+    follow it (in list order), then the "Files" line."""
+    core: dict[str, Callable[[ReportContext], list[str]]] = {
+        "header": _header,
+        "warnings": _warnings,
+        "method": _method,
+        "tables": _tables,
+        "paired statistics": _paired_statistics,
+        "figures": _figures,
+        "gaps": _gaps,
+    }
+    assert list(core) == list(PARTS), "report_md and section.PARTS disagree"
+    lines: list[str] = []
+    for part, write in core.items():
+        lines += write(ctx)
+        for section in sections:
+            result = ctx.results.get(section.name)
+            if section.follows == part and result is not None:
+                lines += section.markdown(result, ctx)
+    lines += _files(ctx, sections)
+    return "\n".join(lines)
+
+
+def _header(ctx: ReportContext) -> list[str]:
+    exp, pairing = ctx.experiment, ctx.pairing
+    runs = exp.runs
+    status = ", ".join(f"{v} {k}" for k, v in runs["status"].value_counts().items())
+    shas = sorted(set(runs["git_sha"].dropna()))
+    scope = f" (restricted to {ctx.scope})" if ctx.scope else ""
+    if ctx.logged_to:
+        parent = f"`{exp.parent_run_id}`; this report is logged to it under `{ARTIFACT_PATH}/`"
+    elif exp.parent_run_id:
+        parent = f"`{exp.parent_run_id}` (not logged: --no-log)"
+    else:
+        parent = f"none (no run tagged {ROLE_TAG}={ROLE_SWEEP}), so this report is on disk only"
+    return [
+        f"# Fusion analysis: `{exp.name}`",
+        "",
+        f"- tracking URI: `{exp.tracking_uri}` (experiment id {exp.experiment_id})",
+        f"- trial runs: {len(runs)} ({status}); analysed: {len(pairing.runs)} FINISHED runs, "
+        f"{len(pairing.pairs)} seed pairs, {len(ctx.comparisons.table)} comparisons against "
+        f"`{ctx.baseline}`{scope}",
+        *_sweep_cells(ctx),
+        f"- sweep parent run: {parent}",
+        f"- code: git_sha {', '.join(s[:12] for s in shas) if shas else 'not tagged'}",
+        f"- generated {ctx.generated_at}",
+        "",
+    ]
+
+
+def _sweep_cells(ctx: ReportContext) -> list[str]:
+    """The header line on the sweep's cells and the runs of other settings (none without
+    sweep_cells.json)."""
+    other = ctx.other_settings
+    if other.sweep_cells is None:
+        return []
+    runs = other.sentence or "every trial run of the experiment is one of them."
+    return [f"- sweep cells: {other.sweep_cells} (`{CELLS_ARTIFACT}` of the parent run); {runs}"]
+
+
+def _warnings(ctx: ReportContext) -> list[str]:
+    return ["## Warnings", "", *([f"- {w}" for w in ctx.warnings] or ["- none"]), ""]
+
+
+def _method(ctx: ReportContext) -> list[str]:
+    """How pairs are formed, then one line per statistic from the settings record."""
+    pairing = (
+        f"Within each {' x '.join(ctx.keys)} group, each operator is paired with "
+        f"`{ctx.baseline}` by seed (same seed: same initialisation of shared modules, same "
+        "batch order, same data split), using only seeds where both runs FINISHED and whose "
+        f"configs agree on every param except `{OPERATOR_PARAM}` and "
+        f"`{OPERATOR_KWARGS_PREFIX}*`. A delta is (operator - baseline) test accuracy computed "
+        "from the integer correct counts, shown in percentage points (pp); ranks and ties are "
+        "taken on the integers, so round-off cannot create or break ties."
+    )
+    bullets = [f"- {line}" for line in method_lines(ctx.record)]
+    bullets += [f"- {line}" for line in _axis_lines(ctx) + _alias_lines(ctx)]
+    table2 = ctx.tables["table2"].data
+    if "latency_ratio_source" in table2:
+        sources = table2["latency_ratio_source"]
+        notes = latency_note(sources, ctx.baseline)
+        bullets += [
+            f"- **Latency ratio** (Table 2, latency / `{ctx.baseline}`): {n}" for n in notes
+        ]
+    return ["## Method", "", pairing, "", *bullets, ""]
+
+
+def _axis_lines(ctx: ReportContext) -> list[str]:
+    """The extra grid axes: their levels and reference, and that pairs stay within a level."""
+    if not ctx.axis_levels:
+        return []
+    described = "; ".join(
+        f"`{axis}`: {', '.join(levels)} (reference {levels[0]})"
+        for axis, levels in ctx.axis_levels.items()
+    )
+    return [
+        f"**Grid axes** beyond dataset, position, attention position and fusion: {described}. "
+        "Each level is a group of its own, so a seed pair never crosses levels; levels are in "
+        f"the sweep file's order (parent run tag `{GRID_AXES_TAG}`), the first being the "
+        "reference of the interaction tests."
+    ]
+
+
+def _alias_lines(ctx: ReportContext) -> list[str]:
+    """One line per position that is another one under a second name, tested once."""
+    aliases = ctx.pairing.aliases
+    if aliases.empty:
+        return []
+    lines = []
+    for (alias, target), grp in aliases.groupby(["position", "alias_of"], sort=True):
+        lines.append(
+            f"{alias} is the same model as {target}: tested once (tag `{POSITION_ALIAS_TAG}`; "
+            f"{len(grp)} comparison(s) of {alias} with the same other settings as {target}'s "
+            "are left out of the Holm family)."
+        )
+    return lines
+
+
+def _tables(ctx: ReportContext) -> list[str]:
+    lines = []
+    for key in TABLES:
+        table = ctx.tables[key]
+        lines += ["## " + table.caption.split(".")[0], "", table.to_markdown(), ""]
+    return lines
+
+
+def _paired_statistics(ctx: ReportContext) -> list[str]:
+    table = ctx.comparisons.table
+    if not len(table):
+        return ["## Paired statistics", "", "No complete pair: nothing to compare yet.", ""]
+    return [
+        "## Paired statistics",
+        "",
+        stats_table(table, ctx.keys, ctx.record, ctx.axes).to_markdown(),
+        "",
+        f"`*`: Holm-adjusted p ≤ {ctx.options.settings.alpha}. Every column, and more "
+        "(Clopper-Pearson bounds, HL interval confidence, n_zeros, wilcoxon_method), is in "
+        "`stats.csv`.",
+        "",
+    ]
+
+
+def _figures(ctx: ReportContext) -> list[str]:
+    lines = ["## Figures", ""]
+    if not ctx.figures:
+        lines += ["None drawn (--no-figures, or nothing to draw).", ""]
+    for caption, path in ctx.figures:
+        rel = path.relative_to(ctx.out_dir).as_posix()
+        lines += [f"**{caption}** (PDF: `{rel[:-4]}.pdf`)", "", f"![{caption}]({rel})", ""]
+    return lines
+
+
+def _gaps(ctx: ReportContext) -> list[str]:
+    """What could not be paired: always the incomplete blocks and duplicate cells, the excluded
+    runs and groups without a baseline only when there are some."""
+    p, keys = ctx.pairing, ctx.keys
+    sections = [
+        _listing(
+            "Incomplete blocks",
+            p.incomplete,
+            [*keys, "seed", "missing"],
+            "- none: every seed of every group has every operator",
+        ),
+        _listing(
+            "Duplicate cells",
+            p.duplicates,
+            [*keys, "operator", "seed", "run_ids", "differing_params"],
+            "- none",
+        ),
+        _listing("Excluded runs", p.excluded, ["run_id", "run_name", "missing"]),
+        _listing("Groups without a baseline", p.no_baseline, keys),
+    ]
+    lines: list[str] = []
+    for section in filter(None, sections):
+        lines += [*([""] if lines else []), *section]
+    return lines
+
+
+def _listing(
+    title: str, frame: pd.DataFrame, columns: Sequence[str], empty: str | None = None
+) -> list[str]:
+    """A section listing one row per line; [] for an empty frame without an ``empty`` line."""
+    if not len(frame):
+        return ["## " + title, "", empty] if empty is not None else []
+    items = [
+        "- " + ", ".join(f"{c}={row[c]}" for c in columns if c in row and pd.notna(row[c]))
+        for _, row in frame.iterrows()
+    ]
+    return ["## " + title, "", *items]
+
+
+def _files(ctx: ReportContext, sections: Sequence[Section]) -> list[str]:
+    results: list[tuple[Section, Any]] = [(s, ctx.results.get(s.name)) for s in sections]
+    listed = "".join(f" {name}," for s, r in results for name in s.listed_files(r))
+    notes = "".join(s.tables_note(r) for s, r in results)
+    return [
+        "",
+        "## Files",
+        "",
+        f"`stats.csv`, `stats.json` (with every setting),{listed} `runs.csv`, `tables/` "
+        f"(Markdown, LaTeX, CSV{notes}), `figures/` (PNG, PDF).",
+        "",
+    ]
