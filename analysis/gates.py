@@ -34,7 +34,7 @@ from analysis.drawing import operator_colors, save  # noqa: E402
 from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
 from analysis.section import Drawn, Section, records, write_csv  # noqa: E402
 from analysis.tables import column_label  # noqa: E402
-from fusion_ray.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATES_FILE  # noqa: E402
+from fusion_ray.schema import AXIS_TAG_PREFIX, GATE_COLUMNS, GATED_TAG, GATES_FILE  # noqa: E402
 
 #: The trial tags each row of the gate frame carries, beside every ``axis.*`` tag of its run.
 RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")
@@ -42,8 +42,9 @@ RUN_TAGS = ("dataset", "fusion", "position", "attention_position", "seed")
 ID_COLUMNS = ["run_id", *(tag_column(t) for t in RUN_TAGS)]
 #: The report's file of the gate summary (mean, min and max over seeds per bucket).
 GATES_CSV = "gates_by_position.csv"
-#: The gated operators' registry names: only their runs carry ``schema.GATES_FILE``.
-GATED_OPERATORS = ("gate_scalar", "gate_vector", "gate_cnn", "gate_mlp")
+#: The built-in gated operators, for runs logged before trial runs carried ``schema.GATED_TAG``
+#: (newer runs say themselves whether their operator is gated).
+UNTAGGED_GATED_OPERATORS = ("gate_scalar", "gate_vector", "gate_cnn", "gate_mlp")
 #: Columns of ``gate_summary`` after the group keys and ``operator``.
 SUMMARY_COLUMNS = (
     "bucket_start",
@@ -58,9 +59,19 @@ SUMMARY_COLUMNS = (
 
 
 def is_gated(label: Any) -> bool:
-    """Whether an operator label (tag ``fusion``: ``name`` or ``name(k=v,...)``) names a gated
-    operator, whose runs are the only ones worth searching for ``schema.GATES_FILE``."""
-    return str(label).split("(", 1)[0] in GATED_OPERATORS
+    """Whether an operator label (tag ``fusion``: ``name`` or ``name(k=v,...)``) names one of
+    the built-in gated operators (for runs without ``schema.GATED_TAG``)."""
+    return str(label).split("(", 1)[0] in UNTAGGED_GATED_OPERATORS
+
+
+def gated_runs(runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs of gated operators, the only ones worth searching for ``schema.GATES_FILE``: by
+    their ``schema.GATED_TAG``, or for runs logged without it, by the built-in names."""
+    by_name = runs["operator"].map(is_gated)
+    if GATED_TAG not in runs:
+        return runs[by_name]
+    tag = runs[GATED_TAG]
+    return runs[tag.eq("true") | (tag.isna() & by_name)]
 
 
 def gate_frame(client: Any, runs: Iterable[str], max_workers: int = 8) -> pd.DataFrame:
@@ -292,7 +303,7 @@ def analyse_gates(ctx: ReportContext, warnings: list[str]) -> GateAnalysis | Non
     gated run (ungated runs are not searched). When the artifacts cannot be read, or only some
     gated runs have one, says so in ``warnings``."""
     exp, pairing = ctx.experiment, ctx.pairing
-    gated = pairing.runs[pairing.runs["operator"].map(is_gated)]
+    gated = gated_runs(pairing.runs)
     if gated.empty:
         return None
     from mlflow import MlflowClient

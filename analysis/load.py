@@ -46,6 +46,7 @@ from fusion_ray.schema import (
     EPOCH_METRICS,
     EVAL_LENGTH_METRIC_PREFIXES,
     FINAL_METRICS,
+    GATED_TAG,
     GRID_AXES_TAG,
     INIT_METRICS,
     LATENCY_RATIO_METRIC,
@@ -87,7 +88,7 @@ BASE_COLUMNS = [
 #: Metrics and tags that only some sweeps log: a column of the tidy frame only when a run of
 #: the experiment carries it, so that the frame of a sweep without them is unchanged.
 OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC)
-OPTIONAL_TAGS = (POSITION_ALIAS_TAG,)
+OPTIONAL_TAGS = (POSITION_ALIAS_TAG, GATED_TAG)
 OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusion_ray.config import GridPoint, SweepFileError, SweepSpec, semantic_problems
+from fusion_ray.model.fusion import is_gated
 from fusion_ray.model.positions import POSITIONS
-from fusion_ray.schema import AXIS_TAG_PREFIX, EXECUTION_PARAMS, POSITION_ALIAS_TAG
+from fusion_ray.schema import AXIS_TAG_PREFIX, EXECUTION_PARAMS, GATED_TAG, POSITION_ALIAS_TAG
 from fusion_ray.train.spec import TrialConfig
 
 # Settings that say where things live or how a step is executed, not what is computed: they
@@ -88,6 +89,7 @@ class Cell:
         same_as = POSITIONS.same_as(self.trial.model.position)
         if same_as is not None:
             tags[POSITION_ALIAS_TAG] = same_as
+        tags[GATED_TAG] = "true" if is_gated(self.trial.model.fusion) else "false"
         return tags | {
             "cell_id": self.cell_id,
             "dataset": self.dataset,

@@ -104,6 +104,10 @@ INIT_METRICS = ("init_token_rms", "init_position_rms")
 #: over the bucket's non-padding tokens (and features, for feature-wise gates).
 GATES_FILE = "gate_by_position.parquet"
 GATE_COLUMNS = ("bucket_start", "bucket_end", "tokens", "gate_mean", "gate_std")
+#: Trial-run tag, ``true`` or ``false``: whether the run's fusion operator has a gate (its class
+#: is a gated fusion), so its run carries GATES_FILE. The analysis selects gated runs by this
+#: tag, not by operator name, so a plug-in's gated operator gets the gate diagnostics too.
+GATED_TAG = "gated"
 
 #: Trial runs whose input-level position is another registry entry under a second name (the same
 #: initial values and the same forward, e.g. ``relative_table`` is ``learned``) carry this tag with

@@ -419,3 +419,32 @@ def test_plot_gates_draws_one_panel_per_dataset_and_axis_level(store, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert plot_gates(frame.iloc[0:0], tmp_path / "empty.png") is None
     assert not (tmp_path / "empty.png").exists()
+
+
+def test_gated_runs_are_chosen_by_their_tag_not_their_name(tmp_path):
+    import pandas as pd
+
+    from analysis.gates import gated_runs
+    from fusion_ray.config import load_sweep
+    from fusion_ray.grid import expand
+    from fusion_ray.schema import GATED_TAG
+    from tests.conftest import tiny_sweep
+
+    runs = pd.DataFrame(
+        {
+            "operator": ["my_gate", "add", "gate_scalar", "gate_cnn"],
+            GATED_TAG: ["true", "false", None, "false"],
+        }
+    )
+    # a plug-in's gate is found by its tag; an untagged (older) run by the built-in name; a tag
+    # that says "false" wins over a name
+    assert list(gated_runs(runs)["operator"]) == ["my_gate", "gate_scalar"]
+    assert list(gated_runs(runs.drop(columns=[GATED_TAG]))["operator"]) == [
+        "gate_scalar",
+        "gate_cnn",
+    ]
+    cells = expand(load_sweep(tiny_sweep(tmp_path)))
+    assert {c.fusion: c.tags("s", "sha")[GATED_TAG] for c in cells} == {
+        "add": "false",
+        "gate_scalar": "true",
+    }

@@ -44,7 +44,10 @@ def test_analysis_reads_the_level_texts_the_sweep_writes():
 def test_a_cell_is_tagged_with_the_schema_tags(tmp_path):
     cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
     tags = cell.tags("tiny", "abc123")
-    assert set(tags) == set(fusion_ray.schema.TRIAL_TAGS) | {fusion_ray.schema.ROLE_TAG}
+    assert set(tags) == set(fusion_ray.schema.TRIAL_TAGS) | {
+        fusion_ray.schema.ROLE_TAG,
+        fusion_ray.schema.GATED_TAG,
+    }
     assert tags[fusion_ray.schema.ROLE_TAG] == fusion_ray.schema.ROLE_TRIAL
     assert fusion_ray.schema.OPERATOR_PARAM in cell.params()
 

@@ -52,6 +52,13 @@ class GatedFusion(Fusion):
 FUSIONS: Registry[Callable[..., Fusion]] = Registry("fusion", group="fusion_ray.fusions")
 
 
+def is_gated(name: str) -> bool:
+    """Whether the registry entry ``name`` is a gated fusion (a ``GatedFusion`` subclass), whose
+    gate the training loop reads out by position."""
+    entry = FUSIONS.get(name)
+    return isinstance(entry, type) and issubclass(entry, GatedFusion)
+
+
 def _expand(P: torch.Tensor, E: torch.Tensor) -> torch.Tensor:
     """P [L, d] or [B, L, d] -> [B, L, d] (a broadcast view, no copy)."""
     return P.expand_as(E)
