@@ -88,3 +88,65 @@ def test_two_plugins_declaring_one_name_are_an_error_naming_both(tmp_path):
     assert proc.returncode != 0
     assert "fusion-one" in proc.stderr and "fusion-two" in proc.stderr
     assert "'half_add' is registered twice" in proc.stderr
+
+
+SOURCE_PLUGIN = '''
+from fusion_ray.data.sources import RawDataset, RawSplit
+
+
+class Tiny:
+    """A plug-in source of three classes that says so before loading."""
+
+    def __init__(self, *, n: int = 30) -> None:
+        self.n = n
+
+    def problems(self):
+        return [] if self.n >= 3 else [f"data.source_kwargs.n: at least 3 (got {self.n})"]
+
+    def fingerprint(self):
+        return {"version": 1}
+
+    def declared_num_classes(self):
+        return 3
+
+    def load(self):
+        texts = [f"word{i % 3} text" for i in range(self.n)]
+        split = RawSplit(texts, [i % 3 for i in range(self.n)], origin="tiny")
+        return RawDataset({"train": split, "test": split}, num_classes=3)
+
+
+class Broken:
+    """Registered as a source but without the protocol's methods."""
+
+    def __init__(self) -> None:
+        pass
+'''
+
+
+def test_a_plugin_source_gets_the_same_checks_before_ray_starts(tmp_path):
+    site = tmp_path / "site"
+    (site / "tiny_source").mkdir(parents=True)
+    (site / "tiny_source" / "__init__.py").write_text(SOURCE_PLUGIN)
+    info = site / "tiny_source-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny-source\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fusion_ray.sources]\ntiny = tiny_source:Tiny\nbroken = tiny_source:Broken\n"
+    )
+    proc = _run(
+        """
+        from fusion_ray.data import DataSpec, check_data_spec
+        print(check_data_spec(DataSpec(source="tiny", source_kwargs={}, num_classes=2)))
+        print(check_data_spec(DataSpec(source="tiny", source_kwargs={"n": 1})))
+        print(check_data_spec(DataSpec(source="broken", source_kwargs={})))
+        """,
+        site,
+    )
+    assert proc.returncode == 0, proc.stderr
+    fewer, small, broken = proc.stdout.splitlines()
+    assert "2 is fewer than the 3 classes the tiny source has" in fewer
+    assert "at least 3 (got 1)" in small
+    assert (
+        "'broken' (from tiny-source) does not provide problems(), fingerprint() and load()"
+        in broken
+    )

@@ -21,9 +21,10 @@ from fusion_ray.checks import field_problems, is_int
 from fusion_ray.data import cache
 from fusion_ray.data.sources import (
     SOURCES,
+    DataSource,
+    LabelWindow,
     RawDataset,
     RawSplit,
-    SyntheticSource,
     source_num_classes,
 )
 from fusion_ray.data.spec import DataSpec
@@ -114,6 +115,11 @@ def _build(registry: Registry, name: str, kwargs: dict[str, Any]) -> tuple[Any, 
     if problems:
         return None, problems
     entry = registry.get(name)(**kwargs)
+    if registry is SOURCES and not isinstance(entry, DataSource):
+        return None, [
+            f"data source {name!r} (from {registry.origin(name)}) does not provide problems(), "
+            "fingerprint() and load(); see fusion_ray.data.sources.DataSource"
+        ]
     return entry, entry.problems()
 
 
@@ -153,29 +159,12 @@ def data_rules(spec: DataSpec) -> list[str]:
             f"data.num_classes: {spec.num_classes} is fewer than the {declared} classes "
             f"the {spec.source} source has; remove it or set it to {declared}"
         )
-    if isinstance(source, SyntheticSource) and spec.max_length < source.label_span():
-        problems.append(_label_span_problem(source, spec.max_length))
+    if isinstance(source, LabelWindow) and spec.max_length < source.label_span():
+        problems.append(source.label_span_problem(spec.max_length))
     cache_dir = Path(spec.cache_dir).expanduser() if spec.cache_dir else None
     if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
         problems.append(f"data.cache_dir: {spec.cache_dir} exists and is not a directory")
     return problems
-
-
-def _label_span_problem(source: SyntheticSource, max_length: int) -> str:
-    """data.max_length cuts into the words that carry a synthetic document's label."""
-    if source.relative:
-        return (
-            f"data.max_length: {max_length} is shorter than the longest training document of the "
-            f"relative synthetic {source.regime!r} task ({source.label_span()} words, all of "
-            "them label-bearing), so truncation would let word counts reveal the label; raise "
-            "data.max_length or lower data.source_kwargs.length_scale"
-        )
-    return (
-        f"data.max_length: {max_length} is shorter than the synthetic {source.regime!r} "
-        f"regime's label window ({source.label_span()} words), so truncation would let word "
-        "counts reveal the label; raise data.max_length or set data.source_kwargs.window to "
-        f"at most {max_length}"
-    )
 
 
 def eval_length_problems(eval_lengths: Any) -> list[str]:
@@ -372,7 +361,7 @@ def _encode(
 
 
 def label_window_problem(
-    source: SyntheticSource, tok: tokenizers.Tokenizer, docs: dict[str, _Docs], spec: DataSpec
+    source: LabelWindow, tok: tokenizers.Tokenizer, docs: dict[str, _Docs], spec: DataSpec
 ) -> str | None:
     """What is wrong when data.max_length tokens cut into the label-bearing words of some
     synthetic documents, counted with the fitted tokenizer (``check_data_spec`` can only
@@ -423,7 +412,7 @@ def _build_entry(spec: DataSpec, cache_dir: Path, key: str, settings: dict[str, 
 
     tokenizer = TOKENIZERS.get(spec.tokenizer)(**spec.tokenizer_kwargs)
     tok = tokenizer.train(docs["train"].texts)  # the training split only
-    if isinstance(source, SyntheticSource):
+    if isinstance(source, LabelWindow):
         problem = label_window_problem(source, tok, docs, spec)
         if problem is not None:
             raise ValueError(problem)

@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -48,6 +48,52 @@ class RawDataset:
     splits: dict[str, RawSplit]
     num_classes: int | None = None
     label_names: list[str] | None = field(default=None)
+
+
+@runtime_checkable
+class DataSource(Protocol):
+    """What every data source provides (a plug-in source too): a class whose keyword-only
+    ``__init__`` parameters are its options, registered in ``SOURCES``."""
+
+    def problems(self) -> list[str]:
+        """The options' problems, cheaply (no downloads, no reading whole files)."""
+        ...
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What the documents depend on besides the options (file sizes and times, a version),
+        for the cache key."""
+        ...
+
+    def load(self) -> RawDataset:
+        """The documents of each split."""
+        ...
+
+
+@runtime_checkable
+class DeclaresClasses(Protocol):
+    """An optional hook: a source that knows its class count without loading, so
+    data.num_classes is checked against it before Ray starts."""
+
+    def declared_num_classes(self) -> int | None: ...
+
+
+@runtime_checkable
+class LabelWindow(Protocol):
+    """An optional hook: a source whose labels are carried by each document's leading words,
+    so truncation at data.max_length must keep them (checked before Ray starts in words, and
+    when the data are prepared in the fitted tokenizer's tokens)."""
+
+    def label_span(self) -> int:
+        """The most leading words that may carry a label."""
+        ...
+
+    def label_words(self, split: str) -> int:
+        """How many leading words of a document of ``split`` carry its label (0: none to keep)."""
+        ...
+
+    def label_span_problem(self, max_length: int) -> str:
+        """The message when data.max_length is below ``label_span()``."""
+        ...
 
 
 SOURCES: Registry = Registry("data source", group="fusion_ray.sources")
@@ -331,6 +377,9 @@ class HubSource:
     @property
     def info(self) -> HubDataset:
         return HUB_DATASETS[self.dataset]
+
+    def declared_num_classes(self) -> int | None:
+        return self.info.num_classes if self.dataset in HUB_DATASETS else None
 
     def problems(self) -> list[str]:
         if self.dataset not in HUB_DATASETS:
@@ -631,6 +680,25 @@ class SyntheticSource:
     def resolved_num_classes(self) -> int:
         return self.num_classes or synthetic.REGIMES[self.regime].num_classes
 
+    def declared_num_classes(self) -> int | None:
+        return self.resolved_num_classes() if self.regime in synthetic.REGIMES else None
+
+    def label_span_problem(self, max_length: int) -> str:
+        """data.max_length cuts into the words that carry a synthetic document's label."""
+        if self.relative:
+            return (
+                f"data.max_length: {max_length} is shorter than the longest training document of the "
+                f"relative synthetic {self.regime!r} task ({self.label_span()} words, all of "
+                "them label-bearing), so truncation would let word counts reveal the label; raise "
+                "data.max_length or lower data.source_kwargs.length_scale"
+            )
+        return (
+            f"data.max_length: {max_length} is shorter than the synthetic {self.regime!r} "
+            f"regime's label window ({self.label_span()} words), so truncation would let word "
+            "counts reveal the label; raise data.max_length or set data.source_kwargs.window to "
+            f"at most {max_length}"
+        )
+
     def load(self) -> RawDataset:
         regime = synthetic.REGIMES[self.regime]
         defaults = {
@@ -661,8 +729,4 @@ class SyntheticSource:
 
 def source_num_classes(source: Any) -> int | None:
     """The class count a source declares without loading (None when it needs the data)."""
-    if isinstance(source, HubSource) and source.dataset in HUB_DATASETS:
-        return source.info.num_classes
-    if isinstance(source, SyntheticSource) and source.regime in synthetic.REGIMES:
-        return source.resolved_num_classes()
-    return None
+    return source.declared_num_classes() if isinstance(source, DeclaresClasses) else None
