@@ -1,0 +1,61 @@
+"""The example plug-in package (examples/plugin), installed as a user would, runs a sweep on
+Ray workers through the report: its operator and its data source are selected by name, and its
+gated operator gets the gate diagnostics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--target", str(site), str(ROOT / "examples" / "plugin")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr
+    path = tiny_sweep(tmp_path, name="plugin_demo", seeds=[0, 1])
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["add", "position_gate"]
+    raw["datasets"]["short"]["data"] = {
+        "source": "keywords",
+        "source_kwargs": {"num_classes": 3, "n_train": 96, "n_test": 32, "words": 12},
+        "tokenizer": "word",
+        "max_length": 16,
+    }
+    raw["defaults"]["model"]["max_len"] = 16
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "sweep", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 finished now, 0 failed" in proc.stdout
+    report = (tmp_path / "reports" / "plugin_demo" / "report.md").read_text()
+    assert "position_gate" in report
+    gates = tmp_path / "reports" / "plugin_demo" / "gates_by_position.csv"
+    assert gates.is_file() and "position_gate" in gates.read_text()
+
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker(raw["tracking_uri"], "plugin_demo")
+    tags = {(r.data.tags["fusion"], r.data.tags["gated"]) for r in tracker.trial_runs()}
+    assert tags == {("add", "false"), ("position_gate", "true")}
