@@ -12,7 +12,8 @@ imports from ``fusion_ray.schema`` (standard library only); it imports nothing e
 The paired core: ``load`` (MLflow -> tidy frame of the sweep's cells, metrics checked),
 ``other_settings`` (the runs left out as other settings, described), ``pairing`` (seed pairs
 against the baseline, checked; why nothing can be compared), ``stats`` (the paired statistics
-and their registry). The report: ``context`` (its options and paired core), ``section`` (the
+and their registry), ``sequential`` (anytime-valid decisions on the per-seed deltas in seed
+order: the adaptive-seeds rule, ``run_family``). The report: ``context`` (its options and paired core), ``section`` (the
 protocol of a report section), ``tables`` (Tables 1-3 and the other DataFrame tables, written
 as Markdown, LaTeX and CSV), ``drawing`` (how each kind of figure is drawn with matplotlib),
 ``figures`` (the core's figures), ``report_md`` (report.md), ``report`` (``SECTIONS``,
@@ -34,6 +35,7 @@ from analysis.load import (
     load_experiment,
 )
 from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
+from analysis.sequential import family_evidence, run_family
 from analysis.stats import (
     Comparisons,
     Statistic,
@@ -49,6 +51,8 @@ from analysis.stats import (
 )
 
 __all__ = [
+    "family_evidence",
+    "run_family",
     "AnalysisError",
     "Comparisons",
     "EmptyExperimentError",

@@ -1,0 +1,160 @@
+"""The adaptive-seeds decision rule (analysis.sequential): exact validity by enumeration of every
+sign sequence, known values, persistence of decisions, futility and equivalence, determinism."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from analysis.sequential import (
+    confidence_sequence,
+    decisions,
+    family_evidence,
+    log_e,
+    run_family,
+    sign_e_values,
+)
+
+
+def test_the_e_process_is_the_product_of_the_kt_predictive_bets():
+    deltas = [1.0, -2.0, 0.5, None, 0.0, 3.0, 1.5, -0.5, 2.0]
+    wins = n = 0
+    wealth, expected = 1.0, []
+    for d in deltas:
+        if d is not None and d != 0:
+            p_win = (wins + 0.5) / (n + 1)  # KT's predictive probability of a win
+            wealth *= 2 * (p_win if d > 0 else 1 - p_win)
+            n += 1
+            wins += d > 0
+        expected.append(wealth)
+    assert sign_e_values(deltas) == pytest.approx(expected, rel=1e-12)
+
+
+def test_known_values_with_every_seed_won():
+    assert [round(math.exp(log_e(n, n)), 1) for n in (8, 9, 10)] == [50.3, 95.0, 180.4]
+
+
+@pytest.mark.parametrize("n", range(1, 13))
+def test_the_chance_of_ever_crossing_one_over_alpha_is_at_most_alpha(n):
+    """Exactly, over every sequence of n fair signs: P(sup_t E_t >= 1/a) <= a (Ville)."""
+    for alpha in (0.05, 0.1, 0.2):
+        crossing = sum(
+            max(sign_e_values(signs)) >= 1 / alpha
+            for signs in itertools.product((1.0, -1.0), repeat=n)
+        )
+        assert crossing / 2**n <= alpha
+
+
+def test_run_family_rejects_with_probability_at_most_alpha_for_one_comparison():
+    n, alpha = 12, 0.05
+    rejected = 0
+    for signs in itertools.product((1.0, -1.0), repeat=n):
+        states = run_family({"c": list(signs)}, alpha=alpha, max_seeds=n)["c"]
+        rejected += states[-1] in ("better", "worse")
+    assert rejected / 2**n <= alpha
+
+
+def test_holm_over_two_independent_comparisons_keeps_the_family_wise_error():
+    n, alpha = 7, 0.2
+    sequences = list(itertools.product((1.0, -1.0), repeat=n))
+    any_rejected = 0
+    for a, b in itertools.product(sequences, repeat=2):
+        states = run_family({"a": list(a), "b": list(b)}, alpha=alpha, max_seeds=n)
+        any_rejected += any(s[-1] in ("better", "worse") for s in states.values())
+    assert any_rejected / len(sequences) ** 2 <= alpha
+
+
+def test_rejections_never_unhappen_as_seeds_are_added():
+    full = {"up": [2.0] * 12, "noise": [1.0, -1.0] * 6, "down": [-1.0] * 11 + [2.0]}
+    previous = None
+    for k in range(1, 13):
+        states = run_family({name: row[:k] for name, row in full.items()}, max_seeds=20)
+        last = {name: s[-1] for name, s in states.items()}
+        if previous is not None:
+            for name, state in previous.items():
+                if state in ("better", "worse"):
+                    assert last[name] == state
+        previous = last
+    assert previous["up"] == "better" and previous["down"] == "worse"
+
+
+def test_decided_states_persist_along_a_comparison():
+    states = run_family({"a": [1.0] * 15, "b": [-1.0, 1.0] * 7}, max_seeds=15)
+    for row in states.values():
+        first = next((i for i, s in enumerate(row) if s != "open"), len(row))
+        assert all(s != "open" for s in row[first:])
+        assert len({s for s in row[first:]}) == 1
+
+
+def test_missing_pairs_and_zeros_carry_no_sign():
+    with_gaps = [1.0, None, 0.0, 1.0, None, 1.0]
+    assert sign_e_values(with_gaps)[-1] == pytest.approx(math.exp(log_e(3, 3)))
+    ev = family_evidence({"c": with_gaps})["c"]
+    assert [(lk.n_used, lk.wins, lk.losses) for lk in ev][-1] == (4, 3, 0)
+
+
+def test_an_undecided_comparison_at_the_cap_stays_open():
+    # six wins (E 14.4) could still reach 1/alpha = 20 with a seventh (26.8): open until the
+    # cap; the seventh is lost, and at the cap the comparison is undecided, not futile
+    states = run_family({"c": [1.0] * 6 + [-1.0]}, max_seeds=7)["c"]
+    assert states == ["open"] * 7
+    assert run_family({"c": [1.0] * 6}, max_seeds=6)["c"] == ["futile"] * 6  # 6 seeds: E <= 14.4
+
+
+def test_futility_fires_only_when_the_cap_makes_rejection_impossible():
+    alpha, cap = 0.05, 10
+    for row in itertools.product((1.0, -1.0), repeat=6):
+        states = run_family({"c": list(row)}, alpha=alpha, max_seeds=cap)["c"]
+        for seed, state in enumerate(states):
+            wins = sum(d > 0 for d in row[: seed + 1])
+            losses = seed + 1 - wins
+            remaining = cap - seed - 1
+            best = max(log_e(wins + remaining, cap), log_e(losses + remaining, cap))
+            reached = max(math.log(e) for e in sign_e_values(row[: seed + 1]))
+            possible = max(best, reached) >= math.log(1 / alpha)
+            if state == "futile":
+                assert not possible
+            if not possible and state == "open":
+                pytest.fail(f"{row[: seed + 1]} cannot be rejected by seed {cap} but is open")
+
+
+def test_equivalence_when_the_confidence_sequence_lies_inside_the_margin():
+    tight = [0.3, -0.2, 0.1, -0.4, 0.2, -0.1, 0.3, -0.3, 0.1, -0.2, 0.2, -0.1]
+    states = run_family({"c": tight}, margin=1.0, max_seeds=20)["c"]
+    assert states[-1] == "equivalent"
+    assert run_family({"c": tight}, max_seeds=20)["c"][-1] in ("open", "futile")
+    low, high = confidence_sequence(tight, 0.05)
+    assert -1.0 <= low < high <= 1.0
+
+
+def test_the_confidence_sequence_covers_the_median_and_only_shrinks():
+    row = [2.0, 1.0, 3.0, -1.0, 2.5, 1.5, 2.0, 0.5, 3.5, 1.0]
+    intervals = [confidence_sequence(row[:k], 0.05) for k in range(1, len(row) + 1)]
+    for (lo1, hi1), (lo2, hi2) in itertools.pairwise(intervals):
+        assert lo2 >= lo1 and hi2 <= hi1
+    assert intervals[-1][0] < 1.75 < intervals[-1][1]
+
+
+def test_the_same_deltas_give_the_same_states_and_summaries():
+    deltas = {"a": [2.0, 1.0, None, 3.0] * 3, "b": [0.5, -0.5, 0.0] * 4}
+    first = family_evidence(deltas, margin=1.0, max_seeds=20)
+    assert first == family_evidence(dict(reversed(list(deltas.items()))), margin=1.0, max_seeds=20)
+    summary = {d.name: (d.state, d.seeds_used, d.decided_at) for d in decisions(first)}
+    assert summary["a"][1] == 12
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"alpha": 1.5}, "alpha must be in"),
+        ({"margin": -1.0}, "margin must be a positive"),
+        ({"max_seeds": 2}, "more than max_seeds 2"),
+    ],
+)
+def test_bad_inputs_say_what_to_fix(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        run_family({"c": [1.0, 2.0, 3.0]}, **kwargs)
+    with pytest.raises(ValueError, match="finite"):
+        run_family({"c": [1.0, math.nan]})
