@@ -17,7 +17,7 @@ class AdaptiveSeedSearcher(Searcher):
     could change what is needed are in flight; FINISHED when nothing is needed or running."""
 
     def __init__(self, schedule: SeedSchedule) -> None:
-        super().__init__(metric="test_acc", mode="max")
+        super().__init__()  # no metric: it reads each trial's final result itself
         self.schedule = schedule
         self.started: set[str] = set()
         self.running: dict[str, str] = {}  # Tune trial id -> cell id

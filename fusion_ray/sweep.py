@@ -105,7 +105,7 @@ def run_sweep(
     with SweepLease(tracker.client, spec.name, take_over=take_over):
         todo = plan(spec, tracker)
         rehearsal = False
-        if todo.pending:
+        if cells_to_run(spec, todo):
             init_ray(address or spec.address)
             spec, rehearsal = _placed(spec, todo, smoke)
         parent_tags = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
@@ -191,11 +191,14 @@ def _run_cells(
     _finish_ended_trials(spec, tracker, todo)
     cells, done, pending = todo.cells, todo.done, todo.pending
     note = todo.other_settings_note(spec.name)
-    if not pending:
-        print(
-            f"sweep {spec.name}: all {len(cells)} cells already have a FINISHED run; nothing to do"
+    if not cells_to_run(spec, todo):
+        what = (
+            "every comparison is decided or at its cap"
+            if spec.adaptive is not None
+            else f"all {len(cells)} cells already have a FINISHED run"
         )
-        tracker.end_parent(parent_id, {"cells_finished": len(cells)})
+        print(f"sweep {spec.name}: {what}; nothing to do")
+        tracker.end_parent(parent_id, {"cells_finished": len(done)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
     init_ray(address or spec.address)
     callback = MLflowSweepCallback(
@@ -208,9 +211,9 @@ def _run_cells(
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
         if spec.adaptive is not None:
-            _run_adaptive(spec, todo, callback, tune_run, verbose)
+            ran = _run_adaptive(spec, todo, callback, tune_run, verbose)
         else:
-            _run_fixed(spec, todo, callback, tune_run, verbose)
+            ran = _run_fixed(spec, todo, callback, tune_run, verbose)
     finally:
         interrupted = callback.close_unfinished()
     tracker.end_parent(
@@ -224,7 +227,7 @@ def _run_cells(
     return SweepOutcome(
         len(cells),
         len(done),
-        len(pending),
+        ran,
         sorted(callback.finished),
         callback.failed,
         interrupted,
@@ -232,7 +235,15 @@ def _run_cells(
     )
 
 
-def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> None:
+def cells_to_run(spec: SweepSpec, todo: Plan) -> list[Cell]:
+    """What this invocation would run now: every cell without a FINISHED run, or, for an
+    adaptive sweep, the cells the evidence of the finished ones needs next."""
+    if spec.adaptive is None:
+        return todo.pending
+    return adaptive_schedule(spec, todo).needed()
+
+
+def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> int:
     """Every pending cell, in consecutive Tune runs of at most TUNE_RUN_CELLS cells."""
     pending = todo.pending
     parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
@@ -240,9 +251,10 @@ def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbos
         name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
         jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
         _tuner(spec, part, jobs, callback, name, verbose).fit()
+    return len(pending)
 
 
-def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> None:
+def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbose: int) -> int:
     """The cells the evidence needs, suggested as results arrive (one Tune run): the first wave,
     then the next seed of each comparison still open, up to the cap."""
     from fusion_ray.searcher import AdaptiveSeedSearcher
@@ -252,6 +264,7 @@ def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, ver
     jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
     searcher = AdaptiveSeedSearcher(schedule)
     _tuner(spec, pending, jobs, callback, tune_run, verbose, searcher=searcher).fit()
+    return len(searcher.started)
 
 
 def adaptive_schedule(spec: SweepSpec, todo: Plan) -> Any:

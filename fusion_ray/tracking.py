@@ -97,6 +97,8 @@ class CellRun:
     checkpoint_path: str | None
     has_final: bool = False
     """The run already holds the trial's final metrics (its trial ended; maybe not its run)."""
+    test_acc: float | None = None
+    """Its final test accuracy, when logged (what adaptive seeds decide from)."""
 
 
 def _now_ms() -> int:
@@ -165,6 +167,7 @@ class Tracker:
                     run.info.status,
                     run.data.tags.get(CHECKPOINT_TAG),
                     "test_acc" in run.data.metrics,
+                    run.data.metrics.get("test_acc"),
                 )
         return best
 
