@@ -276,3 +276,44 @@ def decisions(evidence: Mapping[str, list[Look]]) -> list[Decision]:
         state = last.state if last else "open"
         out.append(Decision(name, state, len(looks), first, last))
     return out
+
+
+def decision_rows(evidence: Mapping[str, list[Look]]) -> list[dict[str, object]]:
+    """One row per comparison (the names of ``fusion_ray.schema.DECISION_COLUMNS``): its state,
+    seeds used, the seed it was decided at, its last e-value and running maximum, anytime p
+    (raw and Holm-adjusted) and confidence sequence."""
+    rows = []
+    for decision in decisions(evidence):
+        last = decision.last
+        rows.append(
+            {
+                "comparison": decision.name,
+                "state": decision.state,
+                "seeds_used": decision.seeds_used,
+                "decided_at_seed": decision.decided_at,
+                "e_value": last.e_value if last else 1.0,
+                "e_max": last.e_max if last else 1.0,
+                "p_anytime": last.p_anytime if last else 1.0,
+                "p_holm_anytime": last.p_holm if last else 1.0,
+                "cs_low": last.cs_low if last else -math.inf,
+                "cs_high": last.cs_high if last else math.inf,
+            }
+        )
+    return rows
+
+
+def decisions_text(rows: Sequence[Mapping[str, object]]) -> str:
+    """The decisions as a console table."""
+    width = max([len(str(r["comparison"])) for r in rows] + [10])
+    lines = [
+        f"{'comparison':<{width}}  {'state':<10} {'seeds':>5} {'decided':>7} {'e':>9} "
+        f"{'p anytime':>9} {'p Holm':>8}  effect CS (points)"
+    ]
+    for r in rows:
+        decided = "-" if r["decided_at_seed"] is None else str(r["decided_at_seed"])
+        lines.append(
+            f"{r['comparison']:<{width}}  {r['state']:<10} {r['seeds_used']:>5} {decided:>7} "
+            f"{r['e_max']:>9.3g} {r['p_anytime']:>9.3g} {r['p_holm_anytime']:>8.3g}  "
+            f"({r['cs_low']:+.2f}, {r['cs_high']:+.2f})"
+        )
+    return "\n".join(lines)

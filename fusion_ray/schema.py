@@ -129,3 +129,24 @@ LENGTH_PREDICTIONS_FILE = "test_predictions_by_length.parquet"
 #: ``doc``: the document's index in the test split; ``length``: its length in tokens before any
 #: truncation; ``eval_length``: the truncation length it was evaluated at.
 LENGTH_PREDICTION_COLUMNS = ("doc", "length", "label", "eval_length", "pred")
+
+#: Sweep-parent-run tag of an adaptive sweep: its rule as JSON (``first``, ``max``, ``alpha``,
+#: ``margin``), so the report decides with the same rule the driver scheduled by.
+ADAPTIVE_TAG = "adaptive_seeds"
+#: Sweep-parent-run artifact: one row per comparison with its anytime-valid decision
+#: (``DECISION_COLUMNS``), written by the driver of an adaptive sweep at its end.
+DECISIONS_FILE = "decisions.csv"
+DECISION_COLUMNS = (
+    "comparison",
+    "state",
+    "seeds_used",
+    "decided_at_seed",
+    "e_value",
+    "e_max",
+    "p_anytime",
+    "p_holm_anytime",
+    "cs_low",
+    "cs_high",
+)
+#: Sweep-parent-run tags ``decisions.<state>``: how many comparisons are in each state.
+DECISIONS_TAG_PREFIX = "decisions."

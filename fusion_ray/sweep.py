@@ -39,7 +39,7 @@ from fusion_ray.orchestrate import (
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
-from fusion_ray.schema import GRID_AXES_TAG
+from fusion_ray.schema import ADAPTIVE_TAG, GRID_AXES_TAG
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -79,6 +79,8 @@ class SweepOutcome:
     interrupted: list[str]
     other_settings: str | None = None
     """What the experiment holds beyond this sweep's cells (``Plan.other_settings_note``)."""
+    decisions: list[dict[str, Any]] | None = None
+    """An adaptive sweep's decisions (``analysis.sequential.decision_rows``) at its end."""
 
 
 def run_sweep(
@@ -113,13 +115,18 @@ def run_sweep(
             parent_tags[CPU_REHEARSAL_TAG] = "true"
         if overrides:
             parent_tags[OVERRIDES_PARAM] = json.dumps(list(overrides))
+        if spec.adaptive is not None:
+            parent_tags[ADAPTIVE_TAG] = spec.adaptive.model_dump_json(exclude={"adaptive"})
         parent_tags[GRID_AXES_TAG] = json.dumps(
             {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
         )
         parent_id = tracker.parent_run(sweep_file, params=parent_tags)
         tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
         try:
-            return _run_cells(spec, tracker, todo, parent_id, address, verbose)
+            outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose)
+            if spec.adaptive is not None:
+                outcome.decisions = _log_decisions(spec, tracker, parent_id)
+            return outcome
         except KeyboardInterrupt:
             tracker.fail(parent_id, "the sweep driver was interrupted", status="KILLED")
             raise
@@ -233,6 +240,21 @@ def _run_cells(
         interrupted,
         note,
     )
+
+
+def _log_decisions(spec: SweepSpec, tracker: Any, parent_id: str) -> list[dict[str, Any]]:
+    """The adaptive sweep's decisions, recomputed from the FINISHED runs in the tracking store
+    (as a restarted driver would), logged to the parent run."""
+    from analysis.sequential import decision_rows, family_evidence
+
+    schedule = adaptive_schedule(spec, plan(spec, tracker))
+    rule = spec.adaptive
+    evidence = family_evidence(
+        schedule.deltas(), alpha=rule.alpha, margin=rule.margin, max_seeds=rule.max
+    )
+    rows = decision_rows(evidence)
+    tracker.log_decisions(parent_id, rows)
+    return rows
 
 
 def cells_to_run(spec: SweepSpec, todo: Plan) -> list[Cell]:
@@ -634,6 +656,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
+    if outcome.decisions is not None:
+        from analysis.sequential import decisions_text
+
+        print(f"\ndecisions (anytime-valid, Holm over {len(outcome.decisions)} comparisons):")
+        print(decisions_text(outcome.decisions))
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))
     print(

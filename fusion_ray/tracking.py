@@ -29,6 +29,9 @@ from fusion_ray.orchestrate import TRIAL_ERROR
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
+    DECISION_COLUMNS,
+    DECISIONS_FILE,
+    DECISIONS_TAG_PREFIX,
     EPOCH_METRICS,
     EVAL_LENGTH_METRIC_PREFIXES,
     FAILURE_TAG,
@@ -217,6 +220,24 @@ class Tracker:
             path = Path(tmp, CELLS_ARTIFACT)
             path.write_text(json.dumps(payload))
             self.client.log_artifact(parent_id, str(path))
+
+    def log_decisions(self, parent_id: str, rows: list[dict[str, Any]]) -> None:
+        """An adaptive sweep's decisions on its parent run: DECISIONS_FILE, and one tag per
+        state with how many comparisons are in it (the MLflow UI shows them)."""
+        import csv
+        import tempfile
+        from collections import Counter
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, DECISIONS_FILE)
+            with path.open("w", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=list(DECISION_COLUMNS))
+                writer.writeheader()
+                writer.writerows(rows)
+            self.client.log_artifact(parent_id, str(path))
+        counts = Counter(str(r["state"]) for r in rows)
+        tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{state}", str(counts[state])) for state in counts]
+        self.client.log_batch(parent_id, tags=tags)
 
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
         self.client.log_batch(

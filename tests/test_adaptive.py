@@ -131,5 +131,11 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
         replay.results.update(finished_results(batch, todo.existing))
     assert ran == set(ids) and {by_id[i].seed for i in ids} == {0, 1, 2}
     assert [s[-1] for s in schedule.states().values()] == ["futile"]
+    (row,) = outcome.decisions
+    assert (row["state"], row["seeds_used"], row["decided_at_seed"]) == ("futile", 3, 2)
+    parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
+    assert parent.data.tags["decisions.futile"] == "1"
+    assert '"max":9' in parent.data.tags["adaptive_seeds"]
+    assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
