@@ -50,6 +50,7 @@ from analysis.context import (
     loading_warnings,
     paired_core,
 )
+from analysis.decisions import DECISIONS
 from analysis.extrapolation import EXTRAPOLATION
 from analysis.figures import core_figures
 from analysis.gates import GATES
@@ -71,7 +72,15 @@ __all__ = ["SECTIONS", "STATS_COLUMNS", "ReportOptions", "ReportResult", "build_
 #: The report's sections (``analysis.section``), computed in this order (a section may read the
 #: results before it: the scaling check reads the interaction tests) and shown in this order
 #: within each part of report.md they follow. A new analysis is one module and one entry here.
-SECTIONS: list[Section] = [INTERACTION, SCALING, LENGTHS, EXTRAPOLATION, GATES, REPRODUCTION]
+SECTIONS: list[Section] = [
+    DECISIONS,
+    INTERACTION,
+    SCALING,
+    LENGTHS,
+    EXTRAPOLATION,
+    GATES,
+    REPRODUCTION,
+]
 
 
 def stats_columns(axes: Sequence[str] = ()) -> list[str]:

@@ -60,7 +60,11 @@ def test_setting_axes_are_tags_and_params(tmp_path):
     cell = next(c for c in cells if c.axes == (("model.scale_embeddings", "false"),))
     tags = cell.tags("tiny", "abc")
     assert tags[f"{AXIS_TAG_PREFIX}model.scale_embeddings"] == "false"
-    assert set(tags) == set(TRIAL_TAGS) | {"role", f"{AXIS_TAG_PREFIX}model.scale_embeddings"}
+    assert set(tags) == set(TRIAL_TAGS) | {
+        "role",
+        "gated",
+        f"{AXIS_TAG_PREFIX}model.scale_embeddings",
+    }
     assert cell.params()["model.scale_embeddings"] == "False"
 
 
