@@ -20,6 +20,7 @@ import pandas as pd
 
 from analysis.context import ReportContext
 from analysis.drawing import Figure, save
+from analysis.pairing import Pairing
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.sequential import decision_rows, family_evidence
 from fusion_ray.schema import ADAPTIVE_TAG, DECISIONS_FILE
@@ -48,10 +49,9 @@ def _rule(ctx: ReportContext) -> tuple[bool, float, float | None, int | None]:
     return False, float(ctx.options.settings.alpha), None, None
 
 
-def comparison_deltas(ctx: ReportContext) -> dict[str, list[float | None]]:
+def comparison_deltas(pairing: Pairing) -> dict[str, list[float | None]]:
     """Each comparison's paired deltas (points) in seed order over the experiment's seeds
     (None where its pair is missing), named like the driver names them."""
-    pairing = ctx.pairing
     pairs = pairing.pairs
     if pairs.empty:
         return {}
@@ -76,7 +76,7 @@ class DecisionsSection(Section):
     follows = "header"
 
     def compute(self, ctx: ReportContext, warnings: list[str]) -> DecisionResult | None:
-        deltas = comparison_deltas(ctx)
+        deltas = comparison_deltas(ctx.pairing)
         if not deltas:
             return None
         primary, alpha, margin, max_seeds = _rule(ctx)

@@ -317,3 +317,35 @@ def decisions_text(rows: Sequence[Mapping[str, object]]) -> str:
             f"({r['cs_low']:+.2f}, {r['cs_high']:+.2f})"
         )
     return "\n".join(lines)
+
+
+def replay_adaptive(
+    deltas: Mapping[str, Sequence[float | None]],
+    *,
+    first: int,
+    alpha: float = 0.05,
+    margin: float | None = None,
+    max_seeds: int | None = None,
+) -> dict[str, list[str]]:
+    """What adaptive seeds would have run on deltas logged for a fixed list of seeds: every
+    comparison gets its first ``first`` seeds, then one more seed at a time while it is open
+    (up to ``max_seeds`` or the seeds logged). Returns each comparison's states over the seeds
+    it would have used (its length is the seeds used), as the driver's schedule computes them."""
+    cap = max_seeds if max_seeds is not None else max(map(len, deltas.values()), default=0)
+    used = {name: min(first, len(row), cap) for name, row in deltas.items()}
+    while True:
+        states = run_family(
+            {name: deltas[name][: used[name]] for name in deltas},
+            alpha=alpha,
+            margin=margin,
+            max_seeds=max_seeds,
+        )
+        grow = [
+            name
+            for name, row in states.items()
+            if (not row or row[-1] == "open") and used[name] < min(cap, len(deltas[name]))
+        ]
+        if not grow:
+            return states
+        for name in grow:
+            used[name] += 1
