@@ -134,7 +134,9 @@ def exactness() -> None:
                 wins += s > 0
                 bets.append(wealth)
             values = sign_e_values(signs)
-            worst_diff = max(worst_diff, max(abs(a - b) / b for a, b in zip(values, bets)))
+            worst_diff = max(
+                worst_diff, max(abs(a - b) / b for a, b in zip(values, bets, strict=True))
+            )
             crossing += max(values) >= 1 / ALPHA
         rate = crossing / 2**n
         worst_rate = max(worst_rate, rate)
@@ -182,7 +184,7 @@ def fixed_wilcoxon_holm(deltas: np.ndarray, seeds: int = 10) -> np.ndarray:
 
 def efficiency(reps: int, rng: np.random.Generator) -> None:
     print(f"\n== efficiency against 10 fixed seeds (exact Wilcoxon + Holm), {reps:,} families")
-    print("  effect (SD)  m   adaptive: decided  wrong  mean seeds | fixed 10: decided  wrong")
+    print("  share of comparisons: effect (SD)  m   adaptive: decided  wrong  mean seeds | fixed 10: decided  wrong")
     for m in (4, 12):
         for effect in (0.0, 0.5, 1.0, 2.0):
             noise = rng.standard_normal((reps, m + 1, CAP))
