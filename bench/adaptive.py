@@ -184,7 +184,8 @@ def fixed_wilcoxon_holm(deltas: np.ndarray, seeds: int = 10) -> np.ndarray:
 
 def efficiency(reps: int, rng: np.random.Generator) -> None:
     print(f"\n== efficiency against 10 fixed seeds (exact Wilcoxon + Holm), {reps:,} families")
-    print("  share of comparisons: effect (SD)  m   adaptive: decided  wrong  mean seeds | fixed 10: decided  wrong")
+    print("  (rates are shares of comparisons; wrong: a rejection of a null, or the wrong sign)")
+    print("  effect (SD)  m   adaptive: decided  wrong  mean seeds | fixed 10: decided  wrong")
     for m in (4, 12):
         for effect in (0.0, 0.5, 1.0, 2.0):
             noise = rng.standard_normal((reps, m + 1, CAP))

@@ -158,3 +158,17 @@ def test_bad_inputs_say_what_to_fix(kwargs, message):
         run_family({"c": [1.0, 2.0, 3.0]}, **kwargs)
     with pytest.raises(ValueError, match="finite"):
         run_family({"c": [1.0, math.nan]})
+
+
+def test_a_replay_stops_each_comparison_where_the_schedule_would():
+    from analysis.sequential import replay_adaptive
+
+    logged = {"clear": [2.0] * 20, "null": [1.0, -1.0] * 10, "late": [-1.0] * 4 + [1.0] * 16}
+    states = replay_adaptive(logged, first=6, max_seeds=20)
+    assert (
+        states["clear"][-1] == "better" and len(states["clear"]) == 9
+    )  # Holm over 3: E_9 95 >= 60
+    assert states["null"][-1] == "futile" and len(states["null"]) < 20
+    assert all(len(s) >= 6 for s in states.values())
+    again = run_family({k: logged[k][: len(v)] for k, v in states.items()}, max_seeds=20)
+    assert again == states  # the same rule on the seeds it used
