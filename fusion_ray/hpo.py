@@ -70,7 +70,8 @@ from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.spec import TrainSpec, TrialConfig
 
 if TYPE_CHECKING:
-    from fusion_ray.tracking import Best, MLflowTuningCallback, Tracker
+    from fusion_ray.callbacks import Best, MLflowTuningCallback
+    from fusion_ray.tracking import Tracker
 
 log = logging.getLogger("fusion_ray.hpo")
 
@@ -639,8 +640,8 @@ def tune_dataset(
     from ray.tune.search import Repeater
     from ray.tune.search.optuna import OptunaSearch
 
+    from fusion_ray.callbacks import MLflowTuningCallback
     from fusion_ray.orchestrate import storage_uri, trial_resources
-    from fusion_ray.tracking import MLflowTuningCallback
 
     spec, settings = plan.spec, plan.tune
     dataset, operators = cells[0].dataset, [c.fusion for c in cells]

@@ -20,9 +20,11 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
+if TYPE_CHECKING:
+    from fusion_ray.tracking import LeaseStore
+
 
 log = logging.getLogger(__name__)
 
@@ -69,18 +71,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 class SweepLease:
-    """``with SweepLease(client, sweep): ...`` runs the body as the sweep's only driver."""
+    """``with SweepLease(store, sweep): ...`` runs the body as the sweep's only driver
+    (``store``: ``tracking.Tracker.lease_store()``, the sweep's tracking store)."""
 
     def __init__(
         self,
-        client: MlflowClient,
+        store: LeaseStore,
         sweep: str,
         *,
         ttl_s: float = 120.0,
         heartbeat_s: float = 10.0,
         take_over: bool = False,
     ) -> None:
-        self.client, self.sweep, self.name = client, sweep, LEASE_PREFIX + sweep
+        self.store, self.sweep, self.name = store, sweep, LEASE_PREFIX + sweep
         self.ttl_s, self.heartbeat_s, self.take_over = ttl_s, heartbeat_s, take_over
         self.token = uuid.uuid4().hex
         self.lost = threading.Event()
@@ -113,22 +116,12 @@ class SweepLease:
             "token": self.token,
             "purpose": "fusion-ray: the driver running this sweep (deleted when it ends)",
         }
-        try:
-            self.client.create_registered_model(self.name, tags=tags)
-            return True
-        except MlflowException as exc:
-            if exc.error_code == "RESOURCE_ALREADY_EXISTS":
-                return False
-            raise
+        return self.store.create(self.name, tags)
 
     def holder(self) -> Holder | None:
         """The current holder, or None when nobody holds the lease."""
-        try:
-            return Holder.from_tags(self.client.get_registered_model(self.name).tags)
-        except MlflowException as exc:
-            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
+        tags = self.store.tags(self.name)
+        return None if tags is None else Holder.from_tags(tags)
 
     def _is_dead(self, holder: Holder) -> bool:
         if time.time() - holder.heartbeat > self.ttl_s:
@@ -149,8 +142,7 @@ class SweepLease:
         """Delete the lease if it is still the one with ``token`` (never a newer holder's)."""
         holder = self.holder()
         if holder is not None and holder.token == token:
-            with contextlib.suppress(MlflowException):
-                self.client.delete_registered_model(self.name)
+            self.store.delete(self.name)
 
     # --- holding
     def _start_heartbeat(self) -> None:
@@ -165,7 +157,7 @@ class SweepLease:
                     log.error("the lease of sweep %s was taken by another driver", self.sweep)
                     self.lost.set()
                     return
-                self.client.set_registered_model_tag(self.name, "heartbeat", repr(time.time()))
+                self.store.set_tag(self.name, "heartbeat", repr(time.time()))
             except Exception as exc:  # noqa: BLE001 - a store hiccup: try again next beat
                 log.warning("lease heartbeat of sweep %s failed (%s); retrying", self.sweep, exc)
 

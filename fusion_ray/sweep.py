@@ -104,7 +104,7 @@ def run_sweep(
     from fusion_ray.tracking import Tracker
 
     tracker = Tracker(spec.tracking_uri, spec.name)
-    with SweepLease(tracker.client, spec.name, take_over=take_over):
+    with SweepLease(tracker.lease_store(), spec.name, take_over=take_over):
         todo = plan(spec, tracker)
         rehearsal = False
         if cells_to_run(spec, todo):
@@ -193,7 +193,7 @@ overhead and memory stay flat (bench/scale.py, bench/RESULTS.md)."""
 def _run_cells(
     spec: SweepSpec, tracker: Any, todo: Plan, parent_id: str, address: str | None, verbose: int
 ) -> SweepOutcome:
-    from fusion_ray.tracking import MLflowSweepCallback
+    from fusion_ray.callbacks import MLflowSweepCallback
 
     _finish_ended_trials(spec, tracker, todo)
     cells, done, pending = todo.cells, todo.done, todo.pending

@@ -1,20 +1,19 @@
-"""The one MLflow writer on the fusion_ray side: a Ray Tune callback on the sweep driver.
+"""The one MLflow writer on the fusion_ray side (the only module that imports mlflow there).
 
-Workers never talk to MLflow: they report to Tune, and this callback, running in the driver,
-writes runs that follow the schema in DESIGN.md. One run per cell; a resumed or retried cell
-continues its earlier run, so a cell never has two FINISHED runs.
+Workers never talk to MLflow: they report to Tune, and the Tune callbacks on the driver
+(``fusion_ray.callbacks``) write, through the ``Tracker`` here, runs that follow the schema in
+DESIGN.md. One run per cell; a resumed or retried cell continues its earlier run, so a cell
+never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
+``lease_store``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import math
 import os
 import subprocess
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,9 +22,7 @@ from urllib.parse import urlparse
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from ray.tune import Callback
 
-from fusion_ray.orchestrate import TRIAL_ERROR
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
@@ -239,6 +236,19 @@ class Tracker:
         tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{state}", str(counts[state])) for state in counts]
         self.client.log_batch(parent_id, tags=tags)
 
+    def lease_store(self) -> LeaseStore:
+        """Where the sweep's lease lives: the same tracking store."""
+        return LeaseStore(self.client)
+
+    def kill(self, run_id: str) -> bool:
+        """Mark a run KILLED (its trial was interrupted; a re-run resumes it); False when the
+        store could not be written."""
+        try:
+            self.client.set_terminated(run_id, "KILLED")
+        except mlflow.exceptions.MlflowException:
+            return False
+        return True
+
     def end_parent(self, run_id: str, summary: dict[str, float]) -> None:
         self.client.log_batch(
             run_id, metrics=[Metric(k, float(v), _now_ms(), 0) for k, v in summary.items()]
@@ -316,7 +326,43 @@ class Tracker:
         self.client.set_terminated(run_id, status)
 
 
-def _uri(path: str, storage_path: str) -> str:
+class LeaseStore:
+    """Named records with tags in the tracking store, for the sweep's lease (``fusion_ray.lease``):
+    MLflow registered models, which every tracking store has and every driver of the sweep
+    reaches (so two drivers on two machines see the same lease)."""
+
+    def __init__(self, client: MlflowClient) -> None:
+        self.client = client
+
+    def create(self, name: str, tags: dict[str, str]) -> bool:
+        """Create the record; False when it exists already (someone else holds it)."""
+        try:
+            self.client.create_registered_model(name, tags=tags)
+            return True
+        except mlflow.exceptions.MlflowException as exc:
+            if exc.error_code == "RESOURCE_ALREADY_EXISTS":
+                return False
+            raise
+
+    def tags(self, name: str) -> dict[str, str] | None:
+        """The record's tags, or None when there is no record."""
+        try:
+            return dict(self.client.get_registered_model(name).tags)
+        except mlflow.exceptions.MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+
+    def set_tag(self, name: str, key: str, value: str) -> None:
+        self.client.set_registered_model_tag(name, key, value)
+
+    def delete(self, name: str) -> None:
+        """Delete the record (nothing when it is already gone)."""
+        with contextlib.suppress(mlflow.exceptions.MlflowException):
+            self.client.delete_registered_model(name)
+
+
+def checkpoint_uri(path: str, storage_path: str) -> str:
     """A checkpoint path as a URI that ``ray.train.Checkpoint`` can open later (scheme and query,
     e.g. ``?endpoint_override=`` for MinIO, taken from the storage path)."""
     if "://" in path or "://" not in storage_path:
@@ -336,287 +382,6 @@ def checkpoint_exists(uri: str) -> bool:
         return fs.get_file_info(path).type == pyarrow.fs.FileType.Directory
     except (OSError, ValueError):
         return False
-
-
-def trial_error_text(trial: Any) -> str:
-    """The end of a failed Tune trial's traceback, for the run's failure_reason tag."""
-    try:
-        error_file = trial.error_file
-        if error_file and Path(error_file).exists():
-            text = Path(error_file).read_text().strip().splitlines()
-            return "\n".join(text[-15:])
-    except OSError:
-        pass
-    return "the trial raised an error; see the Ray Tune logs"
-
-
-_HOOKS = (
-    "on_trial_start",
-    "on_trial_result",
-    "on_checkpoint",
-    "on_trial_complete",
-    "on_trial_error",
-)
-
-
-def _guarded(method: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(method)
-    def wrapper(
-        self: TrackingCallback, iteration: int, trials: list, trial: Any, *args: Any, **info: Any
-    ) -> None:
-        try:
-            method(self, iteration, trials, trial, *args, **info)
-        except Exception as exc:  # noqa: BLE001 - recorded on the trial's run, and Tune goes on
-            self.tracking_failed(trial, method.__name__, exc)
-
-    return wrapper
-
-
-class TrackingCallback(Callback):
-    """A Ray Tune callback writing trials to MLflow, with one error policy for all of them.
-
-    Tune does not catch callback errors: one MLflow or storage hiccup would abort every running
-    trial. Here every hook is guarded: a failing hook marks that trial's run FAILED with the
-    reason, records the trial as failed, and the sweep goes on. Subclasses key their trials
-    (``key``) and fill ``run_ids``.
-    """
-
-    def __init__(self, tracker: Tracker) -> None:
-        self.tracker = tracker
-        self.run_ids: dict[str, str] = {}
-        self.failed: dict[str, str] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for hook in _HOOKS:
-            if hook in cls.__dict__:
-                setattr(cls, hook, _guarded(cls.__dict__[hook]))
-
-    def key(self, trial: Any) -> str:
-        raise NotImplementedError
-
-    def tracking_failed(self, trial: Any, hook: str, exc: Exception) -> None:
-        key = self.key(trial)
-        reason = f"tracking error in {hook}: {exc}"
-        log.error("MLflow tracking of %s failed in %s: %s", key, hook, exc)
-        self.failed.setdefault(key, reason)
-        run_id = self.run_ids.get(key)
-        if run_id is not None:
-            with contextlib.suppress(Exception):
-                self.tracker.fail(run_id, reason)
-
-
-class MLflowSweepCallback(TrackingCallback):
-    """Writes every trial of a sweep to MLflow (the only writer): one run per cell, keyed by cell id."""
-
-    def __init__(
-        self,
-        tracker: Tracker,
-        cells: dict[str, Cell],
-        existing: dict[str, CellRun],
-        parent_id: str,
-        storage_path: str,
-    ) -> None:
-        super().__init__(tracker)
-        self.cells, self.existing = cells, existing
-        self.parent_id, self.storage_path = parent_id, storage_path
-        self.logged_until: dict[str, int] = {}
-        self.checkpoints: dict[str, str] = {}
-        self.finished: set[str] = set()
-        self.started_at: dict[str, float] = {}
-
-    def _progress(self, cid: str, outcome: str) -> None:
-        """One line per ended trial, so a long sweep can be followed without Tune's tables."""
-        cell = self.cells[cid]
-        done = len(self.finished) + len(self.failed)
-        seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
-        print(
-            f"[{done}/{len(self.cells)}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s)",
-            flush=True,
-        )
-
-    def key(self, trial: Any) -> str:
-        return trial.config.get("cell_id", "?")
-
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self.key(trial)
-        self.started_at.setdefault(cid, time.monotonic())
-        if cid in self.run_ids:  # a retry of a trial already tracked
-            return
-        prior = self.existing.get(cid)
-        resume = prior is not None and bool(prior.checkpoint_path)  # the trial resumes from it too
-        run_id = self.tracker.open_cell_run(self.cells[cid], self.parent_id, prior, resume)
-        self.run_ids[cid] = run_id
-        self.logged_until[cid] = self.tracker.last_logged_epoch(run_id) if resume else -1
-
-    def on_trial_result(
-        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
-    ) -> None:
-        cid = self.key(trial)
-        run_id = self.run_ids[cid]
-        if TRIAL_ERROR in result:
-            return
-        if result.get("final"):
-            prior = self.existing.get(cid)
-            if not (prior is not None and prior.run_id == run_id and prior.has_final):
-                # a run that already holds its final metrics (its trial ended before the driver
-                # died) is only re-tested on resume, with the same weights: log them once
-                self.tracker.log_final(run_id, result)
-        elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
-            self.tracker.log_epoch(run_id, result)
-            self.logged_until[cid] = int(result["epoch"])
-        # Only after the epoch's metrics are logged: a resume from this checkpoint logs later epochs.
-        if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
-            self._remember_checkpoint(trial, result["checkpoint_path"])
-
-    def on_checkpoint(
-        self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any
-    ) -> None:
-        self._remember_checkpoint(trial, checkpoint.path)
-
-    def _remember_checkpoint(self, trial: Any, path: str) -> None:
-        cid = self.key(trial)
-        uri = _uri(path, self.storage_path)
-        self.checkpoints[cid] = uri
-        self.tracker.set_checkpoint(self.run_ids[cid], uri)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self.key(trial)
-        if cid in self.failed:  # a tracking error already marked it
-            return
-        run_id = self.run_ids[cid]
-        last = trial.last_result or {}
-        if TRIAL_ERROR in last:
-            self.tracker.fail(run_id, last[TRIAL_ERROR])
-            self.failed[cid] = last[TRIAL_ERROR]
-            self._progress(cid, "FAILED: " + last[TRIAL_ERROR].splitlines()[-2])
-            return
-        if not last.get("final"):
-            reason = "the trial ended without reporting final metrics"
-            self.tracker.fail(run_id, reason)
-            self.failed[cid] = reason
-            self._progress(cid, f"FAILED: {reason}")
-            return
-        checkpoint = self.checkpoints.get(cid)
-        if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
-            log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
-        self.tracker.finish(run_id)
-        self.finished.add(cid)
-        self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        cid = self.key(trial)
-        if cid not in self.run_ids:
-            self.on_trial_start(iteration, trials, trial)
-        reason = trial_error_text(trial)
-        self.tracker.fail(self.run_ids[cid], reason)
-        self.failed[cid] = reason
-        self._progress(
-            cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs")
-        )
-
-    def close_unfinished(self) -> list[str]:
-        """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable later."""
-        open_cells = [c for c in self.run_ids if c not in self.finished and c not in self.failed]
-        for cid in open_cells:
-            try:
-                self.tracker.client.set_terminated(self.run_ids[cid], "KILLED")
-            except mlflow.exceptions.MlflowException:
-                log.warning("could not mark run of cell %s as KILLED", cid)
-        return open_cells
-
-
-@dataclass
-class Best:
-    """The best tuning trial of a study: its sampled settings, score, MLflow run, trials run."""
-
-    config: dict[str, Any]
-    value: float
-    run_id: str
-    trials: int
-
-
-class MLflowTuningCallback(TrackingCallback):
-    """Writes every tuning trial to MLflow (one run each, keyed by Tune's trial id) and keeps the
-    best by ``metric``; a sample's run carries the config ``cell_for(sample)`` builds."""
-
-    def __init__(
-        self,
-        tracker: Tracker,
-        cell_for: Callable[[dict[str, Any]], Cell],
-        parent_id: str,
-        epochs: int,
-        metric: str,
-    ) -> None:
-        super().__init__(tracker)
-        self.cell_for, self.parent_id, self.epochs, self.metric = (
-            cell_for,
-            parent_id,
-            epochs,
-            metric,
-        )
-        self.last: dict[str, dict[str, Any]] = {}
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.ended = 0
-
-    def key(self, trial: Any) -> str:
-        return trial.trial_id
-
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if trial.trial_id in self.run_ids:  # a retry
-            return
-        self.configs[trial.trial_id] = dict(trial.config)
-        cell = self.cell_for(self.configs[trial.trial_id])
-        self.run_ids[trial.trial_id] = self.tracker.open_cell_run(
-            cell, self.parent_id, None, resume=False
-        )
-
-    def on_trial_result(
-        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
-    ) -> None:
-        self.last[trial.trial_id] = result
-        self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
-        self.tracker.log_final(run_id, result)
-        self.tracker.finish(run_id)
-        self.ended += 1
-        config, cell = self.configs[trial.trial_id], self.cell_for(self.configs[trial.trial_id])
-        stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"
-        settings = ", ".join(  # without Tune's own keys (a Repeater's __trial_index__)
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in config.items()
-            if not k.startswith("__")
-        )
-        print(
-            f"  [{cell.dataset} {cell.fusion} {self.ended}] {settings}: best val_acc "
-            f"{100 * result.get(self.metric, 0):.2f}% after {result.get('epochs_run', 0)} epoch(s){stopped}",
-            flush=True,
-        )
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if trial.trial_id not in self.run_ids:
-            self.on_trial_start(iteration, trials, trial)
-        reason = trial_error_text(trial)
-        self.failed[trial.trial_id] = reason
-        self.ended += 1
-        self.tracker.fail(self.run_ids[trial.trial_id], reason)
-
-    def best(self) -> Best | None:
-        done = [t for t in self.last if t not in self.failed and self.metric in self.last[t]]
-        if not done:
-            return None
-        # Highest score; ties go to the lower validation loss, then the earlier trial.
-        top = max(
-            done, key=lambda t: (self.last[t][self.metric], -self.last[t].get("val_loss", math.inf))
-        )
-        return Best(
-            self.configs[top],
-            float(self.last[top][self.metric]),
-            self.run_ids[top],
-            len(self.run_ids),
-        )
 
 
 def log_report_artifacts(tracker: Tracker, parent_id: str, directory: str) -> None:

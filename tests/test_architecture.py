@@ -243,3 +243,16 @@ def test_every_report_section_is_one_module_with_a_known_place():
     assert len(set(modules)) == len(modules), modules
     assert all(s.follows in PARTS for s in SECTIONS)
     assert all(s.warns_with in WARNING_PLACES for s in SECTIONS)
+
+
+def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
+    """DESIGN.md: ``fusion_ray.tracking`` owns MLflow (the lease and the Tune callbacks write
+    through it), at any depth, lazy imports included."""
+    importers = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
+        for name in MODULES
+        if name.startswith("fusion_ray") and name != "fusion_ray.tracking"
+        for module, _, line in _imports(MODULES[name])
+        if module.split(".")[0] == "mlflow"
+    ]
+    assert not importers, "mlflow imported outside fusion_ray.tracking:\n" + "\n".join(importers)

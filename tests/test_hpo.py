@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fusion_ray.callbacks import Best
 from fusion_ray.config import load_sweep
 from fusion_ray.grid import expand, flatten
 from fusion_ray.hpo import (
@@ -23,7 +24,6 @@ from fusion_ray.hpo import (
     rank_settings,
 )
 from fusion_ray.hpo import main as hpo_main
-from fusion_ray.tracking import Best
 from tests.conftest import ROOT
 
 HPO_FILES = sorted((ROOT / "sweeps" / "hpo").glob("*.yaml"))
