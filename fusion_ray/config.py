@@ -16,7 +16,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -231,8 +231,10 @@ class AdaptiveSeeds(Strict):
         return self
 
 
-class SweepSpec(Strict):
-    """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
+class SharedSettings(Strict):
+    """What a sweep file and an HPO file share: the experiment, the presets, the resources and
+    where results go (the HPO file's trials come from its ``tune:`` section, a sweep's from its
+    grid and seeds)."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     """The MLflow experiment and the Ray Tune run name: letters, digits, ``_``, ``.``, ``-``,
@@ -240,6 +242,22 @@ class SweepSpec(Strict):
     description: str = ""
     extends: list[str] = Field(default_factory=list)
     """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
+    datasets: dict[str, DatasetPreset]
+    defaults: Defaults = Field(default_factory=Defaults)
+    resources: Resources = Field(default_factory=Resources)
+    storage_path: str = "ray_results"
+    """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix."""
+    tracking_uri: str = "sqlite:///mlflow.db"
+    """The MLflow tracking store or server."""
+    retries: int = Field(1, ge=0)
+    """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
+    address: str | None = None
+    """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
+
+
+class SweepSpec(SharedSettings):
+    """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
+
     seeds: list[StrictInt] = Field(min_length=1)
     """Every cell runs once per seed; seeds are never sampled. Written as an adaptive block
     (``{adaptive: true, first: 6, max: 20, alpha: 0.05, margin: 1.0}``) it becomes seeds
@@ -253,17 +271,6 @@ class SweepSpec(Strict):
     """Cells matching any of these rules are dropped."""
     overrides: list[Override] = Field(default_factory=list)
     """Settings for the cells a rule selects (applied over the presets, in order)."""
-    datasets: dict[str, DatasetPreset]
-    defaults: Defaults = Field(default_factory=Defaults)
-    resources: Resources = Field(default_factory=Resources)
-    storage_path: str = "ray_results"
-    """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix."""
-    tracking_uri: str = "sqlite:///mlflow.db"
-    """The MLflow tracking store or server."""
-    retries: int = Field(1, ge=0)
-    """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
-    address: str | None = None
-    """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
     baseline: str | None = None
     """Operator the report compares against; None takes the first of grid.fusions."""
 
@@ -739,11 +746,22 @@ def _matches(rule: Rule, combo: Combination) -> bool:
     return True
 
 
-def semantic_problems(spec: SweepSpec) -> list[str]:
+AxisNamer = Callable[[str, "int | None"], str]
+"""How a message names a registry axis of the grid (``"fusions"``), or one of its entries when
+given the entry's index: ``grid.fusions``, ``grid.fusions[1]``."""
+
+
+def grid_namer(where: str) -> AxisNamer:
+    """Axes named as a sweep file writes them: ``grid.fusions[1]``, ``include[0].datasets``."""
+    return lambda axis, i: f"{where}.{axis}" + ("" if i is None else f"[{i}]")
+
+
+def semantic_problems(spec: SweepSpec, name_axis: AxisNamer | None = None) -> list[str]:
     """Problems the schema cannot see: unknown registry names and options, rules that name no
     grid value, resources; then, when the file holds together, every grid point built as the
-    trial its cells run (``build_points``)."""
-    problems, known = _axis_problems(spec)
+    trial its cells run (``build_points``). ``name_axis`` names the grid's axes in messages when
+    the grid was written otherwise than under ``grid:`` (an HPO file's ``tune:`` section)."""
+    problems, known = _axis_problems(spec, name_axis or grid_namer("grid"))
     axis_problems = _setting_axis_problems(spec)
     problems += axis_problems
     problems += _exclude_problems(spec, known)
@@ -815,18 +833,12 @@ class _PointBuilder:
 
     def build(self, combo: Combination) -> GridPoint | None:
         workers = resources_for(self.spec, combo.dataset).workers
-        data, model, train = combination_settings(self.spec, combo)
-        data_spec, found = self.section("data", data, workers)
-        model_spec, more = self.section("model", model, workers)
-        train_spec, most = self.section("train", train, workers)
-        found = found + more + most
-        if data_spec is not None and model_spec is not None:
-            found += _max_len_problems(model_spec.max_len, data_spec, "model.max_len")
+        sections = dict(zip(_SECTIONS, combination_settings(self.spec, combo), strict=True))
+        trial, found = build_trial(combo.dataset, sections, workers, self.section)
         for problem in found:
             self.report(combo, problem)
-        if found:
+        if trial is None:
             return None
-        trial = TrialConfig(combo.dataset, data_spec, model_spec, train_spec, seed=0)
         return GridPoint(combo, trial, tuple((k, axis_text(v)) for k, v in combo.settings))
 
     def report(self, combo: Combination, problem: str) -> None:
@@ -844,6 +856,37 @@ class _PointBuilder:
         else:
             where = f"datasets.{combo.dataset}.{problem}"
             self.problems.setdefault((combo.dataset, problem), where)
+
+
+def build_trial(
+    dataset: str,
+    sections: dict[str, dict[str, Any]],
+    workers: int,
+    build_section: Callable[[str, dict[str, Any], int], tuple[Any, list[str]]] | None = None,
+) -> tuple[TrialConfig | None, list[str]]:
+    """A trial (at seed 0) built from its ``data``, ``model`` and ``train`` settings: each section
+    through its fields' constraints and its own rules, then the rules between sections. (The
+    trial or None, the problems.)"""
+    build_section = build_section or _build_section
+    built, found = {}, []
+    for name in _SECTIONS:
+        built[name], problems = build_section(name, sections[name], workers)
+        found += problems
+    if built["data"] is not None and built["model"] is not None:
+        found += _max_len_problems(built["model"].max_len, built["data"], "model.max_len")
+    if found:
+        return None, found
+    return TrialConfig(dataset, built["data"], built["model"], built["train"], seed=0), []
+
+
+def changed_trial_problems(spec: SweepSpec, point: GridPoint, changes: dict[str, Any]) -> list[str]:
+    """The problems of a grid point's trial with dotted ``section.field`` values put in (a tuned
+    setting at a bound of its search space), found by the same build step as the point's."""
+    sections = {name: dataclasses.asdict(getattr(point.trial, name)) for name in _SECTIONS}
+    for key, value in changes.items():
+        set_dotted(sections, key, value)
+    workers = resources_for(spec, point.combination.dataset).workers
+    return build_trial(point.combination.dataset, sections, workers)[1]
 
 
 def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
@@ -1048,7 +1091,7 @@ def _dotted_get(mapping: Any, dotted: str) -> Any:
     return mapping
 
 
-def _axis_problems(spec: SweepSpec) -> tuple[list[str], dict[str, set[str]]]:
+def _axis_problems(spec: SweepSpec, name_grid: AxisNamer) -> tuple[list[str], dict[str, set[str]]]:
     """Datasets without a preset, unknown registry entries or options, entries listed twice; and
     every value each axis knows (names and labels), for the exclude rules and the baseline."""
     from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
@@ -1059,25 +1102,25 @@ def _axis_problems(spec: SweepSpec) -> tuple[list[str], dict[str, set[str]]]:
         "positions": POSITIONS,
         "attention_positions": ATTENTION_POSITIONS,
     }
-    grids: list[tuple[str, Grid | SubGrid]] = [("grid", spec.grid)]
-    grids += [(f"include[{i}]", sub) for i, sub in enumerate(spec.include)]
+    grids: list[tuple[AxisNamer, Grid | SubGrid]] = [(name_grid, spec.grid)]
+    grids += [(grid_namer(f"include[{i}]"), sub) for i, sub in enumerate(spec.include)]
     known: dict[str, set[str]] = {axis: set() for axis in AXES}
-    for where, grid in grids:
+    for name_axis, grid in grids:
         for name in grid.datasets or []:
             known["datasets"].add(name)
             if name not in spec.datasets:
                 problems.append(
-                    f"{where}.datasets: {name!r} has no entry under datasets:; defined: {', '.join(spec.datasets) or 'none'}"
+                    f"{name_axis('datasets', None)}: {name!r} has no entry under datasets:; defined: {', '.join(spec.datasets) or 'none'}"
                 )
         for axis, registry in registries.items():
             entries: list[Named] = getattr(grid, axis) or []
             labels = [e.label for e in entries]
             for dup in sorted({x for x in labels if labels.count(x) > 1}):
-                problems.append(f"{where}.{axis}: {dup!r} is listed twice")
+                problems.append(f"{name_axis(axis, None)}: {dup!r} is listed twice")
             for i, entry in enumerate(entries):
                 known[axis] |= {entry.name, entry.label}
                 problems += [
-                    f"{where}.{axis}[{i}]: {p}" for p in registry.check(entry.name, entry.kwargs)
+                    f"{name_axis(axis, i)}: {p}" for p in registry.check(entry.name, entry.kwargs)
                 ]
     return problems, known
 

@@ -153,7 +153,7 @@ def test_workers_and_asha_are_checked(tmp_path):
 
 
 def test_a_tuning_seed_of_the_grid_is_refused_before_anything_starts(tmp_path, monkeypatch, capsys):
-    import fusion_ray.hpo
+    import fusion_ray.hpo.cli
 
     quick = _quick()
     quick["output"] = "tuned.yaml"
@@ -174,7 +174,7 @@ def test_a_tuning_seed_of_the_grid_is_refused_before_anything_starts(tmp_path, m
     def started(*args, **kwargs):
         raise AssertionError("tuning started despite an invalid file")
 
-    monkeypatch.setattr(fusion_ray.hpo, "run_hpo", started)
+    monkeypatch.setattr(fusion_ray.hpo.cli, "run_hpo", started)
     monkeypatch.chdir(tmp_path)
     assert hpo_main([str(path)]) == 2
     assert "tune.seed: 3 is one of the paired seeds" in capsys.readouterr().err
@@ -523,3 +523,27 @@ def test_shared_settings_are_tuned_on_several_operators_end_to_end(
     for cell in (c for c in expand(load_sweep(sweep)) if c.dataset == "short"):
         assert cell.trial.train.lr == tuned["train"]["lr"]
         assert cell.trial.model.dropout == tuned["model"]["dropout"]
+
+
+def test_the_tune_section_is_checked_as_a_grid_named_by_its_keys(tmp_path):
+    """The tuning trials go through the sweep's own validation step: registry problems name the
+    tune.* key, and the presets are checked even while the tune section itself is broken."""
+    quick = _quick()
+    quick["output"] = "tuned.yaml"
+    quick["tune"]["position"] = "no_such_position"
+    quick["tune"]["attention_position"] = {"name": "alibi", "no_such_option": 1}
+    with pytest.raises(HpoFileError) as info:
+        load_hpo(_write(tmp_path, yaml.safe_dump(quick)))
+    wheres = sorted(p.split(":")[0] for p in info.value.problems)
+    assert wheres == ["tune.attention_position", "tune.position"]
+    assert "no_such_position" in str(info.value) and "no_such_option" in str(info.value)
+
+    quick = _quick()
+    quick["output"] = "tuned.yaml"
+    del quick["tune"]["seed"]
+    quick["defaults"]["train"]["lr"] = -1.0
+    with pytest.raises(HpoFileError) as info:
+        load_hpo(_write(tmp_path, yaml.safe_dump(quick)))
+    text = str(info.value)
+    assert "tune.seed: required field is missing" in text
+    assert "datasets.short.train.lr: " in text and "-1.0" in text

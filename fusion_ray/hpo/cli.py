@@ -1,0 +1,132 @@
+"""``python -m fusion_ray.hpo HPO.yaml``: validate, print the plan, tune, write the fragment."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from fusion_ray.config import resources_for
+from fusion_ray.grid import Cell, expand
+from fusion_ray.hpo.fragment import short
+from fusion_ray.hpo.ranking import Ranking
+from fusion_ray.hpo.run import run_hpo
+from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
+
+
+def print_plan(plan: HpoPlan) -> None:
+    t = plan.tune
+    if t.fusions:
+        how = (
+            f"{t.num_samples} Optuna settings, each trained on {len(t.fusions)} operators "
+            f"({', '.join(op.label for op in t.fusions)}) with seed {t.seed}, no early stopping; "
+            "chosen by mean validation rank"
+        )
+    else:
+        how = (
+            f"{t.num_samples} Optuna trials of {t.fusion.label} alone (seed {t.seed}; the other "
+            f"operators reuse its settings); ASHA grace {t.asha.grace_period}, reduction "
+            f"{t.asha.reduction_factor}"
+        )
+    print(
+        f"hpo {plan.spec.name}: {len(t.datasets)} dataset(s) x {how}; "
+        f"metric {METRIC} (validation only); MLflow at {plan.spec.tracking_uri}"
+    )
+    first: dict[str, Cell] = {}
+    for cell in expand(plan.spec):
+        first.setdefault(cell.dataset, cell)
+    for cell in first.values():
+        res = resources_for(plan.spec, cell.dataset)
+        print(
+            f"  {cell.dataset}: up to {cell.trial.train.epochs} epochs; {res.cpus_per_worker:g} CPU"
+            + (f", {res.gpus_per_worker:g} GPU" if res.use_gpu else "")
+            + " per trial"
+        )
+        for key, dist in t.space.items():
+            section, _, name = key.partition(".")
+            now = getattr(getattr(cell.trial, section), name)
+            bounds = (
+                dist.values if dist.type == "choice" else f"[{short(dist.low)}, {short(dist.high)}]"
+            )
+            print(f"    {key:<22} {dist.type:<10} {bounds}   (preset: {now})")
+    print(f"  writes {plan.output}")
+    for name, seeds in plan.sweeps.items():
+        print(f"  for {name} (seeds {seeds}; tuning seed {t.seed} is none of them)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m fusion_ray.hpo",
+        description="Tune the shared settings before the paired grid (Optuna on Ray Tune).",
+    )
+    parser.add_argument("hpo_file", help="an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print what would be tuned; start nothing"
+    )
+    parser.add_argument(
+        "--output", default=None, help="write the fragment here instead of the file's output:"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing fragment")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
+    )
+    parser.add_argument(
+        "--verbose", type=int, default=0, choices=[0, 1, 2], help="Ray Tune's own progress output"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    try:
+        plan = load_hpo(args.hpo_file)
+    except (HpoFileError, FileNotFoundError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.smoke:
+        plan = smoke_plan(plan)
+    if args.output:
+        plan.output = Path(args.output).resolve()
+    from fusion_ray.orchestrate import preflight
+
+    problems = preflight(plan.spec.storage_path, plan.spec.tracking_uri, remote=not args.dry_run)
+    if problems:
+        print(HpoFileError(plan.path, problems), file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print_plan(plan)
+        return 0
+    if plan.output.exists() and not args.overwrite:
+        print(
+            f"{plan.output} exists; pass --overwrite to replace it (new values give new cell ids, "
+            f"so a sweep that extends it then runs its cells again)",
+            file=sys.stderr,
+        )
+        return 2
+
+    print_plan(plan)
+    try:
+        best = run_hpo(plan, address=args.address, verbose=args.verbose)
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print()
+    for dataset, found in best.items():
+        if isinstance(found, Ranking):
+            chosen = found.settings[0]
+            scores = ", ".join(f"{op} {100 * chosen.scores[op]:.2f}%" for op in found.operators)
+            score = f"mean validation rank {chosen.mean_rank:.2f} of {len(found.settings)} settings (val_acc {scores})"
+        else:
+            score = f"best val_acc {100 * found.value:.2f}%"
+        print(f"{dataset}: {score} with " + ", ".join(f"{k}={v}" for k, v in found.config.items()))
+    print(
+        f"\nwrote {plan.output}\nadd it to a sweep file's extends: after the presets, e.g. "
+        f"extends: [_study_datasets.yaml, tuned/{plan.output.name}]"
+    )
+    return 0
