@@ -2,7 +2,7 @@
 stopping, what does it cost or save against a fixed number of seeds, and what would it have
 done on real runs. Prints rates and ratios; asserts nothing.
 
-    python bench/adaptive.py                       # 10,000 families per setting (a few minutes)
+    python bench/adaptive.py                       # 10,000 families per setting (about 10 s on 2 cores)
     python bench/adaptive.py --reps 2000           # quicker
     python bench/adaptive.py --replay --experiment quickstart20 --tracking-uri sqlite:///mlflow.db
 
