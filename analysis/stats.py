@@ -615,9 +615,62 @@ STATISTICS: list[Statistic] = [
 ]
 
 
+PLUGIN_GROUP = "fusion_ray.statistics"
+"""The entry-point group of plug-in statistics: ``name = "package.module:STATISTIC"`` naming a
+``Statistic`` (or a function of no arguments returning one). Loaded the first time the registry
+is read, in every process."""
+
+_BUILT_IN = {s.name for s in STATISTICS}
+_ORIGINS: dict[str, str] = {name: "analysis (built in)" for name in _BUILT_IN}
+_plugins_loaded = False
+
+
+def statistics() -> list[Statistic]:
+    """The registered statistics, in order: the built-in ones, then the plug-ins of the
+    ``fusion_ray.statistics`` entry-point group (loaded on first use), then any ``register``ed."""
+    _load_plugins()
+    return STATISTICS
+
+
+def origin(name: str) -> str:
+    """Where a statistic comes from: ``analysis (built in)``, a plug-in package, or ``register``."""
+    _load_plugins()
+    return _ORIGINS.get(name, "register()")
+
+
+def _load_plugins() -> None:
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    from importlib import metadata
+
+    for point in sorted(metadata.entry_points(group=PLUGIN_GROUP), key=lambda p: p.name):
+        package = point.dist.name if point.dist is not None else point.value
+        loaded = point.load()
+        statistic = loaded if isinstance(loaded, Statistic) else loaded()
+        if not isinstance(statistic, Statistic):
+            raise TypeError(
+                f"entry point {point.name!r} of {package} ({PLUGIN_GROUP}) gives "
+                f"{type(statistic).__name__}, not an analysis.stats.Statistic"
+            )
+        if statistic.name in _ORIGINS:
+            raise ValueError(
+                f"statistic {statistic.name!r} of {package} clashes with the one of "
+                f"{_ORIGINS[statistic.name]}; rename one of them"
+            )
+        _add(statistic)
+        _ORIGINS[statistic.name] = package
+
+
 def register(statistic: Statistic) -> None:
     """Add a statistic after the registered ones; it is computed for every comparison from then
     on (main comparisons and length buckets) and written to stats.csv and report.md."""
+    _load_plugins()
+    _add(statistic)
+
+
+def _add(statistic: Statistic) -> None:
     if any(s.name == statistic.name for s in STATISTICS):
         raise ValueError(
             f"a statistic named {statistic.name!r} is already registered; unregister it first "
@@ -632,6 +685,7 @@ def register(statistic: Statistic) -> None:
 
 def unregister(name: str) -> Statistic:
     """Remove the statistic ``name`` from the registry and return it."""
+    _load_plugins()
     for i, s in enumerate(STATISTICS):
         if s.name == name:
             return STATISTICS.pop(i)
@@ -641,7 +695,7 @@ def unregister(name: str) -> Statistic:
 
 def headline_columns() -> list[str]:
     """The statistics' columns that lead stats.csv, in registry order."""
-    return [c for s in STATISTICS for c in s.headline]
+    return [c for s in statistics() for c in s.headline]
 
 
 def describe_deltas(
@@ -657,7 +711,7 @@ def describe_deltas(
     """
     deltas = PairedDeltas(np.asarray(num, dtype=np.int64), denom, settings, key)
     out: dict[str, Any] = {}
-    for stat in STATISTICS:
+    for stat in statistics():
         if stat.compute is None:
             continue
         values = stat.compute(deltas)
@@ -673,8 +727,8 @@ def describe_deltas(
 def summary_cells(row: pd.Series, record: Mapping[str, Any]) -> dict[str, str]:
     """One comparison's cells in report.md's compact table: the effect estimates first, then
     the other statistics, in registry order."""
-    ordered = [s for s in STATISTICS if s.leads_table] + [
-        s for s in STATISTICS if not s.leads_table
+    ordered = [s for s in statistics() if s.leads_table] + [
+        s for s in statistics() if not s.leads_table
     ]
     cells: dict[str, str] = {}
     for stat in ordered:
@@ -685,7 +739,7 @@ def summary_cells(row: pd.Series, record: Mapping[str, Any]) -> dict[str, str]:
 
 def method_lines(record: Mapping[str, Any]) -> list[str]:
     """One line per statistic for report.md's Method section, from the settings record."""
-    return [_fill(stat.method, record, stat.name, "method") for stat in STATISTICS]
+    return [_fill(stat.method, record, stat.name, "method") for stat in statistics()]
 
 
 def _fill(template: str, fields: Mapping[str, Any], name: str, part: str) -> str:
@@ -845,10 +899,10 @@ def finish_family(
     level); the report asks for them once, on its main family.
     """
     if len(table) == 0:
-        for col in (c for s in STATISTICS for c in s.family_columns):
+        for col in (c for s in statistics() for c in s.family_columns):
             table[col] = pd.Series(dtype=float)
         return []
-    for stat in STATISTICS:
+    for stat in statistics():
         if stat.family is not None:
             stat.family(table, settings)
     warns = _guard_warnings(table, settings, family)
@@ -947,7 +1001,7 @@ def settings_record(settings: StatsSettings, m: int) -> dict[str, Any]:
         intervals="two-sided at level `confidence` whatever the alternative",
     )
     fields = dict(rec)
-    for stat in STATISTICS:
+    for stat in statistics():
         rec.update((k, _fill(v, fields, stat.name, "record")) for k, v in stat.record.items())
     rec.update(scipy=scipy.__version__, statsmodels=statsmodels.__version__)
     return rec

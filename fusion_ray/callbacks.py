@@ -26,6 +26,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def time_left(cells_left: int, seconds_per_cell: float) -> str:
+    """``; about 3 min left`` at the pace so far (empty when nothing is left)."""
+    left = cells_left * seconds_per_cell
+    if cells_left <= 0:
+        return ""
+    if left < 90:
+        return f"; about {left:.0f} s left"
+    if left < 5400:
+        return f"; about {left / 60:.0f} min left"
+    return f"; about {left / 3600:.1f} h left"
+
+
 def trial_error_text(trial: Any) -> str:
     """The end of a failed Tune trial's traceback, for the run's failure_reason tag."""
     try:
@@ -104,6 +116,7 @@ class MLflowSweepCallback(TrackingCallback):
         existing: dict[str, CellRun],
         parent_id: str,
         storage_path: str,
+        at_most: bool = False,
     ) -> None:
         super().__init__(tracker)
         self.cells, self.existing = cells, existing
@@ -112,14 +125,20 @@ class MLflowSweepCallback(TrackingCallback):
         self.checkpoints: dict[str, str] = {}
         self.finished: set[str] = set()
         self.started_at: dict[str, float] = {}
+        self.began = time.monotonic()
+        self.at_most = at_most
 
     def _progress(self, cid: str, outcome: str) -> None:
-        """One line per ended trial, so a long sweep can be followed without Tune's tables."""
+        """One line per ended trial, so a long sweep can be followed without Tune's tables: how
+        many ended of how many (``at_most``: the worst case of an adaptive sweep), and the time
+        left at the pace so far."""
         cell = self.cells[cid]
         done = len(self.finished) + len(self.failed)
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
+        total = f"{'at most ' if self.at_most else ''}{len(self.cells)}"
         print(
-            f"[{done}/{len(self.cells)}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s)",
+            f"[{done}/{total}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s)"
+            + time_left(len(self.cells) - done, (time.monotonic() - self.began) / done),
             flush=True,
         )
 

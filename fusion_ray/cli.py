@@ -63,6 +63,11 @@ def list_entries() -> str:
             lines.append(
                 f"  {name:<20} [{registry.origin(name)}]{extra}  options: {options or 'none'}"
             )
+    from analysis.stats import PLUGIN_GROUP, origin, statistics
+
+    lines.append(f"report statistics (entry-point group {PLUGIN_GROUP}):")
+    for stat in statistics():
+        lines.append(f"  {stat.name:<20} [{origin(stat.name)}]  columns: {', '.join(stat.columns)}")
     return "\n".join(lines)
 
 

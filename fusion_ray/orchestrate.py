@@ -9,9 +9,11 @@ the trial's process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ def init_ray(address: str | None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         log.info("connecting to the Ray cluster at %s", address)
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     else:
         log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
         ray.init(
@@ -45,7 +47,47 @@ def init_ray(address: str | None) -> None:
             _node_ip_address="127.0.0.1",
             include_dashboard=False,
             log_to_driver=False,
+            logging_level=logging.WARNING,
         )
+
+
+#: Libraries' start-up lines a user does not act on, hidden at the default verbosity: MLflow
+#: creating its tables, Ray's note that token authentication is on (it stays on), matplotlib
+#: building its font cache.
+_CHATTY_LOGGERS = (
+    "mlflow.store.db.utils",
+    "alembic.runtime.migration",
+    "ray._private.authentication.authentication_token_setup",
+    "matplotlib.font_manager",
+)
+
+
+def quiet_console(verbose: int) -> None:
+    """The CLIs' console: our own lines, and the libraries' warnings that matter; with
+    ``verbose`` > 0 everything the libraries say."""
+    if verbose > 0:
+        return
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def tune_output(verbose: int) -> Iterator[None]:
+    """Ray Tune's console output while a Tuner runs: at verbosity 0 none at all (Tune's new
+    output engine prints its experiment table and result paths whatever the verbosity; the
+    legacy engine at 0 prints nothing), else Tune's own tables."""
+    if verbose > 0:
+        yield
+        return
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
 
 
 def storage_uri(storage_path: str) -> str:

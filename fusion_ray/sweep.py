@@ -33,9 +33,11 @@ from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import (
     init_ray,
     preflight,
+    quiet_console,
     run_cell,
     storage_uri,
     trial_resources,
+    tune_output,
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
@@ -214,6 +216,7 @@ def _run_cells(
         todo.existing,
         parent_id,
         storage_uri(spec.storage_path),
+        at_most=spec.adaptive is not None,
     )
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -272,7 +275,8 @@ def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbos
     for number, part in enumerate(parts, start=1):
         name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
         jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
-        _tuner(spec, part, jobs, callback, name, verbose).fit()
+        with tune_output(verbose):
+            _tuner(spec, part, jobs, callback, name, verbose).fit()
     return len(pending)
 
 
@@ -285,7 +289,8 @@ def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, ver
     pending = [c for c in todo.cells if c.cell_id not in schedule.results]
     jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
     searcher = AdaptiveSeedSearcher(schedule)
-    _tuner(spec, pending, jobs, callback, tune_run, verbose, searcher=searcher).fit()
+    with tune_output(verbose):
+        _tuner(spec, pending, jobs, callback, tune_run, verbose, searcher=searcher).fit()
     return len(searcher.started)
 
 
@@ -604,6 +609,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_console(args.verbose)
     # Keeping only the last checkpoints makes Tune snapshot its state after each one, which it
     # then warns about on every trial; the snapshots are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")

@@ -150,3 +150,56 @@ def test_a_plugin_source_gets_the_same_checks_before_ray_starts(tmp_path):
         "'broken' (from tiny-source) does not provide problems(), fingerprint() and load()"
         in broken
     )
+
+
+STATISTIC_PLUGIN = """
+from analysis.stats import Statistic
+
+MEDIAN_SIGN = Statistic(
+    name="positive_share",
+    columns=("positive_share",),
+    compute=lambda d: {"positive_share": float((d.num > 0).mean())},
+    method="**Positive share**: the share of seeds on which the operator wins.",
+)
+"""
+
+
+def _install_statistic(site: Path, dist: str, entry_name: str) -> Path:
+    module = dist.replace("-", "_")
+    (site / module).mkdir(parents=True)
+    (site / module / "__init__.py").write_text(STATISTIC_PLUGIN)
+    info = site / f"{module}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        f"[fusion_ray.statistics]\n{entry_name} = {module}:MEDIAN_SIGN\n"
+    )
+    return site
+
+
+def test_a_plugin_statistic_is_computed_for_every_comparison_in_a_fresh_process(tmp_path):
+    site = _install_statistic(tmp_path / "site", "fusion-positive-share", "positive_share")
+    proc = _run(
+        """
+        import numpy as np
+        from analysis.stats import StatsSettings, describe_deltas, origin
+        row = describe_deltas(np.array([3, -1, 2, 5]), 100, StatsSettings())
+        print(origin("positive_share"), origin("wilcoxon"), row["positive_share"])
+        """,
+        site,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["fusion-positive-share", "analysis", "(built", "in)", "0.75"]
+    listed = _run("from fusion_ray.cli import list_entries; print(list_entries())", site)
+    assert "positive_share       [fusion-positive-share]" in listed.stdout
+
+
+def test_a_plugin_statistic_clashing_with_a_built_in_names_both(tmp_path):
+    site = _install_statistic(tmp_path / "site", "fusion-stat-shadow", "wilcoxon")
+    STATISTIC = STATISTIC_PLUGIN.replace('name="positive_share"', 'name="wilcoxon"')
+    (site / "fusion_stat_shadow" / "__init__.py").write_text(STATISTIC)
+    proc = _run("from analysis.stats import statistics; statistics()", site)
+    assert proc.returncode != 0
+    assert "'wilcoxon' of fusion-stat-shadow clashes with the one of analysis (built in)" in (
+        proc.stderr
+    )

@@ -13,6 +13,7 @@ from fusion_ray.hpo.fragment import short
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
+from fusion_ray.orchestrate import quiet_console
 
 
 def print_plan(plan: HpoPlan) -> None:
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    quiet_console(args.verbose)
 
     try:
         plan = load_hpo(args.hpo_file)

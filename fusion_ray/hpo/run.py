@@ -113,7 +113,7 @@ def tune_dataset(
     from ray.tune.search.optuna import OptunaSearch
 
     from fusion_ray.callbacks import MLflowTuningCallback
-    from fusion_ray.orchestrate import storage_uri, trial_resources
+    from fusion_ray.orchestrate import storage_uri, trial_resources, tune_output
 
     spec, settings = plan.spec, plan.tune
     dataset, operators = cells[0].dataset, [c.fusion for c in cells]
@@ -158,7 +158,8 @@ def tune_dataset(
             verbose=verbose,
         ),
     )
-    tuner.fit()
+    with tune_output(verbose):
+        tuner.fit()
     if len(cells) == 1:
         return callback.best()
     ranked = rank_settings(scored_settings(callback, operators))
