@@ -1,4 +1,4 @@
-"""The report's "Decisions" section, first after the header: each comparison's anytime-valid
+"""The report's "Decisions" section, first after the summary: each comparison's anytime-valid
 decision (``analysis.sequential``) from its per-seed paired deltas in seed order.
 
 For an adaptive sweep (its parent run carries ``schema.ADAPTIVE_TAG``) this is the primary
@@ -73,7 +73,7 @@ class DecisionsSection(Section):
     """Anytime-valid decisions per comparison; first in the report."""
 
     name = "decisions"
-    follows = "header"
+    follows = "summary"
 
     def compute(self, ctx: ReportContext, warnings: list[str]) -> DecisionResult | None:
         deltas = comparison_deltas(ctx.pairing)

@@ -129,6 +129,23 @@ def _grid_and_legend(ax, axis: str = "y") -> None:
     ax.legend(fontsize=7, frameon=False)
 
 
+def _figure_legend(fig: Figure, axes: Sequence[Any]) -> None:
+    """One legend for every panel, outside them on the right, so it never covers data (each
+    label once, in the order first drawn)."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(
+            list(entries.values()),
+            list(entries),
+            loc="outside right upper",
+            fontsize=7,
+            frameon=False,
+        )
+
+
 def paired_deltas(
     deltas: pd.DataFrame,
     panel_key: str,
@@ -272,11 +289,12 @@ def accuracy_by_length_bucket(
         _bucket_accuracy_panel(top, sub, operators, styles)
         top.set_title(str(d))
         top.set_xticks(np.arange(len(labels)), labels, fontsize=7)
-        _grid_and_legend(top)
+        top.grid(axis="y", alpha=0.3)
         st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
         _bucket_delta_panel(bottom, st, operators, baseline, styles)
         bottom.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         bottom.grid(axis="y", alpha=0.3)
+    _figure_legend(fig, axes[0])
     return save_titled(fig, title, out_dir, stem)
 
 

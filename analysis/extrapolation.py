@@ -54,6 +54,8 @@ from analysis.stats import (
     exact_family_warnings,
     exact_test_columns,
     finish_family,
+    hl_label,
+    hl_marked,
     integer_deltas,
 )
 from analysis.tables import Table, column_label, fmt
@@ -659,15 +661,17 @@ def slope_table(
             "n": int(r["n_pairs"]),
             "Δ median, shortest L (pp)": _pp(r["median_delta_shortest"]),
             "Δ median, longest L (pp)": _pp(r["median_delta_longest"]),
-            "slope: median [HL CI] (pp per doubling)": _interval(
-                r["median_slope"], r["hl_ci_low"], r["hl_ci_high"]
+            f"slope: median [{hl_label(record)}] (pp per doubling)": hl_marked(
+                _interval(r["median_slope"], r["hl_ci_low"], r["hl_ci_high"]),
+                r["hl_ci_method"],
             ),
         }
 
     note = (
         "Per seed: the least-squares slope of the operator's paired delta against the baseline "
         "(pp) on log2(L) over the evaluation lengths, in pp per doubling of L (the interval is "
-        "the Hodges-Lehmann one; wins: positive slopes). Exact two-sided Wilcoxon signed-rank "
+        "the Hodges-Lehmann one, `(approx.)` where zeros or tied slopes make its coverage "
+        "approximate; wins: positive slopes). Exact two-sided Wilcoxon signed-rank "
         f"test of the slopes over seeds (zero_method = {record.get('zero_method', 'wilcox')}); "
         f"`*`: Holm-adjusted p ≤ {alpha}, Holm over all m = {len(slopes)} slope tests (a family "
         "of its own)."
@@ -842,6 +846,7 @@ def extrapolation_markdown(
         "against evaluation length* (under Figures) draws the curves, mean ± sd over seeds.",
         "",
     ]
+    lines += fire_note(ctx, ex)
     for name, absent in (
         ("extrapolation:by_length", "No seed pair has counts at an evaluation length."),
         ("extrapolation:interaction", "Not tested: no comparison has two evaluation lengths."),
@@ -858,6 +863,36 @@ def extrapolation_markdown(
         lines += ["No run's by-length predictions gave a ladder step (see the warnings).", ""]
     files = ", ".join(f"`{n}`" for n in written_files(ex))
     return [*lines, f"Every column: {files}.", ""]
+
+
+def fire_input_ceiling(length: int, c: float = 0.1, threshold: float = 512.0) -> float:
+    """The largest input FIRE's MLP gets at ``length`` tokens in this bidirectional encoder:
+    psi(length - 1) / psi(threshold), psi(x) = log(c x + 1) (a query before the threshold with a
+    key at the far right), at FIRE's initial c and threshold."""
+    return math.log1p(c * (length - 1)) / math.log1p(c * max(threshold, 0.0))
+
+
+def fire_note(ctx: ReportContext, ex: Extrapolation) -> list[str]:
+    """When ``fire`` runs are evaluated beyond their training length: the MLP's inputs there
+    exceed what it was trained on, so its long-length results extrapolate the MLP too."""
+    runs = ctx.pairing.runs
+    if "attention_position" not in runs or not ex.lengths or not ex.train_lengths:
+        return []
+    if not runs["attention_position"].astype(str).str.startswith("fire").any():
+        return []
+    trained, longest = max(ex.train_lengths), max(ex.lengths)
+    if longest <= trained:
+        return []
+    return [
+        "**FIRE beyond its training length.** `fire` feeds its MLP psi(|i - j|) / "
+        "psi(max(threshold, i)), psi(x) = log(c x + 1). The published FIRE is causal (j <= i), "
+        "so the input stays in [0, 1]; in this bidirectional encoder keys to the right of a "
+        "query make it larger. With the initial c = 0.1 and threshold 512 the largest input is "
+        f"{fire_input_ceiling(trained):.2f} at the training length {trained} and "
+        f"{fire_input_ceiling(longest):.2f} at {longest}: beyond T the MLP is also evaluated on "
+        "inputs it never saw, and `fire`'s long-length results include that extrapolation.",
+        "",
+    ]
 
 
 def extrapolation_figure(ex: Extrapolation, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:

@@ -50,6 +50,7 @@ RESULT_COLUMNS = (
     "hl_ci_low",
     "hl_ci_high",
     "hl_confidence",
+    "hl_ci_method",
     "wins",
     "losses",
     "ties",

@@ -4,7 +4,8 @@ Loads the experiment's runs from MLflow, pairs every operator with the baseline 
 runs the paired statistics (the paired core, ``analysis.context``), computes every section of
 ``SECTIONS`` (``analysis.section``) and writes into ``--out``:
 
-    report.md            tables, figures, statistics, warnings, what is missing
+    report.md            a summary first, decisions, tables, figures, statistics, what is
+                         missing, and the warnings last (one line each; warnings.md in full)
     stats.csv            one row per comparison (stats.json: the same, plus every setting)
     interaction.csv      one row per interaction test (only for grids with extra axes)
     length_stats.csv     per-length-bucket comparisons and long-minus-short contrasts
@@ -59,7 +60,7 @@ from analysis.lengths import LENGTHS, LengthAnalysis
 from analysis.load import AnalysisError, Experiment
 from analysis.other_settings import OtherSettings
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
-from analysis.report_md import render_report
+from analysis.report_md import WARNINGS_FILE, render_report, warnings_text
 from analysis.reproduction import REPRODUCTION
 from analysis.scaling import SCALING
 from analysis.section import Section, jsonable, records
@@ -206,7 +207,9 @@ def write_report(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> 
     files += write_data_files(ctx, sections)
     report_md = out_dir / "report.md"
     report_md.write_text(render_report(ctx, sections), encoding="utf-8")
-    return [*files, report_md]
+    warnings_md = out_dir / WARNINGS_FILE
+    warnings_md.write_text(warnings_text(ctx), encoding="utf-8")
+    return [*files, report_md, warnings_md]
 
 
 def write_data_files(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> list[Path]:

@@ -30,12 +30,13 @@ def render_report(ctx: ReportContext, sections: Sequence[Section]) -> str:
     follow it (in list order), then the "Files" line."""
     core: dict[str, Callable[[ReportContext], list[str]]] = {
         "header": _header,
-        "warnings": _warnings,
-        "method": _method,
+        "summary": _summary,
         "tables": _tables,
         "paired statistics": _paired_statistics,
         "figures": _figures,
+        "method": _method,
         "gaps": _gaps,
+        "warnings": _warnings,
     }
     assert list(core) == list(PARTS), "report_md and section.PARTS disagree"
     lines: list[str] = []
@@ -86,8 +87,85 @@ def _sweep_cells(ctx: ReportContext) -> list[str]:
     return [f"- sweep cells: {other.sweep_cells} (`{CELLS_ARTIFACT}` of the parent run); {runs}"]
 
 
+WARNINGS_FILE = "warnings.md"
+"""Every warning of the report in full (report.md shows each in one line, at the end)."""
+
+
+def one_line(warning: str, width: int = 160) -> str:
+    """A warning's first clause, at most ``width`` characters (the whole is in warnings.md)."""
+    first = warning.split("; ")[0].split(". ")[0].rstrip(".")
+    return first if len(first) <= width else first[: width - 1].rstrip() + "…"
+
+
+def warnings_text(ctx: ReportContext) -> str:
+    """warnings.md: every warning of the report, in full."""
+    items = [f"{i}. {w}" for i, w in enumerate(ctx.warnings, 1)] or ["None."]
+    return "\n".join([f"# Warnings: `{ctx.experiment.name}`", "", *items, ""])
+
+
 def _warnings(ctx: ReportContext) -> list[str]:
-    return ["## Warnings", "", *([f"- {w}" for w in ctx.warnings] or ["- none"]), ""]
+    if not ctx.warnings:
+        return ["## Warnings", "", "- none", ""]
+    lines = [f"- {one_line(w)}" for w in ctx.warnings]
+    return ["## Warnings", "", *lines, "", f"Each in full: `{WARNINGS_FILE}`.", ""]
+
+
+def _where(row: pd.Series, ctx: ReportContext) -> str:
+    """A comparison's group in words: ``short, sinusoidal, none, scale_embeddings=true``."""
+    parts = []
+    for key in ctx.keys:
+        value = row[key]
+        parts.append(f"{key.rsplit('.', 1)[-1]}={value}" if key in ctx.axes else str(value))
+    return ", ".join(parts)
+
+
+def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None) -> str:
+    """The comparison's verdict: the anytime-valid decision when it is the primary analysis,
+    else the fixed-n test after Holm."""
+    if decided is not None:
+        state, seeds = decided["state"], decided["seeds_used"]
+        words = {
+            "better": f"better than {ctx.baseline}",
+            "worse": f"worse than {ctx.baseline}",
+            "equivalent": f"equivalent to {ctx.baseline} within the margin",
+            "futile": "undecidable within the cap (futile)",
+            "open": "undecided at the cap",
+        }[state]
+        return f"**{words}** (anytime p Holm {decided['p_holm_anytime']:.3g}, {seeds} seeds)"
+    alpha = ctx.options.settings.alpha
+    if bool(row.get("significant")):
+        side = "better" if row["mean_delta"] > 0 else "worse"
+        return f"**{side} than {ctx.baseline}** (p Holm {row['p_holm']:.3g} <= {alpha:g})"
+    return f"no significant difference (p Holm {row['p_holm']:.3g} > {alpha:g})"
+
+
+def _summary(ctx: ReportContext) -> list[str]:
+    """One line per comparison a reader can paste: effect, interval, seeds, verdict."""
+    table = ctx.comparisons.table
+    if not len(table):
+        return []
+    result = ctx.results.get("decisions")
+    primary = getattr(result, "primary", False)
+    rows = {r["comparison"]: r for r in result.table.to_dict("records")} if primary else {}
+    lines = ["## Summary", ""]
+    for _, row in table.iterrows():
+        where = _where(row, ctx)
+        name = "/".join(str(row[k]) for k in ctx.keys) + f": {row['operator']} vs {ctx.baseline}"
+        lines.append(
+            f"- `{row['operator']}` vs `{ctx.baseline}` on {where}: "
+            f"{row['mean_delta']:+.2f} points (95 % CI {row['ci_low']:+.2f} to "
+            f"{row['ci_high']:+.2f}; wins {int(row['wins'])} of {int(row['n_pairs'])} seeds), "
+            + _verdict(row, ctx, rows.get(name) if primary else None)
+            + "."
+        )
+    which = (
+        "The verdicts are the anytime-valid decisions of this adaptive sweep (the primary "
+        "analysis, next section)."
+        if primary
+        else "The verdicts are exact Wilcoxon signed-rank tests, Holm-adjusted over the "
+        "comparisons (the primary analysis of a fixed-seed sweep)."
+    )
+    return [*lines, "", which, ""]
 
 
 def _method(ctx: ReportContext) -> list[str]:
@@ -225,7 +303,7 @@ def _files(ctx: ReportContext, sections: Sequence[Section]) -> list[str]:
         "",
         "## Files",
         "",
-        f"`stats.csv`, `stats.json` (with every setting),{listed} `runs.csv`, `tables/` "
+        f"`stats.csv`, `stats.json` (with every setting),{listed} `runs.csv`, `{WARNINGS_FILE}`, `tables/` "
         f"(Markdown, LaTeX, CSV{notes}), `figures/` (PNG, PDF).",
         "",
     ]

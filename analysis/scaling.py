@@ -249,7 +249,7 @@ class ScalingSection(Section):
     """The confound warning, or each operator's effect with and without scaled embeddings."""
 
     name = "scaling"
-    follows = "warnings"
+    follows = "summary"
     warns_with = "start"
 
     def compute(self, ctx: ReportContext, warnings: list[str]) -> ScalingCheck:

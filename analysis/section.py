@@ -29,7 +29,16 @@ from analysis.tables import Table
 #: first, the PDF beside it).
 Drawn = tuple[str, list[Path]]
 #: The parts of report.md a section may follow (``Section.follows``), in the report's order.
-PARTS = ("header", "warnings", "method", "tables", "paired statistics", "figures", "gaps")
+PARTS = (
+    "header",
+    "summary",
+    "tables",
+    "paired statistics",
+    "figures",
+    "method",
+    "gaps",
+    "warnings",
+)
 #: Where a section's warnings go among the report's (``Section.warns_with``): before every
 #: other, after the main comparisons' statistical warnings, or after the loading and pairing
 #: notes.

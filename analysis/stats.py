@@ -480,11 +480,20 @@ def _interval(estimate: float, low: float, high: float) -> str:
     return f"{estimate:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
+def hl_label(record: Mapping[str, Any]) -> str:
+    """How a table heads a Hodges-Lehmann interval: ``HL 95% CI``."""
+    return f"HL {record.get('confidence', 0.95):.0%} CI"
+
+
+def hl_marked(text: str, method: str) -> str:
+    """An interval's text, marked `(approx.)` unless ``method`` (``hl_ci_method``) is exact:
+    with zeros or tied |deltas| its coverage only approximates the level."""
+    return text if method == "exact" else f"{text} (approx.)"
+
+
 def _hl_cells(r: pd.Series, rec: Mapping[str, Any]) -> dict[str, str]:
     text = _interval(r["hl_estimate"], r["hl_ci_low"], r["hl_ci_high"])
-    if r["hl_ci_method"] != "exact":
-        text += " (approx.)"
-    return {f"HL [{rec.get('confidence', 0.95):.0%} CI]": text}
+    return {f"HL [{rec.get('confidence', 0.95):.0%} CI]": hl_marked(text, r["hl_ci_method"])}
 
 
 STATISTICS: list[Statistic] = [
@@ -849,6 +858,7 @@ def exact_test_columns(
         "hl_ci_low": scale * hl.low,
         "hl_ci_high": scale * hl.high,
         "hl_confidence": hl.confidence,
+        "hl_ci_method": hl.method,
         "wins": int((scores > 0).sum()),
         "losses": int((scores < 0).sum()),
         "ties": int((scores == 0).sum()),

@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.stats import summary_cells
+from analysis.stats import hl_label, hl_marked, summary_cells
 from fusion_ray.schema import LATENCY_RATIO_METRIC
 
 #: Display order of known operators; others follow alphabetically.
@@ -586,8 +586,10 @@ def interaction_table(
                 "n": n,
                 f"Δ median at {reference} (pp)": f"{r['median_delta_reference']:+.2f}",
                 f"Δ median {at_level} (pp)": f"{r['median_delta_level']:+.2f}",
-                "difference: median [HL CI]": f"{r['median_interaction']:+.2f} "
-                f"[{r['hl_ci_low']:+.2f}, {r['hl_ci_high']:+.2f}]",
+                f"difference: median [{hl_label(settings)}]": hl_marked(
+                    f"{r['median_interaction']:+.2f} [{r['hl_ci_low']:+.2f}, {r['hl_ci_high']:+.2f}]",
+                    r["hl_ci_method"],
+                ),
                 "wins": f"{int(r['wins'])}/{n}",
                 "p": f"{r['p_wilcoxon']:.4g}",
                 "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else ""),
@@ -597,7 +599,8 @@ def interaction_table(
     baseline = f"`{tests['baseline'].iloc[0]}`" if len(tests) else "the baseline"
     notes = [
         f"Per seed: the operator's paired delta against {baseline} at the level minus its delta at the reference level `{reference}`, within each "
-        "combination of the other group keys (pp; the interval is the Hodges-Lehmann one). "
+        "combination of the other group keys (pp; the interval is the Hodges-Lehmann one, "
+        "`(approx.)` where zeros or tied differences make its coverage approximate). "
         "Exact two-sided Wilcoxon signed-rank test of those differences (zero_method = "
         f"{settings.get('zero_method', 'wilcox')}); `*`: Holm-adjusted p ≤ {alpha}, Holm over "
         f"all m = {m} interaction tests of the report (a family apart from the comparisons "

@@ -874,6 +874,7 @@ def build_trial(
         found += problems
     if built["data"] is not None and built["model"] is not None:
         found += _max_len_problems(built["model"].max_len, built["data"], "model.max_len")
+        found += _extrapolation_problems(built["model"], built["data"])
     if found:
         return None, found
     return TrialConfig(dataset, built["data"], built["model"], built["train"], seed=0), []
@@ -887,6 +888,20 @@ def changed_trial_problems(spec: SweepSpec, point: GridPoint, changes: dict[str,
         set_dotted(sections, key, value)
     workers = resources_for(spec, point.combination.dataset).workers
     return build_trial(point.combination.dataset, sections, workers)[1]
+
+
+def _extrapolation_problems(model: ModelSpec, data: DataSpec) -> list[str]:
+    """An attention position that, trained at data.max_length, would read untrained parameters
+    at the longest of data.eval_lengths (``AttentionPosition.length_problems``)."""
+    from fusion_ray.model import ATTENTION_POSITIONS
+
+    if not data.eval_lengths:
+        return []
+    entry = ATTENTION_POSITIONS.get(model.attention_position)
+    problems = entry.length_problems(
+        model.attention_position_kwargs, data.max_length, max(data.eval_lengths)
+    )
+    return [f"model.attention_position_kwargs: {p}" for p in problems]
 
 
 def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:

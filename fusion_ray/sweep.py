@@ -607,7 +607,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
     # Keeping only the last checkpoints makes Tune snapshot its state after each one, which it

@@ -415,3 +415,23 @@ def test_a_grid_axis_splits_every_family_by_level(store):
     odd = (1 + np.add(np.add(U, V), W))[1::2]  # seeds 1, 3, 5
     assert r["n_pairs"] == 3 and r["mean_delta"] == pytest.approx(odd.mean())
     assert len(ex.slopes) == 4  # 2 operators x 2 levels
+
+
+def test_fire_evaluated_beyond_its_training_length_gets_a_note():
+    """FIRE's MLP input psi(|i-j|) / psi(max(threshold, i)) exceeds 1 to the right of a query in
+    this bidirectional encoder: the length section says how far, at T and at the longest L."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from analysis.extrapolation import fire_input_ceiling, fire_note
+
+    assert fire_input_ceiling(512 + 1) == pytest.approx(1.0)  # psi(512) / psi(512)
+    assert round(fire_input_ceiling(1024), 2) == 1.17 and round(fire_input_ceiling(4096), 2) == 1.52
+    runs = pd.DataFrame({"attention_position": ["rope", "fire"]})
+    ctx = SimpleNamespace(pairing=SimpleNamespace(runs=runs))
+    ex = SimpleNamespace(lengths=[1024, 2048, 4096], train_lengths=[1024])
+    (note, _) = fire_note(ctx, ex)
+    assert "1.17 at the training length 1024 and 1.52 at 4096" in note
+    assert fire_note(SimpleNamespace(pairing=SimpleNamespace(runs=runs.iloc[:1])), ex) == []
+    assert fire_note(ctx, SimpleNamespace(lengths=[512, 1024], train_lengths=[1024])) == []

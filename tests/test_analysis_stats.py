@@ -358,3 +358,48 @@ def test_settings_reject_unknown_choices():
         StatsSettings(zero_method="drop")
     with pytest.raises(ValueError, match="alpha"):
         StatsSettings(alpha=5)
+
+
+def test_interaction_and_slope_intervals_carry_their_level_and_approximation():
+    """The Hodges-Lehmann intervals of the interaction and slope families say their level and
+    are marked approximate where zeros or tied differences make the coverage approximate."""
+    import pandas as pd
+
+    from analysis.stats import StatsSettings, exact_test_columns
+    from analysis.tables import interaction_table
+
+    settings = StatsSettings()
+    untied = exact_test_columns(np.array([1.0, 2.5, 4.0, 7.5, 9.0, 12.0]), settings)
+    tied = exact_test_columns(np.array([1.0, 1.0, 0.0, 3.0, -3.0, 5.0]), settings)
+    assert (untied["hl_ci_method"], tied["hl_ci_method"]) == ("exact", "approximate")
+    rows = []
+    for level, columns in (("false", untied), ("0.5", tied)):
+        rows.append(
+            {
+                **columns,
+                "dataset": "short",
+                "operator": "gate_scalar",
+                "baseline": "add",
+                "reference": "true",
+                "level": level,
+                "n_pairs": 6,
+                "median_delta_reference": 1.0,
+                "median_delta_level": 2.0,
+                "median_interaction": columns["hl_estimate"],
+                "p_holm": 0.5,
+                "significant": False,
+                "can_reach_alpha": True,
+                "min_attainable_p_holm": 0.06,
+            }
+        )
+    table = interaction_table(
+        pd.DataFrame(rows),
+        "model.scale_embeddings",
+        ["dataset", "model.scale_embeddings"],
+        {"alpha": 0.05, "confidence": 0.95},
+        2,
+        ["model.scale_embeddings"],
+    )
+    column = "difference: median [HL 95% CI]"
+    cells = table.display[column].tolist()
+    assert not cells[0].endswith("(approx.)") and cells[1].endswith("(approx.)")

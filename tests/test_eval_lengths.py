@@ -244,3 +244,36 @@ def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_pat
     )
     pd.testing.assert_frame_equal(logged, pd.read_parquet(checkpoint / LENGTH_PREDICTIONS_FILE))
     assert np.isfinite(list(metrics.values())).all()
+
+
+def test_disentangled_with_untrained_distance_rows_is_refused_before_ray_starts(tmp_path):
+    """Trained at 64 tokens and evaluated at 256, disentangled with max_distance 128 would read
+    the rows of distances 64-127 untouched by training: refused, naming the grid point and the
+    fix, in the dry run too (load_sweep is its validation); max_distance 64, or no evaluation
+    beyond the training length, is accepted."""
+    path = tiny_sweep(tmp_path, name="dis")
+    raw = yaml.safe_load(path.read_text())
+    raw["datasets"]["short"]["data"]["eval_lengths"] = [64, 256]
+    raw["defaults"]["model"]["max_len"] = 256
+    raw["grid"]["attention_positions"] = [{"name": "disentangled", "max_distance": 128}]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(SweepFileError) as info:
+        load_sweep(path)
+    (problem,) = info.value.problems
+    assert problem.startswith("grid point short/sinusoidal/disentangled(max_distance=128)/add")
+    assert "distances 64 to 127 are never trained" in problem
+    assert "max_distance: 64} or less" in problem
+    assert (
+        len(
+            expand(
+                load_sweep(
+                    path, ["grid.attention_positions=[{name: disentangled, max_distance: 64}]"]
+                )
+            )
+        )
+        == 4
+    )
+    assert expand(load_sweep(path, ["data.eval_lengths=[]"]))
+    # the default (512) is checked too
+    with pytest.raises(SweepFileError, match="max_distance 512 exceeds"):
+        load_sweep(path, ["grid.attention_positions=[disentangled]"])

@@ -18,8 +18,9 @@ values.
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -52,6 +53,14 @@ class AttentionPosition(nn.Module):
         self.n_layers = n_layers
         # The factor on q.k^T in the scores; None is SDPA's default 1/sqrt(head_dim).
         self.content_scale: float | None = None
+
+    @classmethod
+    def length_problems(
+        cls, options: Mapping[str, Any], train_length: int, eval_length: int
+    ) -> list[str]:
+        """Why evaluating at ``eval_length`` tokens after training at ``train_length`` would
+        read parameters that training never updates (checked before Ray starts); none here."""
+        return []
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q, k [B, H, L, Dh] -> the same shapes, position-encoded."""
@@ -273,6 +282,25 @@ class Disentangled(AttentionPosition):
     DeBERTa-v2's log buckets and shared position keys. Initialisation: P ~ N(0, 1); W_q,r, W_k,r
     as this encoder's q/k projection (Xavier uniform, zero bias).
     """
+
+    @classmethod
+    def length_problems(
+        cls, options: Mapping[str, Any], train_length: int, eval_length: int
+    ) -> list[str]:
+        """Training at L tokens updates only the rows of distances below L; with max_distance k
+        > L, an evaluation beyond L reads the rows of distances L .. k-1 at their random initial
+        values. With k <= L every longer distance clips to a trained end row."""
+        k = options.get("max_distance", inspect.signature(cls).parameters["max_distance"].default)
+        if not isinstance(k, int) or k <= train_length or eval_length <= train_length:
+            return []
+        return [
+            f"disentangled's max_distance {k} exceeds the training length (data.max_length "
+            f"{train_length}) while data.eval_lengths reach {eval_length}: the relative rows of "
+            f"distances {train_length} to {min(k, eval_length) - 1} are never trained (they keep "
+            "their random initial values) yet are read at the longer lengths; set "
+            f"{{name: disentangled, max_distance: {train_length}}} or less, so that longer "
+            "distances clip to trained rows"
+        ]
 
     def __init__(
         self,
