@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
+from ray.tune.stopper import Stopper
 
 from fusion_ray.orchestrate import TRIAL_ERROR
 from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri
 
 if TYPE_CHECKING:
     from fusion_ray.grid import Cell
+    from fusion_ray.lease import SweepLease
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +119,12 @@ class MLflowSweepCallback(TrackingCallback):
         parent_id: str,
         storage_path: str,
         at_most: bool = False,
+        lease: SweepLease | None = None,
     ) -> None:
         super().__init__(tracker)
+        self.lease = lease
+        """The driver's lease: every write is fenced by it (``_holds``), so a driver that lost
+        it (paused past the TTL while another took over) changes no run the new holder owns."""
         self.cells, self.existing = cells, existing
         self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
@@ -145,8 +151,15 @@ class MLflowSweepCallback(TrackingCallback):
     def key(self, trial: Any) -> str:
         return trial.config.get("cell_id", "?")
 
+    def _holds(self) -> bool:
+        """Whether this driver may still write to its trials' runs: the lease read from the
+        store just before (one read per write; a lost lease stays lost)."""
+        return self.lease is None or self.lease.holds()
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
+        if not self._holds():
+            return
         self.started_at.setdefault(cid, time.monotonic())
         if cid in self.run_ids:  # a retry of a trial already tracked
             return
@@ -160,9 +173,9 @@ class MLflowSweepCallback(TrackingCallback):
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         cid = self.key(trial)
-        run_id = self.run_ids[cid]
-        if TRIAL_ERROR in result:
+        if TRIAL_ERROR in result or cid not in self.run_ids or not self._holds():
             return
+        run_id = self.run_ids[cid]
         if result.get("final"):
             prior = self.existing.get(cid)
             if not (prior is not None and prior.run_id == run_id and prior.has_final):
@@ -183,14 +196,18 @@ class MLflowSweepCallback(TrackingCallback):
 
     def _remember_checkpoint(self, trial: Any, path: str) -> None:
         cid = self.key(trial)
+        if cid not in self.run_ids or not self._holds():
+            return
         uri = checkpoint_uri(path, self.storage_path)
         self.checkpoints[cid] = uri
         self.tracker.set_checkpoint(self.run_ids[cid], uri)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
-        if cid in self.failed:  # a tracking error already marked it
+        if cid in self.failed or cid not in self.run_ids:  # a tracking error already marked it
             return
+        if not self._holds():
+            return  # the new holder finishes this cell; its run stays as the holder expects
         run_id = self.run_ids[cid]
         last = trial.last_result or {}
         if TRIAL_ERROR in last:
@@ -207,12 +224,14 @@ class MLflowSweepCallback(TrackingCallback):
         checkpoint = self.checkpoints.get(cid)
         if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
             log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
-        self.tracker.finish(run_id)
+        self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(cid)
         self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
+        if not self._holds():
+            return
         if cid not in self.run_ids:
             self.on_trial_start(iteration, trials, trial)
         reason = trial_error_text(trial)
@@ -223,8 +242,11 @@ class MLflowSweepCallback(TrackingCallback):
         )
 
     def close_unfinished(self) -> list[str]:
-        """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable later."""
+        """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable
+        later. A driver that lost its lease leaves them as they are: the new holder resumes them."""
         open_cells = [c for c in self.run_ids if c not in self.finished and c not in self.failed]
+        if self.lease is not None and self.lease.lost.is_set():
+            return open_cells
         for cid in open_cells:
             if not self.tracker.kill(self.run_ids[cid]):
                 log.warning("could not mark run of cell %s as KILLED", cid)
@@ -322,3 +344,16 @@ class MLflowTuningCallback(TrackingCallback):
             self.run_ids[top],
             len(self.run_ids),
         )
+
+
+class LeaseStopper(Stopper):
+    """Stops every trial of the Tune run once the driver's lease is lost."""
+
+    def __init__(self, lease: SweepLease) -> None:
+        self.lease = lease
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return self.lease.lost.is_set()
+
+    def stop_all(self) -> bool:
+        return self.lease.lost.is_set()

@@ -31,8 +31,19 @@ log = logging.getLogger(__name__)
 LEASE_PREFIX = "fusion-ray-lease."
 
 
+TTL_ENV = "FUSION_RAY_LEASE_TTL_S"
+"""Seconds without a heartbeat after which a lease is taken over (default 120)."""
+HEARTBEAT_ENV = "FUSION_RAY_LEASE_HEARTBEAT_S"
+"""Seconds between heartbeats (default 10; keep it well below the TTL)."""
+
+
 class LeaseHeldError(RuntimeError):
     """Another driver holds the sweep's lease; the message names it and says what to do."""
+
+
+class LeaseLostError(RuntimeError):
+    """This driver's lease was taken over while it ran (it was paused or cut off from the
+    tracking store for longer than the TTL): it stopped, and finished no cell after that."""
 
 
 @dataclass(frozen=True)
@@ -79,12 +90,16 @@ class SweepLease:
         store: LeaseStore,
         sweep: str,
         *,
-        ttl_s: float = 120.0,
-        heartbeat_s: float = 10.0,
+        ttl_s: float | None = None,
+        heartbeat_s: float | None = None,
         take_over: bool = False,
     ) -> None:
         self.store, self.sweep, self.name = store, sweep, LEASE_PREFIX + sweep
-        self.ttl_s, self.heartbeat_s, self.take_over = ttl_s, heartbeat_s, take_over
+        self.ttl_s = ttl_s if ttl_s is not None else float(os.environ.get(TTL_ENV, 120.0))
+        self.heartbeat_s = (
+            heartbeat_s if heartbeat_s is not None else float(os.environ.get(HEARTBEAT_ENV, 10.0))
+        )
+        self.take_over = take_over
         self.token = uuid.uuid4().hex
         self.lost = threading.Event()
         self._stop = threading.Event()
@@ -161,12 +176,56 @@ class SweepLease:
             except Exception as exc:  # noqa: BLE001 - a store hiccup: try again next beat
                 log.warning("lease heartbeat of sweep %s failed (%s); retrying", self.sweep, exc)
 
+    def holds(self) -> bool:
+        """Whether this driver still holds the lease, read from the store now: the fence before
+        every write that decides a cell's fate (a run marked FINISHED, a checkpoint registered).
+        A store that cannot be read counts as held (the heartbeat decides); a lease found taken
+        stays lost."""
+        if self.lost.is_set():
+            return False
+        try:
+            holder = self.holder()
+        except Exception as exc:  # noqa: BLE001 - a store hiccup is not a lost lease
+            log.warning("could not read the lease of sweep %s (%s)", self.sweep, exc)
+            return True
+        if holder is None or holder.token != self.token:
+            log.error("the lease of sweep %s was taken by another driver", self.sweep)
+            self.lost.set()
+            return False
+        return True
+
+    def lost_message(self) -> str:
+        """What a driver that lost its lease says as it stops."""
+        holder = None
+        with contextlib.suppress(Exception):
+            holder = self.holder()
+        who = f" ({holder.describe()})" if holder is not None else ""
+        return (
+            f"the lease of sweep {self.sweep!r} was taken over by another driver{who} while this "
+            f"one ran: this driver was paused or cut off from the tracking store for longer than "
+            f"the lease's {self.ttl_s:.0f} s. It stopped its trials and finished no cell after "
+            "that; the other driver runs what is left (its runs resume from their checkpoints)"
+        )
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             self._delete_if(self.token)
+
+    def __getstate__(self) -> dict:
+        """Ray Tune saves its run config (the stopper, the callbacks) with pickle: a copy keeps
+        the names and token, not the store, threads or events, and never holds the lease."""
+        return {
+            k: v for k, v in self.__dict__.items() if k not in ("store", "lost", "_stop", "_thread")
+        }
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.store, self._thread = None, None
+        self.lost, self._stop = threading.Event(), threading.Event()
+        self.lost.set()
 
     def __enter__(self) -> SweepLease:
         self.acquire()

@@ -35,6 +35,8 @@ TRIAL_TAGS = (
 )
 #: Where a trial's latest checkpoint lives (a path or URI), so a later invocation resumes it.
 CHECKPOINT_TAG = "checkpoint_path"
+LEASE_TOKEN_TAG = "lease_token"
+"""Trial-run tag: the lease token of the driver that marked the run FINISHED."""
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"
 

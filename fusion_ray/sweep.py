@@ -106,7 +106,7 @@ def run_sweep(
     from fusion_ray.tracking import Tracker
 
     tracker = Tracker(spec.tracking_uri, spec.name)
-    with SweepLease(tracker.lease_store(), spec.name, take_over=take_over):
+    with SweepLease(tracker.lease_store(), spec.name, take_over=take_over) as lease:
         todo = plan(spec, tracker)
         rehearsal = False
         if cells_to_run(spec, todo):
@@ -125,7 +125,7 @@ def run_sweep(
         parent_id = tracker.parent_run(sweep_file, params=parent_tags)
         tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
         try:
-            outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose)
+            outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose, lease)
             if spec.adaptive is not None:
                 outcome.decisions = _log_decisions(spec, tracker, parent_id)
             return outcome
@@ -193,7 +193,13 @@ overhead and memory stay flat (bench/scale.py, bench/RESULTS.md)."""
 
 
 def _run_cells(
-    spec: SweepSpec, tracker: Any, todo: Plan, parent_id: str, address: str | None, verbose: int
+    spec: SweepSpec,
+    tracker: Any,
+    todo: Plan,
+    parent_id: str,
+    address: str | None,
+    verbose: int,
+    lease: Any,
 ) -> SweepOutcome:
     from fusion_ray.callbacks import MLflowSweepCallback
 
@@ -217,6 +223,7 @@ def _run_cells(
         parent_id,
         storage_uri(spec.storage_path),
         at_most=spec.adaptive is not None,
+        lease=lease,
     )
     tune_run = f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     try:
@@ -226,6 +233,10 @@ def _run_cells(
             ran = _run_fixed(spec, todo, callback, tune_run, verbose)
     finally:
         interrupted = callback.close_unfinished()
+    if not lease.holds():
+        from fusion_ray.lease import LeaseLostError
+
+        raise LeaseLostError(lease.lost_message())
     tracker.end_parent(
         parent_id,
         {
@@ -273,6 +284,8 @@ def _run_fixed(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, verbos
     pending = todo.pending
     parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
     for number, part in enumerate(parts, start=1):
+        if callback.lease is not None and callback.lease.lost.is_set():
+            break
         name = tune_run if len(parts) == 1 else f"{tune_run}-part{number}"
         jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), name) for c in part]
         with tune_output(verbose):
@@ -361,6 +374,8 @@ def _tuner(
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
+    from fusion_ray.callbacks import LeaseStopper
+
     by_id = {c.cell_id: c for c in pending}
     resources_by_id = {
         c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))])
@@ -384,6 +399,7 @@ def _tuner(
         run_config=tune.RunConfig(
             name=tune_run,
             storage_path=storage_uri(spec.storage_path),
+            stop=LeaseStopper(callback.lease) if callback.lease is not None else None,
             callbacks=[callback, _placement_callback()],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -638,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dry_run_text(spec, plan(spec, existing_tracker(spec))))
         return 0
 
-    from fusion_ray.lease import LeaseHeldError
+    from fusion_ray.lease import LeaseHeldError, LeaseLostError
     from fusion_ray.placement import PlacementError
 
     print(
@@ -654,12 +670,10 @@ def main(argv: list[str] | None = None) -> int:
             smoke=args.smoke,
             overrides=args.overrides,
         )
-    except LeaseHeldError as exc:
+    except (LeaseHeldError, LeaseLostError, PlacementError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except PlacementError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        # 3: another driver runs the sweep; 4: it took over from this one; 2: cannot be placed
+        return {LeaseHeldError: 3, LeaseLostError: 4}.get(type(exc), 2)
     print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
     if outcome.decisions is not None:

@@ -36,6 +36,7 @@ from fusion_ray.schema import (
     GATES_FILE,
     INIT_METRICS,
     LATENCY_RATIO_METRIC,
+    LEASE_TOKEN_TAG,
     LENGTH_PREDICTIONS_FILE,
     PARENT_TAG,
     PREDICTIONS_FILE,
@@ -318,7 +319,11 @@ class Tracker:
                     self.client.log_artifact(run_id, str(Path(directory, name)))
         return True
 
-    def finish(self, run_id: str) -> None:
+    def finish(self, run_id: str, lease_token: str | None = None) -> None:
+        """Mark a cell's run FINISHED; ``lease_token``: the lease of the driver that finished it
+        (tag ``lease_token``), written first, so a FINISHED run names its driver."""
+        if lease_token is not None:
+            self.client.set_tag(run_id, LEASE_TOKEN_TAG, lease_token)
         self.client.set_terminated(run_id, "FINISHED")
 
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:

@@ -14,6 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.config import load_sweep
+from fusion_ray.grid import expand
 from tests.conftest import ROOT, tiny_sweep
 
 pytestmark = pytest.mark.slow
@@ -104,3 +105,70 @@ def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
         assert rid in after
         steps = [m.step for m in client.get_metric_history(rid, "val_acc")]
         assert sorted(steps) == [0, 1, 2, 3], f"epochs logged twice or missing: {steps}"
+
+
+def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
+    tmp_path, ray_session, data_cache
+):
+    """The driver paused (SIGSTOP) past the lease's TTL while a trial trains; a second driver
+    takes the lease over and runs the sweep; the first, resumed, must stop at once, mark nothing
+    FINISHED and exit 4 saying another driver took over: one FINISHED run per cell."""
+    path = tiny_sweep(
+        tmp_path,
+        name="paused",
+        seeds=[0, 1],
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = 4
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": str(ROOT),
+        # A heartbeat slower than the pause: the first driver learns of the takeover only
+        # through the fence before its writes, which is what this test is about.
+        "FUSION_RAY_LEASE_TTL_S": "3",
+        "FUSION_RAY_LEASE_HEARTBEAT_S": "600",
+    }
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    first_err = tmp_path / "first.err"
+    with first_err.open("w") as err:
+        first = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        runs = _snapshot(client, spec.name)
+        if any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values()):
+            break
+        assert first.poll() is None, "the sweep ended before it could be paused"
+        time.sleep(0.2)
+    else:
+        pytest.fail("the first driver never had a checkpointed trial running")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5)  # past the TTL: the lease has no living heartbeat
+        second = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "taking over the lease of sweep paused" in second.stderr
+    assert first.wait(timeout=300) == 4
+    assert "was taken over by another driver" in first_err.read_text()
+
+    after = _snapshot(client, spec.name)
+    finished = [r["cell"] for r in after.values() if r["status"] == "FINISHED"]
+    assert len(finished) == 4 and len(set(finished)) == 4, "exactly one FINISHED run per cell"
+    assert {c.cell_id for c in expand(spec)} == set(finished)
+    tokens = {
+        client.get_run(rid).data.tags.get("lease_token")
+        for rid, r in after.items()
+        if r["status"] == "FINISHED"
+    }
+    assert len(tokens) == 1 and None not in tokens, "every FINISHED run names the second driver"
