@@ -52,6 +52,7 @@ from fusion_ray.schema import (
     LATENCY_RATIO_METRIC,
     PARENT_TAG,
     POSITION_ALIAS_TAG,
+    REFERENCE_METRICS,
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
@@ -87,7 +88,7 @@ BASE_COLUMNS = [
 ]
 #: Metrics and tags that only some sweeps log: a column of the tidy frame only when a run of
 #: the experiment carries it, so that the frame of a sweep without them is unchanged.
-OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC)
+OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC, *REFERENCE_METRICS)
 OPTIONAL_TAGS = (POSITION_ALIAS_TAG, GATED_TAG)
 OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
 

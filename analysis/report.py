@@ -60,6 +60,7 @@ from analysis.lengths import LENGTHS, LengthAnalysis
 from analysis.load import AnalysisError, Experiment
 from analysis.other_settings import OtherSettings
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
+from analysis.reference import REFERENCE
 from analysis.report_md import WARNINGS_FILE, render_report, warnings_text
 from analysis.reproduction import REPRODUCTION
 from analysis.scaling import SCALING
@@ -74,6 +75,7 @@ __all__ = ["SECTIONS", "STATS_COLUMNS", "ReportOptions", "ReportResult", "build_
 #: results before it: the scaling check reads the interaction tests) and shown in this order
 #: within each part of report.md they follow. A new analysis is one module and one entry here.
 SECTIONS: list[Section] = [
+    REFERENCE,
     DECISIONS,
     INTERACTION,
     SCALING,

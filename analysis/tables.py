@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.stats import hl_label, hl_marked, summary_cells
-from fusion_ray.schema import LATENCY_RATIO_METRIC
+from fusion_ray.schema import BAG_OF_WORDS_METRIC, LATENCY_RATIO_METRIC, MAJORITY_METRIC
 
 #: Display order of known operators; others follow alphabetically.
 KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")
@@ -69,6 +69,10 @@ def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
         if LATENCY_RATIO_METRIC in df
         else {}
     )
+    for column, metric in (("bow_acc", BAG_OF_WORDS_METRIC), ("majority_acc", MAJORITY_METRIC)):
+        if metric in df:
+            df[column] = 100.0 * df[metric]
+            ratio[column] = (column, "mean")
     out = grouped.agg(
         n=("acc", "size"),
         acc_mean=("acc", "mean"),
@@ -77,6 +81,7 @@ def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
         latency_sd=("latency_ms_per_sample", lambda s: s.std(ddof=1)),
         num_params=("num_params", "median"),
         train_seconds=("train_seconds", "mean"),
+        n_test=("test_total", "median"),
         **ratio,
     ).reset_index()
     out["seeds"] = grouped["seed"].agg(lambda s: ",".join(map(str, sorted(s)))).to_numpy()
@@ -306,14 +311,18 @@ def accuracy_table(
     summary: pd.DataFrame,
     row_keys: Sequence[str],
     row_order: Sequence[tuple] | None = None,
+    reference: bool = False,
 ) -> Table:
     """Rows = ``row_keys`` combinations of ``summary``, columns = operators, cells = mean ± sd
-    with marks."""
+    with marks; with ``reference``, a last column "bag-of-words" (the row's reference baseline,
+    when its runs logged one)."""
     keys = inputs.keys
     ops = operator_order(summary["operator"], inputs.baseline)
     n_typical = int(summary["n"].mode().iloc[0]) if len(summary) else 0
     rows = row_order or list(dict.fromkeys(map(tuple, summary[list(row_keys)].to_numpy())))
     index = summary.set_index([*row_keys, "operator"])
+    show_reference = reference and "bow_acc" in summary and summary["bow_acc"].notna().any()
+    bow = summary.groupby(list(row_keys))["bow_acc"].mean() if show_reference else None
     display_rows, data_rows = [], []
     for rkey in rows:
         rkey = tuple(rkey)
@@ -338,8 +347,12 @@ def accuracy_table(
                     "significant": sig,
                 }
             )
+        if show_reference:
+            mean = bow.get(rkey if len(row_keys) > 1 else rkey[0], math.nan)
+            disp[BAG_OF_WORDS_COLUMN] = "–" if pd.isna(mean) else f"{mean:.2f}"
         display_rows.append(disp)
-    display = pd.DataFrame(display_rows, columns=[*row_keys, *ops])
+    extra = [BAG_OF_WORDS_COLUMN] if show_reference else []
+    display = pd.DataFrame(display_rows, columns=[*row_keys, *ops, *extra])
     display.columns = [
         column_label(c, inputs.axes) if c in row_keys else c for c in display.columns
     ]
@@ -379,11 +392,15 @@ def _levels_in_order(
     return sorted(rows, key=rank)
 
 
+BAG_OF_WORDS_COLUMN = "bag-of-words"
+"""Table 1's reference column: TF-IDF + logistic regression on the same tokens (position-blind)."""
+
+
 def table1(inputs: TableInputs) -> Table:
     """Table 1: dataset (x extra axis levels) x operator in the main setting (the study:
     sinusoidal, no attention PE)."""
     sel = select(inputs.summary, inputs.setting)
-    return accuracy_table(
+    table = accuracy_table(
         inputs,
         "table1_accuracy",
         "Table 1. Test accuracy (%) per dataset and fusion operator "
@@ -391,7 +408,14 @@ def table1(inputs: TableInputs) -> Table:
         sel,
         row_keys=["dataset", *inputs.axes],
         row_order=_dataset_rows(inputs, sel),
+        reference=True,
     )
+    if BAG_OF_WORDS_COLUMN in table.display:
+        table.footnotes.append(
+            f"{BAG_OF_WORDS_COLUMN}: TF-IDF + logistic regression on the same tokens, fitted on "
+            "the training split (position-blind; see Reference baselines)."
+        )
+    return table
 
 
 def table3(inputs: TableInputs) -> Table:

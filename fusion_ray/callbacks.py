@@ -131,6 +131,7 @@ class MLflowSweepCallback(TrackingCallback):
         self.checkpoints: dict[str, str] = {}
         self.finished: set[str] = set()
         self.started_at: dict[str, float] = {}
+        self.references_logged: set[str] = set()
         self.began = time.monotonic()
         self.at_most = at_most
 
@@ -182,6 +183,10 @@ class MLflowSweepCallback(TrackingCallback):
                 # a run that already holds its final metrics (its trial ended before the driver
                 # died) is only re-tested on resume, with the same weights: log them once
                 self.tracker.log_final(run_id, result)
+            dataset = self.cells[cid].dataset
+            if dataset not in self.references_logged:
+                self.tracker.log_reference(self.parent_id, dataset, result)
+                self.references_logged.add(dataset)
         elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
             self.tracker.log_epoch(run_id, result)
             self.logged_until[cid] = int(result["epoch"])

@@ -127,6 +127,17 @@ LATENCY_RATIO_METRIC = "latency_ratio_to_baseline"
 #: validation epoch. Final metrics ``test_acc_at_<L>``, ``test_correct_at_<L>`` and
 #: ``test_total_at_<L>`` per length L, and one artifact with a row per document and length.
 EVAL_LENGTH_METRIC_PREFIXES = ("test_acc_at_", "test_correct_at_", "test_total_at_")
+BAG_OF_WORDS_METRIC = "reference.bag_of_words.test_acc"
+"""A trial's dataset's bag-of-words baseline (TF-IDF + logistic regression on the same tokens)."""
+MAJORITY_METRIC = "reference.majority.test_acc"
+"""The test accuracy of always answering the most frequent training class (chance)."""
+REFERENCE_METRICS = (BAG_OF_WORDS_METRIC, "reference.bag_of_words.val_acc", MAJORITY_METRIC)
+REFERENCE_METRIC_PREFIX = "reference."
+"""Final metrics of a dataset's reference baselines, the same on every run of it:
+``reference.<baseline>.test_acc`` and ``.val_acc`` (``bag_of_words``: TF-IDF + logistic
+regression on the same tokens, position-blind)."""
+PARENT_BASELINE_PREFIX = "baseline."
+"""Parent-run metrics: ``baseline.<dataset>.<baseline>.test_acc``."""
 LENGTH_PREDICTIONS_FILE = "test_predictions_by_length.parquet"
 #: ``doc``: the document's index in the test split; ``length``: its length in tokens before any
 #: truncation; ``eval_length``: the truncation length it was evaluated at.

@@ -38,8 +38,10 @@ from fusion_ray.schema import (
     LATENCY_RATIO_METRIC,
     LEASE_TOKEN_TAG,
     LENGTH_PREDICTIONS_FILE,
+    PARENT_BASELINE_PREFIX,
     PARENT_TAG,
     PREDICTIONS_FILE,
+    REFERENCE_METRIC_PREFIX,
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
@@ -295,9 +297,29 @@ class Tracker:
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
         names = (*FINAL_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
-        names += tuple(k for k in result if k.startswith(EVAL_LENGTH_METRIC_PREFIXES))
+        names += tuple(
+            k
+            for k in result
+            if k.startswith((*EVAL_LENGTH_METRIC_PREFIXES, REFERENCE_METRIC_PREFIX))
+        )
         metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
+
+    def log_reference(self, parent_id: str, dataset: str, result: dict[str, Any]) -> None:
+        """A dataset's reference baselines on the sweep's parent run, from a trial's final
+        metrics: ``baseline.<dataset>.<baseline>.test_acc`` (and ``.val_acc``)."""
+        metrics = [
+            Metric(
+                PARENT_BASELINE_PREFIX + f"{dataset}." + k.removeprefix(REFERENCE_METRIC_PREFIX),
+                float(v),
+                _now_ms(),
+                0,
+            )
+            for k, v in result.items()
+            if k.startswith(REFERENCE_METRIC_PREFIX)
+        ]
+        if metrics:
+            self.client.log_batch(parent_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
         self.client.set_tag(run_id, CHECKPOINT_TAG, path)

@@ -135,6 +135,10 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert (row["state"], row["seeds_used"], row["decided_at_seed"]) == ("futile", 3, 2)
     parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
     assert parent.data.tags["decisions.futile"] == "1"
+    # the dataset's reference baseline, reported by its trials, is on the parent run too
+    bow = parent.data.metrics["baseline.short.bag_of_words.test_acc"]
+    trial = next(r for r in runs if r.info.status == "FINISHED")
+    assert bow == trial.data.metrics["reference.bag_of_words.test_acc"] and 0 < bow <= 1
     assert '"max":9' in parent.data.tags["adaptive_seeds"]
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     again = run_sweep(spec)  # a second driver finds nothing left to run

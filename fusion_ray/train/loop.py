@@ -34,6 +34,7 @@ from fusion_ray.data import (
     collate,
     prepare_data,
 )
+from fusion_ray.data.reference import reference_baselines, reference_metrics
 from fusion_ray.model import ModelSpec, build_classifier, check_model_spec, count_parameters
 from fusion_ray.model.fusion import GatedFusion
 from fusion_ray.schema import (
@@ -500,6 +501,8 @@ def run_trial(
         - entered,  # this process's time here (not summed over resumes)
         **init_scales,
     )
+    if rank == 0:  # how a model blind to word order does on the same tokens (cached per dataset)
+        final.update(reference_metrics(reference_baselines(data)))
     # the final checkpoint: the last state again (a resumed finished run only re-tests) + files
     _save_and_report(reporter, final, last_state, files)
     return final
