@@ -37,7 +37,7 @@ from analysis.tables import (
     table2,
     table3,
 )
-from fusion_ray.schema import CELLS_ARTIFACT
+from fusion_ray.schema import ADAPTIVE_TAG, CELLS_ARTIFACT
 
 #: Where the report goes among the sweep parent run's artifacts.
 ARTIFACT_PATH = "analysis"
@@ -338,7 +338,9 @@ def loading_warnings(exp: Experiment, pairing: Pairing) -> list[str]:
     sweep, then one per kind of gap the pairing found."""
     warns = exp.notes + pairing.notes
     expected = pd.to_numeric(exp.parent_tags.get("cells"), errors="coerce")
-    if expected is not None and not pd.isna(expected):
+    # an adaptive sweep's `cells` is its worst case: the evidence decides how many run
+    adaptive = ADAPTIVE_TAG in exp.parent_tags
+    if expected is not None and not pd.isna(expected) and not adaptive:
         cells = exp.runs["cell_id"].dropna()
         done = exp.runs.loc[exp.runs["status"] == FINISHED, "cell_id"].dropna().nunique()
         if done < int(expected):

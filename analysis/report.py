@@ -67,7 +67,13 @@ from analysis.scaling import SCALING
 from analysis.section import Section, jsonable, records
 from analysis.stats import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.tables import Table
-from fusion_ray.schema import LENGTH_PREDICTIONS_FILE, PREDICTIONS_FILE, ROLE_SWEEP, ROLE_TAG
+from fusion_ray.schema import (
+    ADAPTIVE_TAG,
+    LENGTH_PREDICTIONS_FILE,
+    PREDICTIONS_FILE,
+    ROLE_SWEEP,
+    ROLE_TAG,
+)
 
 __all__ = ["SECTIONS", "STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
 
@@ -408,9 +414,15 @@ def print_summary(result: ReportResult, alpha: float) -> None:
     table = result.comparisons.table
     sig = int(table["significant"].sum()) if len(table) else 0
     print(f"report: {result.out_dir / 'report.md'}")
+    adaptive = ADAPTIVE_TAG in result.experiment.parent_tags
     print(
         f"{len(result.pairing.runs)} finished runs, {len(result.pairing.pairs)} seed pairs, "
         f"{len(table)} comparisons, {sig} significant after Holm at alpha={alpha}"
+        + (
+            " (fixed-n tests, descriptive after adaptive seeds: the decisions are primary)"
+            if adaptive
+            else ""
+        )
     )
     if result.other_settings.left_out:
         print(result.other_settings.sentence)

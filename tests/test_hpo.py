@@ -157,14 +157,14 @@ def test_a_tuning_seed_of_the_grid_is_refused_before_anything_starts(tmp_path, m
 
     quick = _quick()
     quick["output"] = "tuned.yaml"
-    quick["tune"]["seed"] = 3  # quickstart.yaml pairs seeds 0-7
+    quick["tune"]["seed"] = 3  # quickstart.yaml's adaptive seeds are 0-13 at most
     path = _write(tmp_path, yaml.safe_dump(quick))
     with pytest.raises(HpoFileError) as info:
         load_hpo(path)
     sweep = quick["sweeps"][0]
     assert info.value.problems == [
         f"tune.seed: 3 is one of the paired seeds of the sweeps this tuning is for "
-        f"({sweep} [0, 1, 2, 3, 4, 5, 6, 7]); tuning on a seed the grid evaluates lets that "
+        f"({sweep} {list(range(14))}); tuning on a seed the grid evaluates lets that "
         "seed's runs choose the settings the operators are then compared with (same seed, same "
         "initialisation and batch order), which leaks the selection into the comparison; pick a "
         "seed none of them uses, e.g. 1000"
@@ -179,10 +179,8 @@ def test_a_tuning_seed_of_the_grid_is_refused_before_anything_starts(tmp_path, m
     assert hpo_main([str(path)]) == 2
     assert "tune.seed: 3 is one of the paired seeds" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hpo.yaml"]  # no MLflow store, no results
-    quick["tune"]["seed"] = 8  # not one of them
-    assert load_hpo(_write(tmp_path, yaml.safe_dump(quick))).sweeps == {
-        sweep: [0, 1, 2, 3, 4, 5, 6, 7]
-    }
+    quick["tune"]["seed"] = 14  # not one of them
+    assert load_hpo(_write(tmp_path, yaml.safe_dump(quick))).sweeps == {sweep: list(range(14))}
 
 
 def test_the_grid_seeds_are_read_through_extends_and_the_sweeps_must_be_named(tmp_path):
