@@ -8,12 +8,15 @@
     fusion-ray list
 
 Each subcommand takes the options of the module it runs (``fusion-ray sweep --help`` shows
-them); ``python -m fusion_ray.sweep ...`` and the other module commands keep working as they are.
+them; ``--dry-run``, ``--address`` and ``--verbose`` are one parser, ``common_options``, shared
+by ``sweep`` and ``hpo``); ``python -m fusion_ray.sweep ...`` and the other module commands keep
+working as they are.
 ``list`` prints every entry of every registry, with its options and the package it comes from.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import sys
@@ -28,6 +31,29 @@ COMMANDS = {
     "cluster": ("fusion_ray.cluster", "render or check the cluster files"),
     "list": ("fusion_ray.cli", "every registry entry with its options and origin"),
 }
+
+
+def common_options() -> argparse.ArgumentParser:
+    """The options the commands that start Ray share (``sweep``, ``hpo``), as a parent parser:
+    the same names, defaults and meaning in each."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--dry-run", action="store_true", help="validate and print the plan; start nothing"
+    )
+    common.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
+    )
+    common.add_argument(
+        "--verbose",
+        type=int,
+        default=0,
+        choices=[0, 1, 2],
+        help="Ray Tune's own output and the libraries' start-up lines (0: one line per "
+        "finished trial)",
+    )
+    return common
 
 
 def registries() -> dict[str, object]:

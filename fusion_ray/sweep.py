@@ -572,8 +572,12 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from fusion_ray.cli import common_options
+
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.sweep", description=__doc__.splitlines()[0]
+        prog="python -m fusion_ray.sweep",
+        description=__doc__.splitlines()[0],
+        parents=[common_options()],
     )
     parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
     parser.add_argument(
@@ -585,29 +589,12 @@ def _parser() -> argparse.ArgumentParser:
         "on the parent run, and part of the cells' configs",
     )
     parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the cells and what is already finished; start nothing",
-    )
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
-    )
-    parser.add_argument(
         "--report-dir",
         default=None,
         help="where the analysis report goes (default reports/<sweep name>)",
     )
     parser.add_argument(
         "--no-report", action="store_true", help="skip the analysis report at the end"
-    )
-    parser.add_argument(
-        "--verbose",
-        type=int,
-        default=0,
-        choices=[0, 1, 2],
-        help="Ray Tune's own progress output (0: one line per finished trial)",
     )
     parser.add_argument(
         "--take-over",

@@ -34,7 +34,7 @@ def test_the_python_api_dry_run_is_the_clis(tmp_path, monkeypatch):
     spec = api.load(QUICKSTART)
     todo = api.dry_run(spec)
     assert proc.stdout.strip() == api.dry_run_text(spec, todo)
-    assert len(todo.cells) == 96 and not todo.done
+    assert len(todo.cells) == 168 and not todo.done  # the adaptive quickstart's worst case
     assert not (tmp_path / "mlflow.db").exists()  # a dry run creates no store
 
 
@@ -80,3 +80,29 @@ def test_fusion_ray_without_a_command_shows_the_commands(tmp_path):
     assert proc.returncode == 2
     for command in ("sweep", "hpo", "report", "train", "cluster", "list"):
         assert f"  {command} " in proc.stdout
+
+
+def test_options_may_follow_the_file_and_precede_overrides(tmp_path, monkeypatch, capsys):
+    """``fusion-ray sweep FILE --dry-run key=value``: options and overrides in any order."""
+    from fusion_ray.sweep import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([str(QUICKSTART), "--dry-run", "seeds=[0, 1]"]) == 0
+    assert capsys.readouterr().out.startswith("sweep quickstart: 24 cells")
+
+
+def test_sweep_and_hpo_share_the_common_options(capsys):
+    """--dry-run, --address and --verbose come from one parser (fusion_ray.cli.common_options)."""
+    from fusion_ray.hpo import main as hpo_main
+    from fusion_ray.sweep import main as sweep_main
+
+    helps = []
+    for main in (sweep_main, hpo_main):
+        with pytest.raises(SystemExit):
+            main(["--help"])
+        helps.append(" ".join(capsys.readouterr().out.split()))
+    common = "--verbose {0,1,2} Ray Tune's own output and the libraries' start-up lines"
+    assert all(common in text for text in helps)
+    assert all(
+        "--address ADDRESS Ray cluster address (default: the file's address" in t for t in helps
+    )

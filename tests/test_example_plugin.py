@@ -16,7 +16,8 @@ from tests.conftest import ROOT, tiny_sweep
 pytestmark = pytest.mark.slow
 
 
-def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
+def _install(tmp_path) -> str:
+    """The example package pip-installed into a folder of its own (its site directory)."""
     site = tmp_path / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
@@ -26,6 +27,29 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, dat
         timeout=300,
     )
     assert install.returncode == 0, install.stderr
+    return str(site)
+
+
+def test_the_registry_contract_tests_cover_the_plugin_operator(tmp_path):
+    """tests/test_model_contract.py runs over every registered entry: with the example installed,
+    its operator goes through the same contract as the built-in ones."""
+    site = _install(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        + [str(ROOT / "tests" / "test_model_contract.py"), "-k", "position_gate"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{site}:{ROOT}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    passed = int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+    assert passed >= 3, proc.stdout[-2000:]
+
+
+def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
+    site = _install(tmp_path)
     path = tiny_sweep(tmp_path, name="plugin_demo", seeds=[0, 1])
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["add", "position_gate"]

@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from fusion_ray.cli import common_options
 from fusion_ray.config import resources_for
 from fusion_ray.grid import Cell, expand
 from fusion_ray.hpo.fragment import short
@@ -60,11 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fusion_ray.hpo",
         description="Tune the shared settings before the paired grid (Optuna on Ray Tune).",
+        parents=[common_options()],
     )
     parser.add_argument("hpo_file", help="an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print what would be tuned; start nothing"
-    )
     parser.add_argument(
         "--output", default=None, help="write the fragment here instead of the file's output:"
     )
@@ -73,14 +72,6 @@ def main(argv: list[str] | None = None) -> int:
         "--smoke",
         action="store_true",
         help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml",
-    )
-    parser.add_argument(
-        "--address",
-        default=None,
-        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
-    )
-    parser.add_argument(
-        "--verbose", type=int, default=0, choices=[0, 1, 2], help="Ray Tune's own progress output"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
