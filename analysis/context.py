@@ -361,8 +361,14 @@ def _gap_warnings(pairing: Pairing) -> list[str]:
         ),
         (
             pairing.duplicates,
-            "{n} cell(s) have several FINISHED runs; none of them is used (listed under "
-            "'Duplicate cells').",
+            "{n} cell(s) have several FINISHED runs with different configs; none of them is "
+            "used (listed under 'Duplicate cells').",
+        ),
+        (
+            pairing.set_aside,
+            "{n} FINISHED run(s) set aside: their cell id already had a FINISHED run of the "
+            "same config (two drivers ran it); the run that finished first is used, so no cell "
+            "counts twice (set-aside runs in stats.json, `set_aside`).",
         ),
         (
             pairing.excluded,

@@ -69,6 +69,9 @@ class Pairing:
     """Groups without any FINISHED baseline run: their operators cannot be compared."""
     excluded: pd.DataFrame
     """FINISHED trial runs that lack a tag or metric the analysis needs."""
+    set_aside: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Extra FINISHED runs of a cell id that already has one (same config): the run that
+    finished first is kept (``kept_run_id``), these are not used."""
     notes: list[str] = field(default_factory=list)
     axes: tuple[str, ...] = ()
     """The extra grid axes among ``keys`` (columns from ``axis.<key>`` tags)."""
@@ -124,6 +127,7 @@ def pair_runs(
     runs, keys = _key_columns(runs, axes, by)
     finished = runs[runs["status"] == FINISHED]
     usable, excluded = _exclude_incomplete_runs(finished, axes)
+    usable, set_aside = _keep_first_of_same_cell(usable)
     clean, duplicates = _drop_duplicate_cells(usable, keys)
     base = clean[clean["operator"] == baseline]
     others = clean[clean["operator"] != baseline]
@@ -139,6 +143,7 @@ def pair_runs(
         duplicates=duplicates,
         no_baseline=_groups_without_baseline(others, base, keys),
         excluded=excluded.reset_index(drop=True),
+        set_aside=set_aside,
         notes=_baseline_notes(clean, baseline),
         axes=axes,
         aliases=aliases,
@@ -190,10 +195,31 @@ def _exclude_incomplete_runs(
     return finished[~bad], excluded
 
 
+def _keep_first_of_same_cell(usable: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Several FINISHED runs of one cell id (one config: two drivers ran it, or a store written
+    before the lease fenced its writes): the run that finished first is kept, the others are
+    set aside, so no cell counts twice. Returns (the runs kept, one row per run set aside with
+    the run kept in its place)."""
+    with_id = usable[usable["cell_id"].notna()]
+    order = ["end_time", "run_id"] if "end_time" in usable else ["run_id"]
+    ranked = with_id.sort_values(order, kind="stable", na_position="last")
+    first = ranked.groupby("cell_id", sort=False)["run_id"].transform("first")
+    extra = ranked[ranked["run_id"] != first]
+    aside = pd.DataFrame(
+        {
+            "cell_id": extra["cell_id"],
+            "run_id": extra["run_id"],
+            "kept_run_id": first[extra.index],
+        }
+    ).reset_index(drop=True)
+    return usable[~usable["run_id"].isin(extra["run_id"])], aside
+
+
 def _drop_duplicate_cells(
     usable: pd.DataFrame, keys: Sequence[str]
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Cells (group, operator, seed) with several FINISHED runs: none of their runs is used.
+    """Cells (group, operator, seed) whose FINISHED runs have different configs (different
+    cell ids): none of their runs is used, since which one the cell is cannot be told.
 
     Returns (the other runs, one row per duplicate cell naming its runs and the params in which
     they differ, a hint at a hyperparameter the sweep varies)."""

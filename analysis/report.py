@@ -262,6 +262,7 @@ def stats_payload(
             "datasets": list(o.only_datasets) or "all",
         },
         "comparisons": records(comparisons),
+        "set_aside": records(ctx.pairing.set_aside),
         "warnings": ctx.warnings,
         "other_settings": _other_settings_record(ctx.other_settings),
         "incomplete_blocks": records(pairing.incomplete),

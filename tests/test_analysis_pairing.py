@@ -15,7 +15,8 @@ def run(op, seed, *, dataset="arxiv", status="FINISHED", correct=60, lr="0.0003"
         "run_name": f"{op}-{seed}",
         "status": status,
         "artifact_uri": "/nowhere",
-        "cell_id": f"{dataset}/{op}/{seed}",
+        # a cell id hashes the whole config: other params, another cell
+        "cell_id": "/".join([dataset, op, str(seed), lr, *map(str, sorted(params.items()))]),
         "dataset": dataset,
         "position": "sinusoidal",
         "attention_position": "none",
@@ -71,11 +72,33 @@ def test_incomplete_blocks_are_named_with_the_status_of_what_is_missing():
     assert counts == {"concat": 3, "gate_scalar": 3}  # only complete pairs
 
 
-def test_duplicate_cells_are_reported_and_not_used():
+def test_a_cell_finished_twice_counts_once_the_first_to_finish():
+    """Two FINISHED runs of one cell id (two drivers ran it): the one that finished first is
+    used, the other set aside and counted; no cell counts twice."""
     rows = [run(op, s) for s in range(3) for op in ("add", "gate_scalar")]
-    rows.append(run("gate_scalar", 1, correct=70))  # a second FINISHED run of the same cell
+    late = run("gate_scalar", 1, correct=70)  # a second FINISHED run of the same cell
+    rows.append(late)
+    df = frame(rows)
+    df["end_time"] = pd.to_datetime(range(len(df)), unit="s", utc=True)
+    df.loc[df["run_id"] == late["run_id"], "end_time"] = pd.Timestamp(0, unit="s", tz="UTC")
+    p = pair_runs(df)  # the late-logged row finished first here
+    assert p.duplicates.empty and len(p.pairs) == 3
+    (aside,) = p.set_aside.itertuples()
+    assert aside.run_id != late["run_id"] and aside.kept_run_id == late["run_id"]
+    assert int(p.pairs.loc[p.pairs["seed"] == 1, "correct"].iloc[0]) == 70
+    df["end_time"] = pd.to_datetime(range(len(df)), unit="s", utc=True)  # now it finished last
+    p = pair_runs(df)
+    assert p.set_aside["run_id"].tolist() == [late["run_id"]]
+    assert int(p.pairs.loc[p.pairs["seed"] == 1, "correct"].iloc[0]) == 60
+
+
+def test_runs_of_one_cell_with_different_configs_are_reported_and_not_used():
+    rows = [run(op, s) for s in range(3) for op in ("add", "gate_scalar")]
+    other = run("gate_scalar", 1, correct=70)
+    other["cell_id"] += "/other-settings"  # its config differs somewhere
+    rows.append(other)
     p = pair_runs(frame(rows))
-    assert len(p.duplicates) == 1
+    assert len(p.duplicates) == 1 and p.set_aside.empty
     dup = p.duplicates.iloc[0]
     assert dup["operator"] == "gate_scalar" and dup["seed"] == 1
     assert len(dup["run_ids"].split(", ")) == 2

@@ -3,6 +3,8 @@ logged metrics (exit 2). Experiments are logged once for the module into a sqlit
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -36,9 +38,14 @@ def store(tmp_path_factory):
     # add ran seeds 0 and 1, concat seeds 2 and 3: no seed in common
     log_synthetic_sweep(sweep("disjoint", ("add",), (0, 1), cells_artifact=False), uri)
     log_synthetic_sweep(sweep("disjoint", ("concat",), (2, 3), with_parent=False), uri)
-    # the same sweep logged twice: every cell has two FINISHED runs
+    # the sweep logged twice with another setting under the same name: every cell has two
+    # FINISHED runs of different configs, and which one is the cell cannot be told
     log_synthetic_sweep(sweep("duplicated", cells_artifact=False), uri)
-    log_synthetic_sweep(sweep("duplicated", with_parent=False), uri)
+    changed = sweep("duplicated", with_parent=False, cell_salt="epochs=5")
+    log_synthetic_sweep(replace(changed, extra_params={"train.epochs": "5"}), uri)
+    # the same sweep logged twice (two drivers): each cell's first FINISHED run counts
+    log_synthetic_sweep(sweep("twice", cells_artifact=False), uri)
+    log_synthetic_sweep(sweep("twice", with_parent=False), uri)
     impossible = sweep("impossible")
     ids = log_synthetic_sweep(impossible, uri, skip=[("d", "concat", 2)])
     bad = simulate_trial(impossible, "d", "short", "sinusoidal", "none", "concat", 2)
@@ -51,6 +58,13 @@ def store(tmp_path_factory):
         parent_run_id=ids["parent_run_id"],
     )
     return {"uri": uri, "bad_run": bad_id, "bad_cell": bad.tags["cell_id"]}
+
+
+def test_a_sweep_logged_twice_counts_each_cell_once(store, tmp_path):
+    result = build_report("twice", store["uri"], ReportOptions(baseline="add", out=tmp_path))
+    assert len(result.pairing.pairs) == 3 and len(result.pairing.set_aside) == 6
+    assert result.pairing.duplicates.empty
+    assert any(w.startswith("6 FINISHED run(s) set aside") for w in result.warnings)
 
 
 @pytest.mark.parametrize(
