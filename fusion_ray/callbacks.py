@@ -66,9 +66,16 @@ def _guarded(method: Callable[..., None]) -> Callable[..., None]:
     def wrapper(
         self: TrackingCallback, iteration: int, trials: list, trial: Any, *args: Any, **info: Any
     ) -> None:
+        if self.store_lost:
+            return  # nothing can be written any more; the driver stops (DriverStopper)
         try:
             method(self, iteration, trials, trial, *args, **info)
         except Exception as exc:  # noqa: BLE001 - recorded on the trial's run, and Tune goes on
+            problem = self.tracker.store_problem()
+            if problem is not None:
+                log.error("%s; stopping the sweep", problem)
+                self.store_lost = problem
+                return
             self.tracking_failed(trial, method.__name__, exc)
 
     return wrapper
@@ -87,6 +94,8 @@ class TrackingCallback(Callback):
         self.tracker = tracker
         self.run_ids: dict[str, str] = {}
         self.failed: dict[str, str] = {}
+        self.store_lost: str | None = None
+        """How the tracking store vanished, once it has: every hook then writes nothing."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -213,6 +222,9 @@ class MLflowSweepCallback(TrackingCallback):
             return
         if not self._holds():
             return  # the new holder finishes this cell; its run stays as the holder expects
+        self.store_lost = self.tracker.store_problem()
+        if self.store_lost is not None:
+            return  # a FINISHED written into a deleted file would be lost: stop instead
         run_id = self.run_ids[cid]
         last = trial.last_result or {}
         if TRIAL_ERROR in last:
@@ -250,7 +262,7 @@ class MLflowSweepCallback(TrackingCallback):
         """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable
         later. A driver that lost its lease leaves them as they are: the new holder resumes them."""
         open_cells = [c for c in self.run_ids if c not in self.finished and c not in self.failed]
-        if self.lease is not None and self.lease.lost.is_set():
+        if self.store_lost or (self.lease is not None and self.lease.lost.is_set()):
             return open_cells
         for cid in open_cells:
             if not self.tracker.kill(self.run_ids[cid]):
@@ -351,14 +363,27 @@ class MLflowTuningCallback(TrackingCallback):
         )
 
 
-class LeaseStopper(Stopper):
-    """Stops every trial of the Tune run once the driver's lease is lost."""
+class DriverStopper(Stopper):
+    """Stops every trial of the Tune run once the driver cannot go on: its lease lost to
+    another driver, or its tracking store gone."""
 
-    def __init__(self, lease: SweepLease) -> None:
-        self.lease = lease
+    def __init__(self, callback: MLflowSweepCallback) -> None:
+        self.callback = callback
+
+    def __getstate__(self) -> dict:
+        return {}  # Tune pickles its run config; a restored copy never stops anything
+
+    def __setstate__(self, state: dict) -> None:
+        self.callback = None
+
+    def _stop(self) -> bool:
+        cb = self.callback
+        if cb is None:
+            return False
+        return bool(cb.store_lost) or (cb.lease is not None and cb.lease.lost.is_set())
 
     def __call__(self, trial_id: str, result: dict) -> bool:
-        return self.lease.lost.is_set()
+        return self._stop()
 
     def stop_all(self) -> bool:
-        return self.lease.lost.is_set()
+        return self._stop()

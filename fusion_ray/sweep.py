@@ -133,7 +133,8 @@ def run_sweep(
             tracker.fail(parent_id, "the sweep driver was interrupted", status="KILLED")
             raise
         except BaseException as exc:
-            tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
+            if tracker.store_problem() is None:  # with the store gone there is no run to mark
+                tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
             raise
 
 
@@ -233,6 +234,11 @@ def _run_cells(
             ran = _run_fixed(spec, todo, callback, tune_run, verbose)
     finally:
         interrupted = callback.close_unfinished()
+    if callback.store_lost:
+        from fusion_ray.tracking import TrackingStoreLostError, store_lost_message
+
+        message = store_lost_message(callback.store_lost, len(callback.finished), spec.storage_path)
+        raise TrackingStoreLostError(message)
     if not lease.holds():
         from fusion_ray.lease import LeaseLostError
 
@@ -374,7 +380,7 @@ def _tuner(
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
-    from fusion_ray.callbacks import LeaseStopper
+    from fusion_ray.callbacks import DriverStopper
 
     by_id = {c.cell_id: c for c in pending}
     resources_by_id = {
@@ -399,7 +405,7 @@ def _tuner(
         run_config=tune.RunConfig(
             name=tune_run,
             storage_path=storage_uri(spec.storage_path),
-            stop=LeaseStopper(callback.lease) if callback.lease is not None else None,
+            stop=DriverStopper(callback),
             callbacks=[callback, _placement_callback()],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
@@ -643,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fusion_ray.lease import LeaseHeldError, LeaseLostError
     from fusion_ray.placement import PlacementError
+    from fusion_ray.tracking import TrackingStoreLostError
 
     print(
         f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
@@ -657,10 +664,11 @@ def main(argv: list[str] | None = None) -> int:
             smoke=args.smoke,
             overrides=args.overrides,
         )
-    except (LeaseHeldError, LeaseLostError, PlacementError) as exc:
+    except (LeaseHeldError, LeaseLostError, PlacementError, TrackingStoreLostError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        # 3: another driver runs the sweep; 4: it took over from this one; 2: cannot be placed
-        return {LeaseHeldError: 3, LeaseLostError: 4}.get(type(exc), 2)
+        # 3: another driver runs the sweep; 4: it took over from this one; 5: the tracking
+        # store vanished; 2: the trials cannot be placed
+        return {LeaseHeldError: 3, LeaseLostError: 4, TrackingStoreLostError: 5}.get(type(exc), 2)
     print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
     if outcome.decisions is not None:

@@ -132,6 +132,8 @@ class Tracker:
         with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
             self.client = MlflowClient(tracking_uri=tracking_uri)
             experiment = self.client.get_experiment_by_name(sweep)
+        self._store_file = _sqlite_file(tracking_uri)
+        self._store_inode = _inode(self._store_file)
         if experiment is None:
             self.experiment_id = self.client.create_experiment(
                 sweep, artifact_location=artifact_root(tracking_uri, sweep)
@@ -140,6 +142,20 @@ class Tracker:
             if experiment.lifecycle_stage == "deleted":
                 self.client.restore_experiment(experiment.experiment_id)
             self.experiment_id = experiment.experiment_id
+
+    def store_problem(self) -> str | None:
+        """How the tracking store is gone, when it is: a sqlite file deleted, replaced or
+        emptied since this tracker opened it (its writes would go to a file no one can read
+        again, or fail); None while it is there (and for servers, whose client retries)."""
+        if self._store_file is None:
+            return None
+        if not self._store_file.exists():
+            return f"the tracking store {self._store_file} disappeared"
+        if _inode(self._store_file) != self._store_inode:
+            return f"the tracking store {self._store_file} was replaced by another file"
+        if self._store_file.stat().st_size == 0:
+            return f"the tracking store {self._store_file} was emptied (0 bytes)"
+        return None
 
     # --- reading
     def trial_runs(self) -> list[Any]:
@@ -351,6 +367,36 @@ class Tracker:
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
         self.client.set_tag(run_id, FAILURE_TAG, reason[-4900:])
         self.client.set_terminated(run_id, status)
+
+
+class TrackingStoreLostError(RuntimeError):
+    """The sweep's tracking store vanished while it ran; the message says what is safe and how
+    to recover."""
+
+
+def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
+    return (
+        f"{problem} while the sweep ran, so the driver stopped: {finished} trial(s) had "
+        f"finished in this run; their checkpoints and predictions remain under storage_path "
+        f"{storage_path}, which the driver left as it was. Restore the store from a backup (or "
+        "point tracking_uri at the right one) and run the same command again: cells whose "
+        "FINISHED runs are in the restored store are not run again; the others resume from "
+        "their checkpoints or start again"
+    )
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` store (None for any other store)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return Path(tracking_uri.removeprefix("sqlite:///")).resolve()
+
+
+def _inode(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_ino if path is not None else None
+    except OSError:
+        return None
 
 
 class LeaseStore:

@@ -29,6 +29,7 @@ from analysis.load import axis_levels, load_experiment
 from analysis.other_settings import compare_with_counterparts
 from analysis.pairing import pair_runs
 from analysis.report import STATS_COLUMNS, ReportOptions, build_report
+from analysis.report_md import one_line
 from analysis.stats import StatsSettings, compare, holm
 from analysis.synthetic import SyntheticSweep, flat_config, log_synthetic_sweep, log_trial
 from analysis.tables import TableInputs, operator_summary, table2
@@ -401,7 +402,8 @@ def test_confound_warning_with_the_measured_ratio(store, tmp_path):
     assert f"{ratio:.3g}x the position signal in RMS" in warning
     assert "median over 12 runs" in warning
     assert f"`{SCALE}: [true, false]`" in warning and "sweeps/confound.yaml" in warning
-    assert warning in (tmp_path / "report.md").read_text()
+    assert warning in (tmp_path / "warnings.md").read_text()  # in full; report.md: one line
+    assert f"- {one_line(warning)}" in (tmp_path / "report.md").read_text()
     assert "Operator effects with and without" not in (tmp_path / "report.md").read_text()
 
 

@@ -288,7 +288,8 @@ def test_report_md_states_policy_and_guard(clean_report):
     assert "# Fusion analysis: `clean`" in md
     assert "zero_method = `wilcox`" in md and "Holm" in md and "Holm-Sidak" in md
     # 6 seeds, Holm over 4 comparisons: floor 4 * 2/64 = 0.125 > 0.05, needs 8 seeds
-    assert "cannot reach alpha = 0.05" in md and "8 with Holm over m = 4" in md
+    assert "cannot reach alpha = 0.05" in md  # the warning's first clause, at the end
+    assert "8 with Holm over m = 4" in (clean_report.out_dir / "warnings.md").read_text()
     assert "under-cover" in md
     assert "![" in md and "figures/accuracy_by_length_bucket.png" in md
     assert "Table 1" in md and "Table 2" in md and "Table 3" in md
@@ -343,11 +344,15 @@ def test_partial_sweep_lists_what_is_missing(store, tmp_path, capsys):
     assert "incomplete block" in printed.out
     md = (tmp_path / "report.md").read_text()
     assert "seed=3, missing=gate_scalar (FAILED)" in md
-    assert "seed=1, missing=add (duplicate runs)" in md
-    assert "## Duplicate cells" in md and "operator=add, seed=1" in md
-    assert "7 of 8 cells (parent run tag `cells`) have a FINISHED run; 0 have no run yet" in md
+    # (add, seed 1) finished twice with one config: the first run counts, the second is set aside
+    assert "## Duplicate cells\n\n- none" in md
+    warnings = (tmp_path / "warnings.md").read_text()
+    assert "1 FINISHED run(s) set aside" in warnings
+    assert (
+        "7 of 8 cells (parent run tag `cells`) have a FINISHED run; 0 have no run yet" in warnings
+    )
     stats = pd.read_csv(tmp_path / "stats.csv")
-    assert stats.loc[0, "n_pairs"] == 2 and stats.loc[0, "seeds"] == "0,2"
+    assert stats.loc[0, "n_pairs"] == 3 and stats.loc[0, "seeds"] == "0,1,2"
     assert not (tmp_path / "length_stats.csv").exists()
 
 

@@ -154,6 +154,7 @@ def test_no_function_is_longer_than_a_screenful():
                 "pyarrow",
                 "datasets",
                 "annotated_types",
+                "sklearn",  # the reference baselines (bag-of-words)
                 "fusion_ray.data",
                 "fusion_ray.registry",
                 "fusion_ray.checks",

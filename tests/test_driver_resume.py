@@ -172,3 +172,46 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
         if r["status"] == "FINISHED"
     }
     assert len(tokens) == 1 and None not in tokens, "every FINISHED run names the second driver"
+
+
+def test_the_tracking_store_vanishing_mid_sweep_is_one_clear_message(
+    tmp_path, ray_session, data_cache
+):
+    """The sqlite store deleted while the sweep runs: the driver stops with one message saying
+    what happened, what is safe and how to recover (exit 5), and storage keeps the checkpoints."""
+    path = tiny_sweep(
+        tmp_path,
+        name="vanish",
+        seeds=[0, 1, 2],
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": str(ROOT),
+    }
+    err_file = tmp_path / "driver.err"
+    with err_file.open("w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    deadline = time.monotonic() + 300
+    while not any(r["status"] == "FINISHED" for r in _snapshot(client, spec.name).values()):
+        assert driver.poll() is None, "the sweep ended before its store could be removed"
+        assert time.monotonic() < deadline, "no trial finished"
+        time.sleep(0.2)
+    (tmp_path / "mlflow.db").unlink()
+    assert driver.wait(timeout=300) == 5
+    err = err_file.read_text()
+    assert f"the tracking store {tmp_path / 'mlflow.db'} disappeared while the sweep ran" in err
+    assert "remain under storage_path" in err and "run the same command again" in err
+    assert len(err) < 20_000, f"{len(err)} characters of error output"
+    assert "Traceback" not in err
+    assert list((tmp_path / "ray_results").rglob("checkpoint_*")), "storage was left as it was"

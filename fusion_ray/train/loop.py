@@ -497,12 +497,10 @@ def run_trial(
         epochs_run=progress.epochs_done,
         num_params=num_params,
         train_seconds=progress.train_seconds,
-        loop_seconds=time.perf_counter()
-        - entered,  # this process's time here (not summed over resumes)
+        loop_seconds=time.perf_counter() - entered,  # this process's, not summed over resumes
         **init_scales,
+        **(reference_metrics(reference_baselines(data)) if rank == 0 else {}),  # bag-of-words
     )
-    if rank == 0:  # how a model blind to word order does on the same tokens (cached per dataset)
-        final.update(reference_metrics(reference_baselines(data)))
     # the final checkpoint: the last state again (a resumed finished run only re-tests) + files
     _save_and_report(reporter, final, last_state, files)
     return final
