@@ -101,6 +101,7 @@ class SweepLease:
         )
         self.take_over = take_over
         self.token = uuid.uuid4().hex
+        self.abandoned = False
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -211,8 +212,15 @@ class SweepLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self.abandoned:
+            return
         with contextlib.suppress(Exception):
             self._delete_if(self.token)
+
+    def abandon(self) -> None:
+        """Stop refreshing the lease and leave it as it is (the store it lives in is gone)."""
+        self.abandoned = True
+        self._stop.set()
 
     def __getstate__(self) -> dict:
         """Ray Tune saves its run config (the stopper, the callbacks) with pickle: a copy keeps

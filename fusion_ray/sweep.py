@@ -133,7 +133,9 @@ def run_sweep(
             tracker.fail(parent_id, "the sweep driver was interrupted", status="KILLED")
             raise
         except BaseException as exc:
-            if tracker.store_problem() is None:  # with the store gone there is no run to mark
+            if tracker.store_problem() is not None:  # nothing to mark, no lease to delete
+                lease.abandon()
+            else:
                 tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
             raise
 

@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -134,6 +135,8 @@ class Tracker:
             experiment = self.client.get_experiment_by_name(sweep)
         self._store_file = _sqlite_file(tracking_uri)
         self._store_inode = _inode(self._store_file)
+        if self._store_file is not None:
+            _VANISHED.watch(self)
         if experiment is None:
             self.experiment_id = self.client.create_experiment(
                 sweep, artifact_location=artifact_root(tracking_uri, sweep)
@@ -383,6 +386,25 @@ def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
         "FINISHED runs are in the restored store are not run again; the others resume from "
         "their checkpoints or start again"
     )
+
+
+class _VanishedStoreFilter(logging.Filter):
+    """Drops MLflow's SQLAlchemy error records (each with a traceback) once a watched tracker's
+    sqlite file is gone: the driver then says what happened in one message instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trackers: weakref.WeakSet[Tracker] = weakref.WeakSet()
+        logging.getLogger("mlflow.store.db.utils").addFilter(self)
+
+    def watch(self, tracker: Tracker) -> None:
+        self.trackers.add(tracker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return all(t.store_problem() is None for t in list(self.trackers))
+
+
+_VANISHED = _VanishedStoreFilter()
 
 
 def _sqlite_file(tracking_uri: str) -> Path | None:
