@@ -18,7 +18,7 @@ from fusion_ray.placement import (
     placeable,
     trial_bundles,
 )
-from tests.conftest import tiny_sweep
+from tests.conftest import ROOT, tiny_sweep
 
 GPU = Resources(workers=1, use_gpu=True, gpus_per_worker=1, cpus_per_worker=1)
 DDP = Resources(workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8)
@@ -121,3 +121,28 @@ def test_waiting_for_a_node_type_gives_up_after_the_timeout(
         run_sweep(spec)
     assert time.monotonic() - started < 90
     assert "waiting for the autoscaler to add a node for short" in capsys.readouterr().out
+
+
+def test_an_hpo_whose_trials_fit_no_node_fails_in_seconds(
+    tmp_path, ray_session, monkeypatch, capsys
+):
+    """The HPO command checks placement too: trials asking more CPUs than any node has are an
+    error before any run is created."""
+    from fusion_ray.hpo import main as hpo_main
+
+    quick = yaml.safe_load((ROOT / "sweeps" / "hpo" / "quick.yaml").read_text())
+    quick["sweeps"] = [str(ROOT / "sweeps" / "quickstart.yaml")]
+    quick["output"] = "tuned.yaml"
+    quick["resources"] = {"workers": 1, "cpus_per_worker": 64}
+    quick["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    quick["storage_path"] = str(tmp_path / "ray_results")
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(quick))
+    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
+    started = time.monotonic()
+    assert hpo_main([str(path)]) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err
+    assert "no node of this Ray cluster can run these trials" in err
+    assert "short: each trial asks 1 worker(s) x (64 CPU)" in err
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was created

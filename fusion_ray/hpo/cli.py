@@ -104,11 +104,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print_plan(plan)
+    from fusion_ray.placement import PlacementError
+
     try:
         best = run_hpo(plan, address=args.address, verbose=args.verbose)
+    except PlacementError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1
+    print_found(plan, best)
+    return 0
+
+
+def print_found(plan: HpoPlan, best: dict) -> None:
+    """What was chosen per dataset, and where the fragment went."""
     print()
     for dataset, found in best.items():
         if isinstance(found, Ranking):
@@ -122,4 +133,3 @@ def main(argv: list[str] | None = None) -> int:
         f"\nwrote {plan.output}\nadd it to a sweep file's extends: after the presets, e.g. "
         f"extends: [_study_datasets.yaml, tuned/{plan.output.name}]"
     )
-    return 0

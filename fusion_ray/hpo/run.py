@@ -166,6 +166,17 @@ def tune_dataset(
     return Ranking(operators, ranked, len(callback.run_ids)) if ranked else None
 
 
+def check_placement(spec: Any, datasets: list[str]) -> None:
+    """Raises ``placement.PlacementError`` when some tuned dataset's trials fit no node and no
+    node type of the cluster (Ray Tune would wait for them forever)."""
+    from fusion_ray import placement
+
+    capacity = placement.cluster_capacity()
+    check = placement.check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
+    if check.never:
+        raise placement.PlacementError(check.error(capacity))
+
+
 def run_hpo(
     plan: HpoPlan, *, address: str | None = None, verbose: int = 0
 ) -> dict[str, Best | Ranking]:
@@ -177,6 +188,8 @@ def run_hpo(
 
     spec, t = plan.spec, plan.tune
     operators = [op.label for op in t.operators]
+    init_ray(address or spec.address)
+    check_placement(spec, t.datasets)  # before any run is created: never an endless wait
     tracker = Tracker(spec.tracking_uri, spec.name)
     parent_id = tracker.parent_run(
         str(plan.path),
@@ -187,7 +200,6 @@ def run_hpo(
             "seed": str(t.seed),
         },
     )
-    init_ray(address or spec.address)
     cells = expand(spec)
     best: dict[str, Best | Ranking] = {}
     for dataset in t.datasets:
