@@ -440,9 +440,14 @@ class LeaseStore:
             raise
 
     def tags(self, name: str) -> dict[str, str] | None:
-        """The record's tags, or None when there is no record."""
+        """The record's tags, or None when there is no record. A record read without a
+        heartbeat tag (one being written, or by a writer that failed half-way) gets its
+        creation time as the heartbeat: it is live for the TTL, never taken as dead at once."""
         try:
-            return dict(self.client.get_registered_model(name).tags)
+            record = self.client.get_registered_model(name)
+            tags = dict(record.tags)
+            tags.setdefault("heartbeat", repr((record.creation_timestamp or 0) / 1000))
+            return tags
         except mlflow.exceptions.MlflowException as exc:
             if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
                 return None

@@ -85,3 +85,60 @@ def test_the_heartbeat_refreshes_the_lease(client, store):
         first = lease.holder().heartbeat
         time.sleep(1.0)
         assert lease.holder().heartbeat > first
+
+
+RACER = """
+import sys, time
+from fusion_ray.lease import LeaseHeldError, SweepLease
+from fusion_ray.tracking import Tracker
+
+uri, name, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+tracker = Tracker(uri, "race")
+lease = SweepLease(tracker.lease_store(), name)
+time.sleep(max(0.0, start - time.time()))
+try:
+    lease.acquire()
+except LeaseHeldError:
+    print("held", flush=True)
+else:
+    got = time.time()
+    time.sleep(2.0)
+    print("got", got, time.time(), flush=True)  # held from .. to (before the release)
+    lease.release()
+"""
+
+
+def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
+    """Twenty times, two processes ask for one sweep's lease at nearly the same moment (the
+    second up to 50 ms later): never do both hold it at once (the second may get it only after
+    the first released it, when the store made it wait that long)."""
+    import random
+
+    from fusion_ray.tracking import Tracker
+    from tests.conftest import ROOT
+
+    uri = f"sqlite:///{tmp_path / 'race.db'}"
+    Tracker(uri, "race")  # the store exists before the race, as a sweep's does
+    rng = random.Random(0)
+    outcomes = []
+    for round_ in range(20):
+        start = time.time() + 3.0  # after both interpreters have imported MLflow
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", RACER, uri, f"sweep{round_}", str(start + delay)],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for delay in (0.0, rng.uniform(0.0, 0.05))
+        ]
+        results = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
+        held = [tuple(map(float, out.split()[1:])) for out, _ in results if out.startswith("got")]
+        assert held, "nobody got the lease"
+        if len(held) == 2:
+            (a_from, a_to), (b_from, b_to) = sorted(held)
+            assert b_from >= a_to, f"round {round_}: both held the lease at once: {held}"
+        outcomes.append(len(held))
+    assert outcomes.count(1) >= 10, f"too few contended rounds to say anything: {outcomes}"
