@@ -45,7 +45,7 @@ def die_at_first_finish(sweep_file: str) -> None:
     from fusion_ray.sweep import run_sweep
     from fusion_ray.tracking import Tracker
 
-    def die(self, run_id):
+    def die(self, run_id, lease_token=None):
         os._exit(9)
 
     Tracker.finish = die
