@@ -152,6 +152,9 @@ class Tracker:
         again, or fail); None while it is there (and for servers, whose client retries)."""
         if self._store_file is None:
             return None
+        if self._store_inode is None:  # not written yet when this tracker opened it
+            self._store_inode = _inode(self._store_file)
+            return None
         if not self._store_file.exists():
             return f"the tracking store {self._store_file} disappeared"
         if _inode(self._store_file) != self._store_inode:

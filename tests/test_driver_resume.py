@@ -35,33 +35,57 @@ def _snapshot(client: MlflowClient, name: str) -> dict[str, dict]:
     }
 
 
-@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_seeds", "adaptive_seeds"])
-def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
-    tmp_path, ray_session, data_cache, adaptive
-):
+def _one_at_a_time(tmp_path, name: str, seed_list: list[int], epochs: int = 4, **raw_changes):
+    """A tiny sweep running one trial at a time, ``epochs`` long, with top-level changes (which
+    may replace ``seeds`` with an adaptive block)."""
     path = tiny_sweep(
         tmp_path,
-        name="killed_adaptive" if adaptive else "killed",
-        seeds=[0, 1, 2],
+        name=name,
+        seeds=seed_list,
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
     )
     raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"]["epochs"] = 4
-    if adaptive:
-        # Two entries that build the same model: every paired delta is 0, so the comparison is
-        # futile after seed 2 (tests/test_adaptive.py): 3 seeds x 2 cells, whichever driver
-        # decides it; the lease of the killed driver is taken over by the second.
-        raw["seeds"] = {"adaptive": True, "first": 2, "max": 9}
-        raw["grid"]["fusions"] = ["gate_mlp", {"name": "gate_mlp", "hidden": 16}]
+    raw["defaults"]["train"]["epochs"] = epochs
+    for key, value in raw_changes.items():
+        raw[key] = value
     path.write_text(yaml.safe_dump(raw))
-    spec = load_sweep(path)
-    client = MlflowClient(spec.tracking_uri)
-    env = {
+    return path
+
+
+def _driver_env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
+    """A driver subprocess's environment: the test session's Ray and data cache, this checkout."""
+    return {
         **os.environ,
         "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
         "FUSION_RAY_CACHE": data_cache,
         "PYTHONPATH": str(ROOT),
+        **extra,
     }
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_seeds", "adaptive_seeds"])
+def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
+    tmp_path, ray_session, data_cache, adaptive
+):
+    # Adaptive: two entries that build the same model, so every paired delta is 0 and the
+    # comparison is futile after seed 2 (tests/test_adaptive.py): 3 seeds x 2 cells, whichever
+    # driver decides it; the lease of the killed driver is taken over by the second.
+    changes = (
+        {
+            "seeds": {"adaptive": True, "first": 2, "max": 9},
+            "grid": {
+                "datasets": ["short"],
+                "fusions": ["gate_mlp", {"name": "gate_mlp", "hidden": 16}],
+            },
+        }
+        if adaptive
+        else {}
+    )
+    name = "killed_adaptive" if adaptive else "killed"
+    path = _one_at_a_time(tmp_path, name, [0, 1, 2], **changes)
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
 
     driver = subprocess.Popen(
@@ -113,27 +137,14 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
     """The driver paused (SIGSTOP) past the lease's TTL while a trial trains; a second driver
     takes the lease over and runs the sweep; the first, resumed, must stop at once, mark nothing
     FINISHED and exit 4 saying another driver took over: one FINISHED run per cell."""
-    path = tiny_sweep(
-        tmp_path,
-        name="paused",
-        seeds=[0, 1],
-        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
-    )
-    raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"]["epochs"] = 4
-    path.write_text(yaml.safe_dump(raw))
+    path = _one_at_a_time(tmp_path, "paused", [0, 1])
     spec = load_sweep(path)
     client = MlflowClient(spec.tracking_uri)
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-        "FUSION_RAY_CACHE": data_cache,
-        "PYTHONPATH": str(ROOT),
-        # A heartbeat slower than the pause: the first driver learns of the takeover only
-        # through the fence before its writes, which is what this test is about.
-        "FUSION_RAY_LEASE_TTL_S": "3",
-        "FUSION_RAY_LEASE_HEARTBEAT_S": "600",
-    }
+    # A heartbeat slower than the pause: the first driver learns of the takeover only through
+    # the fence before its writes, which is what this test is about.
+    env = _driver_env(
+        ray_session, data_cache, FUSION_RAY_LEASE_TTL_S="3", FUSION_RAY_LEASE_HEARTBEAT_S="600"
+    )
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
     first_err = tmp_path / "first.err"
     with first_err.open("w") as err:
@@ -179,20 +190,10 @@ def test_the_tracking_store_vanishing_mid_sweep_is_one_clear_message(
 ):
     """The sqlite store deleted while the sweep runs: the driver stops with one message saying
     what happened, what is safe and how to recover (exit 5), and storage keeps the checkpoints."""
-    path = tiny_sweep(
-        tmp_path,
-        name="vanish",
-        seeds=[0, 1, 2],
-        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
-    )
+    path = _one_at_a_time(tmp_path, "vanish", [0, 1, 2], epochs=2)
     spec = load_sweep(path)
     client = MlflowClient(spec.tracking_uri)
-    env = {
-        **os.environ,
-        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
-        "FUSION_RAY_CACHE": data_cache,
-        "PYTHONPATH": str(ROOT),
-    }
+    env = _driver_env(ray_session, data_cache)
     err_file = tmp_path / "driver.err"
     with err_file.open("w") as err:
         driver = subprocess.Popen(

@@ -29,18 +29,24 @@ class HalfAdd(Fusion):
 '''
 
 
-def _install(site: Path, dist: str, entry_name: str) -> Path:
-    """A package and its dist-info (with an entry point in fusion_ray.fusions) under ``site``,
-    found by importlib.metadata when ``site`` is on the path: an installed plug-in package."""
+def _install(
+    site: Path,
+    dist: str,
+    entry_name: str,
+    code: str = PLUGIN,
+    group: str = "fusion_ray.fusions",
+    target: str = "HalfAdd",
+) -> Path:
+    """A package (``code``) and its dist-info, with the entry point ``entry_name`` in ``group``
+    naming ``target``, under ``site``: found by importlib.metadata when ``site`` is on the path,
+    as an installed plug-in package is."""
     module = dist.replace("-", "_")
     (site / module).mkdir(parents=True)
-    (site / module / "__init__.py").write_text(PLUGIN)
+    (site / module / "__init__.py").write_text(code)
     info = site / f"{module}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        f"[fusion_ray.fusions]\n{entry_name} = {module}:HalfAdd\n"
-    )
+    (info / "entry_points.txt").write_text(f"[{group}]\n{entry_name} = {module}:{target}\n")
     return site
 
 
@@ -164,17 +170,10 @@ MEDIAN_SIGN = Statistic(
 """
 
 
-def _install_statistic(site: Path, dist: str, entry_name: str) -> Path:
-    module = dist.replace("-", "_")
-    (site / module).mkdir(parents=True)
-    (site / module / "__init__.py").write_text(STATISTIC_PLUGIN)
-    info = site / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        f"[fusion_ray.statistics]\n{entry_name} = {module}:MEDIAN_SIGN\n"
-    )
-    return site
+def _install_statistic(
+    site: Path, dist: str, entry_name: str, code: str = STATISTIC_PLUGIN
+) -> Path:
+    return _install(site, dist, entry_name, code, "fusion_ray.statistics", "MEDIAN_SIGN")
 
 
 def test_a_plugin_statistic_is_computed_for_every_comparison_in_a_fresh_process(tmp_path):
@@ -195,9 +194,8 @@ def test_a_plugin_statistic_is_computed_for_every_comparison_in_a_fresh_process(
 
 
 def test_a_plugin_statistic_clashing_with_a_built_in_names_both(tmp_path):
-    site = _install_statistic(tmp_path / "site", "fusion-stat-shadow", "wilcoxon")
-    STATISTIC = STATISTIC_PLUGIN.replace('name="positive_share"', 'name="wilcoxon"')
-    (site / "fusion_stat_shadow" / "__init__.py").write_text(STATISTIC)
+    shadow = STATISTIC_PLUGIN.replace('name="positive_share"', 'name="wilcoxon"')
+    site = _install_statistic(tmp_path / "site", "fusion-stat-shadow", "wilcoxon", shadow)
     proc = _run("from analysis.stats import statistics; statistics()", site)
     assert proc.returncode != 0
     assert "'wilcoxon' of fusion-stat-shadow clashes with the one of analysis (built in)" in (
