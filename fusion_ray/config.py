@@ -569,11 +569,13 @@ _DOTTED_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 def smoke_version(spec: SweepSpec) -> SweepSpec:
     """The same sweep shrunk to a minutes-long check of its whole path: one seed, one epoch,
-    64 training documents per dataset, its own experiment name."""
+    64 training and at most 64 validation and 64 test documents per dataset, its own
+    experiment name."""
     datasets = {}
     for name, preset in spec.datasets.items():
         data = copy.deepcopy(preset.data)
         data.max_train_samples = min(data.max_train_samples or 64, 64)
+        data.max_eval_samples = min(data.max_eval_samples or 64, 64)
         train = {**preset.train, "epochs": 1, "patience": None}
         datasets[name] = preset.model_copy(update={"data": data, "train": train})
     defaults = spec.defaults.model_copy(

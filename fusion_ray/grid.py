@@ -27,6 +27,7 @@ _ID_DEFAULTS = {
     "train.pad_to_multiple": 1,
     "train.micro_batch_size": None,
     "data.eval_lengths": [],
+    "data.max_eval_samples": None,
 }
 
 

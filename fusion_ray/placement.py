@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from fusion_ray.config import Resources
+from fusion_ray.config import Resources, resources_for
+from fusion_ray.schema import CPU_REHEARSAL_TAG
 
 AUTOSCALER_CONFIG_ENV = "FUSION_RAY_AUTOSCALER_CONFIG"
 """The autoscaler's cluster config to read node types from; default: the one ``ray up`` leaves
@@ -156,3 +158,37 @@ def without_gpus(res: Resources) -> Resources:
 
 def has_gpus(capacity: Capacity) -> bool:
     return any(n.get("GPU", 0.0) > 0 for n in capacity.with_autoscaling())
+
+
+def on_cpus(spec: Any) -> Any:
+    """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker."""
+    datasets = {
+        name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
+        if preset.resources is not None
+        else preset
+        for name, preset in spec.datasets.items()
+    }
+    return spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
+
+
+def fit(
+    spec: Any, datasets: set[str] | list[str], *, smoke: bool
+) -> tuple[Any, bool, PlacementCheck]:
+    """The spec whose trials of ``datasets`` the connected Ray cluster can place: as it is, or,
+    for a smoke run on a Ray without GPUs, with its GPU trials on CPUs (True then, and a line
+    on the console), and which datasets must wait for the autoscaler. Raises
+    ``PlacementError`` when some trial fits no node and no node type of the autoscaler."""
+    capacity = cluster_capacity()
+    rehearse = (
+        smoke and not has_gpus(capacity) and any(resources_for(spec, d).use_gpu for d in datasets)
+    )
+    if rehearse:
+        spec = on_cpus(spec)
+        print(
+            f"{spec.name}: --smoke on a Ray without GPUs: the GPU trials are rehearsed on CPUs "
+            f"(tag {CPU_REHEARSAL_TAG} on the parent run)"
+        )
+    check = check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
+    if check.never:
+        raise PlacementError(check.error(capacity))
+    return spec, rehearse, check

@@ -36,6 +36,11 @@ TRIAL_TAGS = (
 #: Where a trial's latest checkpoint lives (a path or URI), so a later invocation resumes it.
 CHECKPOINT_TAG = "checkpoint_path"
 LEASE_TOKEN_TAG = "lease_token"
+OVERRIDES_TAG = "overrides"
+"""Parent-run tag: the command line's ``key=value`` overrides of the sweep or HPO file (JSON list)."""
+CPU_REHEARSAL_TAG = "smoke_gpu_trials_on_cpu"
+"""Parent-run tag ("true") of a --smoke run, sweep or HPO, that trained a GPU file's trials on
+CPUs because its Ray had no GPUs."""
 """Trial-run tag: the lease token of the driver that marked the run FINISHED."""
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"

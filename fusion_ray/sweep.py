@@ -41,7 +41,7 @@ from fusion_ray.orchestrate import (
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
-from fusion_ray.schema import ADAPTIVE_TAG, GRID_AXES_TAG
+from fusion_ray.schema import ADAPTIVE_TAG, CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -116,7 +116,7 @@ def run_sweep(
         if rehearsal:
             parent_tags[CPU_REHEARSAL_TAG] = "true"
         if overrides:
-            parent_tags[OVERRIDES_PARAM] = json.dumps(list(overrides))
+            parent_tags[OVERRIDES_TAG] = json.dumps(list(overrides))
         if spec.adaptive is not None:
             parent_tags[ADAPTIVE_TAG] = spec.adaptive.model_dump_json(exclude={"adaptive"})
         parent_tags[GRID_AXES_TAG] = json.dumps(
@@ -140,32 +140,11 @@ def run_sweep(
             raise
 
 
-OVERRIDES_PARAM = "overrides"
-"""Parent-run param: the command line's ``key=value`` overrides of the sweep file (JSON list)."""
-CPU_REHEARSAL_TAG = "smoke_gpu_trials_on_cpu"
-"""Parent-run tag of a --smoke run that trained a GPU sweep's trials on CPUs."""
-
-
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
-    """The spec whose pending trials the cluster can place: as it is, or, for a smoke run on a
-    Ray without GPUs, with its trials on CPUs (True then). Raises ``PlacementError`` when some
-    trial fits no node and no node type of the autoscaler."""
+    """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
     from fusion_ray import placement
 
-    capacity = placement.cluster_capacity()
-    datasets = {c.dataset for c in todo.pending}
-    rehearse = smoke and not placement.has_gpus(capacity)
-    if rehearse and any(resources_for(spec, d).use_gpu for d in datasets):
-        spec = _on_cpus(spec)
-        print(
-            f"sweep {spec.name}: --smoke on a Ray without GPUs: the GPU trials are rehearsed on "
-            f"CPUs (tag {CPU_REHEARSAL_TAG} on the parent run)"
-        )
-    else:
-        rehearse = False
-    check = placement.check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
-    if check.never:
-        raise placement.PlacementError(check.error(capacity))
+    spec, rehearse, check = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
     for dataset, request in check.later.items():
         pending = sum(c.dataset == dataset for c in todo.pending)
         print(
@@ -174,18 +153,6 @@ def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
             f"${placement.PLACEMENT_TIMEOUT_ENV})"
         )
     return spec, rehearse
-
-
-def _on_cpus(spec: SweepSpec) -> SweepSpec:
-    from fusion_ray.placement import without_gpus
-
-    datasets = {
-        name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
-        if preset.resources is not None
-        else preset
-        for name, preset in spec.datasets.items()
-    }
-    return spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
 
 
 TUNE_RUN_CELLS = 200

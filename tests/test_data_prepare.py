@@ -113,6 +113,18 @@ def test_max_train_samples_is_a_seeded_subset_that_keeps_validation(tmp_path):
     assert docs(small, "validation") == docs(full, "validation")
 
 
+def test_max_eval_samples_subsamples_validation_and_test_only(tmp_path):
+    full = prepare_data(_local(tmp_path))
+    small = prepare_data(_local(tmp_path, max_eval_samples=3))
+    again = prepare_data(_local(tmp_path, max_eval_samples=3, cache_dir=str(tmp_path / "c2")))
+    assert len(full.validation) == 12 and len(small.validation) == 3 and not again.cache_hit
+    assert len(small.test) == len(full.test) == 2  # fewer than asked: all kept
+    assert len(small.train) == len(full.train)
+    for split in ("validation", "test"):
+        assert _texts_of(small, split) == _texts_of(again, split)  # seeded: the same subsample
+        assert set(_texts_of(small, split)) <= set(_texts_of(full, split))
+
+
 def test_word_tokenizer_is_fitted_on_train_only(tmp_path):
     data = prepare_data(_local(tmp_path))
     tok = data.tokenizer()
@@ -181,6 +193,7 @@ def test_cache_key_follows_every_setting_that_matters(tmp_path):
         replace(base, split_seed=7),
         replace(base, num_classes=5),
         replace(base, max_train_samples=50),
+        replace(base, max_eval_samples=20),
         replace(base, source_kwargs={**base.source_kwargs, "n_train": 121}),
         replace(base, source_kwargs={**base.source_kwargs, "regime": "medium"}),
     ]

@@ -43,6 +43,25 @@ def test_there_are_hpo_files():
     }
 
 
+def test_command_line_overrides_edit_the_hpo_file_before_validation(tmp_path, monkeypatch, capsys):
+    quick = ROOT / "sweeps" / "hpo" / "quick.yaml"
+    plan = load_hpo(quick, ["tune.num_samples=2", "train.epochs=1", "model.d_model=16"])
+    assert plan.tune.num_samples == 2 and plan.overrides == (
+        "tune.num_samples=2",
+        "train.epochs=1",
+        "model.d_model=16",
+    )
+    assert {(c.trial.train.epochs, c.trial.model.d_model) for c in expand(plan.spec)} == {(1, 16)}
+    with pytest.raises(HpoFileError) as info:
+        load_hpo(quick, ["tune.seed=3", "model.n_heads=5"])
+    text = str(info.value)
+    assert "tune.seed" in text and "n_heads" in text  # both found, each named
+    monkeypatch.chdir(tmp_path)
+    # options and overrides in any order, as for a sweep
+    assert hpo_main([str(quick), "--dry-run", "tune.num_samples=3"]) == 0
+    assert "3 Optuna trials" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("path", HPO_FILES, ids=lambda p: p.name)
 def test_every_shipped_hpo_file_validates_and_has_a_dry_run(
     path: Path, monkeypatch, tmp_path, capsys

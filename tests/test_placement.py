@@ -91,7 +91,8 @@ def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_sessio
 
 def test_smoke_rehearses_gpu_trials_on_cpus(tmp_path, ray_session, data_cache):
     from fusion_ray.config import smoke_version
-    from fusion_ray.sweep import CPU_REHEARSAL_TAG, run_sweep
+    from fusion_ray.schema import CPU_REHEARSAL_TAG
+    from fusion_ray.sweep import run_sweep
     from fusion_ray.tracking import Tracker
 
     spec = smoke_version(_gpu_sweep(tmp_path, "gpu_smoke"))

@@ -179,23 +179,3 @@ def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache
         run.info.run_id, "test_predictions.parquet", str(tmp_path / "dl")
     )
     assert len(pd.read_parquet(local)) == 64
-
-
-def test_quickstart_smoke_path_runs_every_cell_once(
-    tmp_path, ray_session, data_cache, monkeypatch, capsys
-):
-    from fusion_ray.config import smoke_version
-    from fusion_ray.grid import expand
-    from fusion_ray.sweep import main
-    from tests.conftest import ROOT
-
-    monkeypatch.chdir(tmp_path)  # the quickstart's MLflow store and checkpoints are relative paths
-    quickstart = ROOT / "sweeps" / "quickstart.yaml"
-    assert main([str(quickstart), "--smoke", "--no-report"]) == 0
-    spec = smoke_version(load_sweep(quickstart))
-    cells = expand(spec)
-    assert len(cells) == 12  # 3 regimes x 2 operators x 2 embedding scalings x 1 seed
-    finished = _runs(spec, "FINISHED")[1]
-    assert sorted(r.data.tags["cell_id"] for r in finished) == sorted(c.cell_id for c in cells)
-    out = capsys.readouterr().out
-    assert "12 finished now, 0 failed" in out and "mlflow ui" in out

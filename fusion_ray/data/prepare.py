@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 _CARVE_STREAM = 0xCA5E  # SeedSequence([split_seed, stream]) per use, so uses never share draws
 _SUBSAMPLE_STREAM = 0x5AB5
+_EVAL_SUBSAMPLE_STREAMS = {"validation": 0x5AB6, "test": 0x5AB7}
 _ENCODE_CHUNK = 2048
 
 
@@ -229,6 +230,8 @@ def cache_settings(spec: DataSpec) -> dict[str, Any]:
         "max_length": int(spec.max_length),
         "tokenizers_version": tokenizers.__version__,
     }
+    if spec.max_eval_samples is not None:  # only then: other keys stay what they always were
+        settings["max_eval_samples"] = spec.max_eval_samples
     test_max_length = longest_input_length(spec)
     if test_max_length > spec.max_length:  # only then: other keys stay what they always were
         settings["test_max_length"] = test_max_length
@@ -329,12 +332,9 @@ def split_documents(raw: RawDataset, spec: DataSpec, num_classes: int) -> dict[s
         docs["validation"] = train.take(val)
         docs["train"] = train.take(rest)
         docs["train"].dropped_empty = train.dropped_empty
-    if spec.max_train_samples is not None and spec.max_train_samples < len(docs["train"].labels):
-        train = docs["train"]
-        rng = _seeded_rng(spec.split_seed, _SUBSAMPLE_STREAM)
-        chosen = np.sort(rng.choice(len(train.labels), size=spec.max_train_samples, replace=False))
-        docs["train"] = train.take(chosen)
-        docs["train"].dropped_empty = train.dropped_empty
+    _subsample(docs, "train", spec.max_train_samples, spec.split_seed, _SUBSAMPLE_STREAM)
+    for name, stream in _EVAL_SUBSAMPLE_STREAMS.items():
+        _subsample(docs, name, spec.max_eval_samples, spec.split_seed, stream)
     for name in ("train", "validation", "test"):
         if len(docs[name].labels) == 0:
             raise ValueError(
@@ -342,6 +342,20 @@ def split_documents(raw: RawDataset, spec: DataSpec, num_classes: int) -> dict[s
                 "texts were dropped); check data.source_kwargs and the text column"
             )
     return docs
+
+
+def _subsample(
+    docs: dict[str, RawSplit], name: str, keep: int | None, split_seed: int, stream: int
+) -> None:
+    """Keep a seeded subsample of at most ``keep`` documents of split ``name`` (in order)."""
+    split = docs[name]
+    if keep is None or keep >= len(split.labels):
+        return
+    chosen = np.sort(
+        _seeded_rng(split_seed, stream).choice(len(split.labels), size=keep, replace=False)
+    )
+    docs[name] = split.take(chosen)
+    docs[name].dropped_empty = split.dropped_empty
 
 
 def _encode(

@@ -27,6 +27,10 @@ class DataSpec:
     """Seed of the validation carve-out and of subsampling; never the trial seed."""
     max_train_samples: Annotated[int, Ge(1)] | None = None
     """Keep at most this many training documents (a seeded subsample), for quick runs."""
+    max_eval_samples: Annotated[int, Ge(1)] | None = None
+    """Keep at most this many validation and, separately, test documents (seeded subsamples of
+    each), for quick runs such as --smoke; None keeps every one. The reported accuracies are
+    then those of the subsample."""
     tokenizer: str = "bpe"
     """Tokenizer family, a name in fusion_ray.data.TOKENIZERS (bpe, word)."""
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)

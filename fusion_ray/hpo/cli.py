@@ -65,6 +65,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("hpo_file", help="an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml")
     parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="edits of the file, e.g. tune.num_samples=8 train.epochs=3 (data.X, model.X and "
+        "train.X set X in every dataset's preset); checked like the file and recorded on the "
+        "parent run",
+    )
+    parser.add_argument(
         "--output", default=None, help="write the fragment here instead of the file's output:"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing fragment")
@@ -73,12 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
 
     try:
-        plan = load_hpo(args.hpo_file)
+        plan = load_hpo(args.hpo_file, args.overrides)
     except (HpoFileError, FileNotFoundError) as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from fusion_ray.grid import Cell, cell_id, expand
 from fusion_ray.hpo.fragment import fragment_text, summary
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.spec import METRIC, HpoPlan
+from fusion_ray.schema import CPU_REHEARSAL_TAG, OVERRIDES_TAG
 from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.spec import TrialConfig
 
@@ -166,40 +167,37 @@ def tune_dataset(
     return Ranking(operators, ranked, len(callback.run_ids)) if ranked else None
 
 
-def check_placement(spec: Any, datasets: list[str]) -> None:
-    """Raises ``placement.PlacementError`` when some tuned dataset's trials fit no node and no
-    node type of the cluster (Ray Tune would wait for them forever)."""
-    from fusion_ray import placement
-
-    capacity = placement.cluster_capacity()
-    check = placement.check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
-    if check.never:
-        raise placement.PlacementError(check.error(capacity))
-
-
 def run_hpo(
     plan: HpoPlan, *, address: str | None = None, verbose: int = 0
 ) -> dict[str, Best | Ranking]:
-    """Tune every dataset of the plan, write the fragment, and log it to the HPO parent run."""
+    """Tune every dataset of the plan, write the fragment, and log it to the HPO parent run.
+
+    Before any run is created, the cluster must be able to place the trials
+    (``placement.PlacementError`` otherwise: never an endless wait); a smoke plan on a Ray
+    without GPUs rehearses GPU trials on CPUs."""
     import tempfile
 
+    from fusion_ray import placement
     from fusion_ray.orchestrate import init_ray
     from fusion_ray.tracking import Tracker, git_sha, log_report_artifacts
 
-    spec, t = plan.spec, plan.tune
+    t = plan.tune
     operators = [op.label for op in t.operators]
-    init_ray(address or spec.address)
-    check_placement(spec, t.datasets)  # before any run is created: never an endless wait
+    init_ray(address or plan.spec.address)
+    spec, rehearsed, _ = placement.fit(plan.spec, t.datasets, smoke=plan.smoke)
+    plan = dataclasses.replace(plan, spec=spec)
+    params = {
+        "datasets": ",".join(t.datasets),
+        "num_samples": str(t.num_samples),
+        "fusion": ",".join(operators),
+        "seed": str(t.seed),
+    }
+    if plan.overrides:
+        params[OVERRIDES_TAG] = json.dumps(list(plan.overrides))
+    if rehearsed:
+        params[CPU_REHEARSAL_TAG] = "true"
     tracker = Tracker(spec.tracking_uri, spec.name)
-    parent_id = tracker.parent_run(
-        str(plan.path),
-        params={
-            "datasets": ",".join(t.datasets),
-            "num_samples": str(t.num_samples),
-            "fusion": ",".join(operators),
-            "seed": str(t.seed),
-        },
-    )
+    parent_id = tracker.parent_run(str(plan.path), params=params)
     cells = expand(spec)
     best: dict[str, Best | Ranking] = {}
     for dataset in t.datasets:

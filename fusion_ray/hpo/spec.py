@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -24,6 +25,7 @@ from fusion_ray.config import (
     Strict,
     SweepFileError,
     SweepSpec,
+    apply_overrides,
     bare_names,
     changed_trial_problems,
     read_sweep_dict,
@@ -181,6 +183,10 @@ class HpoPlan:
     output: Path
     sweeps: dict[str, list[int]] = field(default_factory=dict)
     """The sweep files the fragment is for (as the HPO file names them) and their paired seeds."""
+    overrides: tuple[str, ...] = ()
+    """The command line's ``key=value`` edits of the file (applied before validation)."""
+    smoke: bool = False
+    """A shrunk rehearsal (``smoke_plan``): on a Ray without GPUs its GPU trials run on CPUs."""
 
 
 class HpoFileError(SweepFileError):
@@ -391,11 +397,13 @@ def _hpo_file_problems(path: Path, raw: dict[str, Any]) -> tuple[Path | None, li
     return (path.parent / output).resolve(), problems
 
 
-def load_hpo(path: str | Path) -> HpoPlan:
-    """Read and fully validate an HPO file; raises ``HpoFileError`` listing every problem."""
+def load_hpo(path: str | Path, overrides: Sequence[str] = ()) -> HpoPlan:
+    """Read and fully validate an HPO file, with command-line ``overrides`` (``key=value``, as
+    for a sweep file: ``data.X``/``model.X``/``train.X`` set X in every preset) applied as edits
+    of the file; raises ``HpoFileError`` listing every problem."""
     path = Path(path)
     try:
-        raw = read_sweep_dict(path)
+        raw = apply_overrides(read_sweep_dict(path), overrides, path)
     except SweepFileError as exc:
         raise HpoFileError(path, exc.problems) from exc
     output, problems = _hpo_file_problems(path, raw)
@@ -432,7 +440,9 @@ def load_hpo(path: str | Path) -> HpoPlan:
     if problems:
         raise HpoFileError(path, problems)
     assert spec is not None and tune is not None and output is not None
-    return HpoPlan(path=path, spec=spec, tune=tune, output=output, sweeps=sweeps)
+    return HpoPlan(
+        path=path, spec=spec, tune=tune, output=output, sweeps=sweeps, overrides=tuple(overrides)
+    )
 
 
 def smoke_plan(plan: HpoPlan) -> HpoPlan:
@@ -445,4 +455,6 @@ def smoke_plan(plan: HpoPlan) -> HpoPlan:
         }
     )
     output = plan.output.with_name(plan.output.stem + "-smoke.yaml")
-    return dataclasses.replace(plan, spec=smoke_version(plan.spec), tune=tune, output=output)
+    return dataclasses.replace(
+        plan, spec=smoke_version(plan.spec), tune=tune, output=output, smoke=True
+    )
