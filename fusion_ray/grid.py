@@ -4,6 +4,9 @@ setting-axis values, seed)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import operator
+from collections import Counter
 import hashlib
 import json
 from dataclasses import dataclass
@@ -73,9 +76,18 @@ class Cell:
     attention_position: str
     fusion: str
     seed: int
-    trial: TrialConfig
+    point_trial: TrialConfig = dataclasses.field(repr=False)
+    """The trial of the cell's grid point (any seed): ``trial`` is it at this cell's seed."""
     axes: tuple[tuple[str, str], ...] = ()
     """(dotted key, value as text) of every setting axis of the grid."""
+
+    @functools.cached_property
+    def trial(self) -> TrialConfig:
+        """The cell's full trial config (made on first use: a dry run of a million cells never
+        needs most of them)."""
+        if self.point_trial.seed == self.seed:
+            return self.point_trial
+        return dataclasses.replace(self.point_trial, seed=self.seed)
 
     @property
     def label(self) -> str:
@@ -145,34 +157,33 @@ def expand(spec: SweepSpec) -> list[Cell]:
     """Every cell of the sweep, seed-major: complete paired blocks are scheduled first.
 
     Each grid point was built and checked once by validation; a cell is its trial with a seed."""
-    built = [(p, _SeededId(p.trial)) for p in points(spec)]
-    return [
-        Cell(
-            cell_id=ids(seed),
-            dataset=point.combination.dataset,
-            position=point.combination.position.label,
-            attention_position=point.combination.attention.label,
-            fusion=point.combination.fusion.label,
-            seed=seed,
-            trial=dataclasses.replace(point.trial, seed=seed),
-            axes=point.axes,
+    built = [
+        (
+            _SeededId(p.trial),
+            p.combination.dataset,
+            p.combination.position.label,
+            p.combination.attention.label,
+            p.combination.fusion.label,
+            p.trial,
+            p.axes,
         )
+        for p in points(spec)
+    ]
+    return [
+        Cell(ids(seed), dataset, position, attention, fusion, seed, trial, axes)
         for seed in spec.seeds
-        for point, ids in built
+        for ids, dataset, position, attention, fusion, trial, axes in built
     ]
 
 
 def axis_counts(cells: list[Cell]) -> dict[str, dict[str, int]]:
-    """How many cells each value of each axis has (for the dry run)."""
+    """How many cells each value of each axis has (for the dry run), in order of appearance."""
     counts: dict[str, dict[str, int]] = {}
     for axis in ("dataset", "position", "attention_position", "fusion", "seed"):
-        per: dict[str, int] = {}
-        for cell in cells:
-            key = str(getattr(cell, axis))
-            per[key] = per.get(key, 0) + 1
-        counts[axis] = per
-    for cell in cells:
-        for key, text in cell.axes:
+        counted = Counter(map(operator.attrgetter(axis), cells))
+        counts[axis] = {str(value): n for value, n in counted.items()}
+    for axes, n in Counter(c.axes for c in cells).items():
+        for key, text in axes:
             per = counts.setdefault(key, {})
-            per[text] = per.get(text, 0) + 1
+            per[text] = per.get(text, 0) + n
     return counts

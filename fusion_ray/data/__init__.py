@@ -10,20 +10,36 @@ models.
             batch = collate(data.train, indices, pad_id=data.pad_id)
 """
 
-from fusion_ray.data.batching import LengthGroupedSampler, collate
-from fusion_ray.data.prepare import (
-    PreparedData,
-    TokenizedSplit,
-    cache_settings,
-    check_data_spec,
-    data_rules,
-    prepare_data,
-)
-from fusion_ray.data.sources import HUB_DATASETS, SOURCES
-from fusion_ray.data.spec import DataSpec
-from fusion_ray.data.stats import format_stats, length_stats
-from fusion_ray.data.synthetic import REGIMES
-from fusion_ray.data.tokenizer import PAD_ID, TOKENIZERS, UNK_ID
+_EXPORTS = {
+    "LengthGroupedSampler": "fusion_ray.data.batching",
+    "collate": "fusion_ray.data.batching",
+    "PreparedData": "fusion_ray.data.prepare",
+    "TokenizedSplit": "fusion_ray.data.prepare",
+    "cache_settings": "fusion_ray.data.prepare",
+    "check_data_spec": "fusion_ray.data.prepare",
+    "data_rules": "fusion_ray.data.prepare",
+    "prepare_data": "fusion_ray.data.prepare",
+    "HUB_DATASETS": "fusion_ray.data.sources",
+    "SOURCES": "fusion_ray.data.sources",
+    "DataSpec": "fusion_ray.data.spec",
+    "format_stats": "fusion_ray.data.stats",
+    "length_stats": "fusion_ray.data.stats",
+    "REGIMES": "fusion_ray.data.synthetic",
+    "PAD_ID": "fusion_ray.data.tokenizer",
+    "TOKENIZERS": "fusion_ray.data.tokenizer",
+    "UNK_ID": "fusion_ray.data.tokenizer",
+}
+"""Where each name of this package lives: imported on first use, so that importing one
+submodule (e.g. the settings, for validation) does not import torch, pandas and the rest."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "HUB_DATASETS",
