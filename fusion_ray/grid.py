@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
-from collections import Counter
 import hashlib
 import json
+import operator
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 

@@ -12,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+import sys
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +91,62 @@ def tune_output(verbose: int) -> Iterator[None]:
             os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
         else:
             os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
+class DriverInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the driver: it stops its trials and marks its open runs and
+    its parent run KILLED; the finished cells stay finished and a re-run resumes the rest."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextlib.contextmanager
+def stop_on_signals(received: list[str]) -> Iterator[None]:
+    """While a driver runs its trials: the first SIGINT or SIGTERM (Ctrl+C, a scheduler's or
+    ``ray down``'s stop) raises ``DriverInterrupted`` in the main thread at once. Ray Tune's own
+    SIGINT handler (end the run after one more save of Tune's experiment state, which this
+    driver never reads) and Ray's SIGTERM handler (exit with status 1, no cleanup) are off
+    meanwhile. A second signal while the driver cleans up and exits (it stays handled after an
+    interruption) is reported and ignored; a third ends the process at once. Outside the main thread nothing changes. ``received`` gets the
+    signals' names (libraries may re-raise the interruption as a plain KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        received.append(name)
+        if len(received) == 1:
+            raise DriverInterrupted(name)
+        if len(received) == 2:
+            print(
+                f"{name}: already stopping (stopping the trials, marking their runs KILLED); "
+                "send it once more to exit at once, without that",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        os._exit(128 + signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    tune_handler = os.environ.get(_TUNE_SIGINT_ENV)
+    os.environ[_TUNE_SIGINT_ENV] = "1"
+    try:
+        yield
+    finally:
+        if not received:  # else this handler stays: a second signal must not cut the clean-up
+            for s, old in previous.items():
+                signal.signal(s, old)
+        if tune_handler is None:
+            os.environ.pop(_TUNE_SIGINT_ENV, None)
+        else:
+            os.environ[_TUNE_SIGINT_ENV] = tune_handler
+
+
+_TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
 
 
 def storage_uri(storage_path: str) -> str:

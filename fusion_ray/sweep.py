@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from collections import defaultdict
@@ -31,10 +32,12 @@ from fusion_ray.config import (
 from fusion_ray.grid import Cell, axis_counts, expand
 from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import (
+    DriverInterrupted,
     init_ray,
     preflight,
     quiet_console,
     run_cell,
+    stop_on_signals,
     storage_uri,
     trial_resources,
     tune_output,
@@ -124,14 +127,17 @@ def run_sweep(
         )
         parent_id = tracker.parent_run(sweep_file, params=parent_tags)
         tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
+        signals: list[str] = []
         try:
-            outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose, lease)
+            with stop_on_signals(signals):
+                outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose, lease)
             if spec.adaptive is not None:
                 outcome.decisions = _log_decisions(spec, tracker, parent_id)
             return outcome
-        except KeyboardInterrupt:
-            tracker.fail(parent_id, "the sweep driver was interrupted", status="KILLED")
-            raise
+        except KeyboardInterrupt as exc:
+            name = signals[0] if signals else "SIGINT"
+            tracker.fail(parent_id, f"the sweep driver was stopped by {name}", status="KILLED")
+            raise DriverInterrupted(name) from exc
         except BaseException as exc:
             if tracker.store_problem() is not None:  # nothing to mark, no lease to delete
                 lease.abandon()
@@ -633,6 +639,15 @@ def main(argv: list[str] | None = None) -> int:
             smoke=args.smoke,
             overrides=args.overrides,
         )
+    except KeyboardInterrupt as exc:
+        name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
+        print(
+            f"\nsweep {spec.name}: stopped by {name}: its running trials were stopped and their "
+            "runs and the sweep's parent run marked KILLED; finished cells stay finished. Re-run "
+            "the same command to resume (interrupted trials continue from their last checkpoint).",
+            file=sys.stderr,
+        )
+        return 128 + getattr(signal, name, signal.SIGINT)
     except (LeaseHeldError, LeaseLostError, PlacementError, TrackingStoreLostError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         # 3: another driver runs the sweep; 4: it took over from this one; 5: the tracking

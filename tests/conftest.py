@@ -19,6 +19,7 @@ def ray_session():
     if not ray.is_initialized():
         # Workers import test helpers (e.g. tests.test_distributed) from the checkout.
         ray.init(
+            address="local",  # always a new instance, never a cluster another process started
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,

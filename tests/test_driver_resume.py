@@ -216,3 +216,73 @@ def test_the_tracking_store_vanishing_mid_sweep_is_one_clear_message(
     assert len(err) < 20_000, f"{len(err)} characters of error output"
     assert "Traceback" not in err
     assert list((tmp_path / "ray_results").rglob("checkpoint_*")), "storage was left as it was"
+
+
+def _alive_trial_actors(ray_session) -> list[str]:
+    """Class names of the session Ray's live Tune trial / Ray Train actors (from the GCS)."""
+    kinds = ("ImplicitFunc", "RayTrainWorker", "TrainController")
+    return [
+        a["ActorClassName"]
+        for a in ray_session._private.state.actors().values()
+        if a["State"] == "ALIVE" and any(k in a["ActorClassName"] for k in kinds)
+    ]
+
+
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")], ids="+".join)
+def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
+    tmp_path, ray_session, data_cache, signals
+):
+    """SIGTERM (a scheduler's or ``ray down``'s stop) or Ctrl+C twice, while one cell has
+    finished and another trains: the driver exits 128 + signal with one message, its parent
+    run and the training cell's run are KILLED, no trial keeps running, and the same command
+    again finishes the rest, the interrupted cell from its checkpoint in its own run."""
+    path = _one_at_a_time(tmp_path, f"stopped_{signals[0].lower()}", [0, 1])
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    err = tmp_path / "driver.err"
+    with err.open("w") as out:
+        driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        runs = _snapshot(client, spec.name)
+        statuses = [r["status"] for r in runs.values()]
+        training = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
+        if "FINISHED" in statuses and training:
+            break
+        assert driver.poll() is None, err.read_text()[-3000:]
+        time.sleep(0.2)
+    else:
+        pytest.fail("the sweep never had a finished cell and a checkpointed training one")
+    for name in signals:
+        driver.send_signal(getattr(signal, name))
+        time.sleep(0.3)
+    assert driver.wait(timeout=120) == 128 + getattr(signal, signals[0])
+    text = err.read_text()
+    assert f"stopped by {signals[0]}" in text and "Re-run the same command" in text
+    assert "Traceback" not in text
+
+    stopped = _snapshot(client, spec.name)
+    assert sorted(r["status"] for r in stopped.values()) == ["FINISHED", "KILLED"]
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name(spec.name).experiment_id], "tags.role = 'sweep'"
+    )
+    assert parent.info.status == "KILLED"
+    assert signals[0] in parent.data.tags["failure_reason"]
+    deadline = time.monotonic() + 60
+    while _alive_trial_actors(ray_session) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _alive_trial_actors(ray_session) == [], "a trial kept running after its driver stopped"
+
+    rerun = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    after = _snapshot(client, spec.name)
+    cells = [r["cell"] for r in after.values()]
+    assert len(cells) == 4 and len(set(cells)) == 4, "exactly one run per cell"
+    assert all(r["status"] == "FINISHED" for r in after.values())
+    (killed,) = [rid for rid, r in stopped.items() if r["status"] == "KILLED"]
+    steps = sorted(m.step for m in client.get_metric_history(killed, "val_acc"))
+    assert steps == [0, 1, 2, 3], f"the interrupted cell did not continue in its own run: {steps}"

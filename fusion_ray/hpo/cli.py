@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -119,6 +120,16 @@ def main(argv: list[str] | None = None) -> int:
     except PlacementError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        from fusion_ray.orchestrate import DriverInterrupted
+
+        name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
+        print(
+            f"\nhpo {plan.spec.name}: stopped by {name}; the HPO parent run is marked KILLED and "
+            "no fragment was written. Run the same command again to tune from the start.",
+            file=sys.stderr,
+        )
+        return 128 + getattr(signal, name, signal.SIGINT)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         return 1

@@ -178,7 +178,7 @@ def run_hpo(
     import tempfile
 
     from fusion_ray import placement
-    from fusion_ray.orchestrate import init_ray
+    from fusion_ray.orchestrate import DriverInterrupted, init_ray, stop_on_signals
     from fusion_ray.tracking import Tracker, git_sha, log_report_artifacts
 
     t = plan.tune
@@ -200,25 +200,32 @@ def run_hpo(
     parent_id = tracker.parent_run(str(plan.path), params=params)
     cells = expand(spec)
     best: dict[str, Best | Ranking] = {}
-    for dataset in t.datasets:
-        mine = [c for c in cells if c.dataset == dataset]  # one per operator, in tune order
-        print(
-            f"tuning {dataset}: {t.num_samples} settings x {', '.join(operators)}, seed {t.seed}, "
-            f"up to {mine[0].trial.train.epochs} epochs",
-            flush=True,
-        )
-        found = tune_dataset(plan, mine, tracker, parent_id, verbose)
-        if found is None:
-            what = (
-                f"tuning trial of dataset {dataset} finished"
-                if len(mine) == 1
-                else f"sampled setting of dataset {dataset} finished on every operator"
-            )
-            tracker.fail(parent_id, f"no {what}")
-            raise RuntimeError(
-                f"no {what}; see the FAILED runs of MLflow experiment {spec.name} for why"
-            )
-        best[dataset] = found
+    signals: list[str] = []
+    try:
+        with stop_on_signals(signals):
+            for dataset in t.datasets:
+                mine = [c for c in cells if c.dataset == dataset]  # one per operator, in tune order
+                print(
+                    f"tuning {dataset}: {t.num_samples} settings x {', '.join(operators)}, seed {t.seed}, "
+                    f"up to {mine[0].trial.train.epochs} epochs",
+                    flush=True,
+                )
+                found = tune_dataset(plan, mine, tracker, parent_id, verbose)
+                if found is None:
+                    what = (
+                        f"tuning trial of dataset {dataset} finished"
+                        if len(mine) == 1
+                        else f"sampled setting of dataset {dataset} finished on every operator"
+                    )
+                    tracker.fail(parent_id, f"no {what}")
+                    raise RuntimeError(
+                        f"no {what}; see the FAILED runs of MLflow experiment {spec.name} for why"
+                    )
+                best[dataset] = found
+    except KeyboardInterrupt as exc:
+        name = signals[0] if signals else "SIGINT"
+        tracker.fail(parent_id, f"the HPO driver was stopped by {name}", status="KILLED")
+        raise DriverInterrupted(name) from exc
     text = fragment_text(plan, best, git_sha())
     plan.output.parent.mkdir(parents=True, exist_ok=True)
     plan.output.write_text(text)
