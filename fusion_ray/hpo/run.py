@@ -76,7 +76,7 @@ def sample_cell(bases: list[Cell], config: dict[str, Any]) -> Cell:
     """The cell of one tuning trial: its operator's cell with the sampled settings (own cell id)."""
     base = bases[config.get(OPERATOR_INDEX, 0)]
     trial = with_overrides(dataclasses.asdict(base.trial), sampled_values(config))
-    return dataclasses.replace(base, trial=trial, cell_id=cell_id(trial))
+    return dataclasses.replace(base, point_trial=trial, cell_id=cell_id(trial))
 
 
 def scored_settings(callback: MLflowTuningCallback, operators: list[str]) -> list[ScoredSetting]:
