@@ -33,11 +33,14 @@ from fusion_ray.grid import Cell, axis_counts, expand
 from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import (
     DriverInterrupted,
+    StorageFullError,
     init_ray,
     preflight,
     quiet_console,
     run_cell,
     stop_on_signals,
+    storage_full,
+    storage_full_message,
     storage_uri,
     trial_resources,
     tune_output,
@@ -207,8 +210,16 @@ def _run_cells(
             ran = _run_adaptive(spec, todo, callback, tune_run, verbose)
         else:
             ran = _run_fixed(spec, todo, callback, tune_run, verbose)
+    except Exception as exc:
+        full = storage_full(spec.storage_path)  # Tune itself fails on a full disk
+        if full is None:
+            raise
+        raise StorageFullError(storage_full_message(full, len(callback.finished))) from exc
     finally:
         interrupted = callback.close_unfinished()
+    full = storage_full(spec.storage_path) if callback.failed else None
+    if full is not None:
+        raise StorageFullError(storage_full_message(full, len(callback.finished)))
     if callback.store_lost:
         from fusion_ray.tracking import TrackingStoreLostError, store_lost_message
 
@@ -648,11 +659,23 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 128 + getattr(signal, name, signal.SIGINT)
-    except (LeaseHeldError, LeaseLostError, PlacementError, TrackingStoreLostError) as exc:
+    except (
+        LeaseHeldError,
+        LeaseLostError,
+        PlacementError,
+        TrackingStoreLostError,
+        StorageFullError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         # 3: another driver runs the sweep; 4: it took over from this one; 5: the tracking
-        # store vanished; 2: the trials cannot be placed
-        return {LeaseHeldError: 3, LeaseLostError: 4, TrackingStoreLostError: 5}.get(type(exc), 2)
+        # store vanished; 6: the storage is full; 2: the trials cannot be placed
+        codes = {
+            LeaseHeldError: 3,
+            LeaseLostError: 4,
+            TrackingStoreLostError: 5,
+            StorageFullError: 6,
+        }
+        return codes.get(type(exc), 2)
     print_outcome(spec, outcome, note=args.no_report)
     print(summary_table(spec))
     if outcome.decisions is not None:

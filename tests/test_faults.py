@@ -551,3 +551,92 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_processes_behind(tmp_path, d
         assert late <= RAY_AGENTS, {running[pid]: round(s) for pid, s in gone_after.items()}
     finally:
         _kill_all(driver, ray_tmp)
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def _private_tmpfs_prefix(mount_point: Path) -> list[str] | None:
+    """A command prefix that runs its command in a mount namespace of its own with a 32 MiB
+    tmpfs at ``mount_point`` (as root, or as a user through a user namespace), or None when this
+    machine allows neither."""
+    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
+        if unshare == ["unshare", "-m"] and os.geteuid() != 0:
+            continue
+        probe = subprocess.run(
+            [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {mount_point}"],
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return unshare
+    return None
+
+
+def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_cache):
+    """storage_path on a 32 MiB tmpfs that fills up (another file takes the space) once the
+    first cell has finished: the other trials fail for want of space, the driver exits 6 with
+    one message saying the storage is full and what to do, the finished cell stays FINISHED,
+    and the same command with space again runs exactly the missing cells."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    unshare = shutil.which("unshare") and _private_tmpfs_prefix(storage)
+    if not unshare:
+        pytest.skip("cannot mount a private tmpfs here (needs root or user namespaces)")
+    path = tiny_sweep(
+        tmp_path,
+        name="full",
+        seeds=[0, 1],
+        storage_path=str(storage),
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fusion-ray-"))
+    env = {**_env(data_cache), "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)
+    sweep = f"{sys.executable} -m fusion_ray.sweep {path} --no-report"
+    out = tmp_path / "driver_output.txt"
+    with out.open("w") as sink:
+        driver = subprocess.Popen(
+            [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {storage} && exec {sweep}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.time() + 300
+        while "[1/4]" not in out.read_text():
+            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
+            time.sleep(0.2)
+        # the driver's view of its storage (its mount namespace): fill it
+        with open(f"/proc/{driver.pid}/root{storage}/filler", "wb") as filler:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    filler.write(b"\0" * (1 << 20))
+                    filler.flush()
+        assert driver.wait(timeout=300) == 6, out.read_text()[-4000:]
+    finally:
+        _kill_all(driver, ray_tmp)
+    text = out.read_text()
+    assert f"error: the storage at {storage} is full" in text
+    assert "run the same command again" in text
+    client, runs = _trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "full")
+    statuses = sorted(r.info.status for r in runs)
+    assert statuses[0] == "FAILED" and statuses.count("FINISHED") == 1, statuses
+    first = next(r for r in runs if r.info.status == "FINISHED")
+    parent = client.search_runs([first.info.experiment_id], "tags.role = 'sweep'")[0]
+    assert parent.info.status == "FAILED" and "is full" in parent.data.tags["failure_reason"]
+
+    rerun = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+        cwd=tmp_path,
+        env={**env, "RAY_TMPDIR": tempfile.mkdtemp(prefix="fusion-ray-")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    _, runs = _trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "full")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len({r.data.tags["cell_id"] for r in finished}) == len(finished) == 4
+    assert first.info.run_id in {r.info.run_id for r in finished}  # kept, not re-run
