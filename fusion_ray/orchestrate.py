@@ -15,10 +15,12 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +151,53 @@ def stop_on_signals(received: list[str]) -> Iterator[None]:
 
 
 _TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+HEAD_TIMEOUT_ENV = "FUSION_RAY_HEAD_TIMEOUT_S"
+"""Seconds the Ray head may stay unreachable before the driver gives up (default 30; Ray's own
+driver exits without clean-up after 60)."""
+HEAD_LOST_EXIT = 7
+
+
+@contextlib.contextmanager
+def watch_head(on_lost: Callable[[str], None]) -> Iterator[None]:
+    """While the body runs, a daemon thread connects to the Ray head's GCS port every 2 s; when
+    it has refused or timed out for ``$FUSION_RAY_HEAD_TIMEOUT_S`` seconds, ``on_lost`` gets one
+    sentence saying so (it should record it and end the process: Ray's driver would otherwise
+    exit on its own a little later, with no clean-up)."""
+    import ray
+
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    timeout_s = float(os.environ.get(HEAD_TIMEOUT_ENV, "30"))
+    done = threading.Event()
+
+    def reachable() -> bool:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        since = None
+        while not done.wait(2.0):
+            if reachable():
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= timeout_s:
+                on_lost(
+                    f"the Ray head at {host}:{port} has not answered for {timeout_s:g} s (its GCS "
+                    "is gone: the head node stopped, crashed or was shut down)"
+                )
+                return
+
+    thread = threading.Thread(target=watch, name="fusion-ray-head-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
 
 
 class StorageFullError(RuntimeError):

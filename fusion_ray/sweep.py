@@ -9,6 +9,7 @@ report.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -17,7 +18,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from fusion_ray.config import (
 from fusion_ray.grid import Cell, axis_counts, expand
 from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import (
+    HEAD_LOST_EXIT,
     DriverInterrupted,
     StorageFullError,
     init_ray,
@@ -44,6 +46,7 @@ from fusion_ray.orchestrate import (
     storage_uri,
     trial_resources,
     tune_output,
+    watch_head,
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
@@ -132,7 +135,7 @@ def run_sweep(
         tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
         signals: list[str] = []
         try:
-            with stop_on_signals(signals):
+            with stop_on_signals(signals), _head_watch(tracker, parent_id, spec):
                 outcome = _run_cells(spec, tracker, todo, parent_id, address, verbose, lease)
             if spec.adaptive is not None:
                 outcome.decisions = _log_decisions(spec, tracker, parent_id)
@@ -147,6 +150,33 @@ def run_sweep(
             else:
                 tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")
             raise
+
+
+@contextlib.contextmanager
+def _head_watch(tracker: Any, parent_id: str, spec: SweepSpec) -> Iterator[None]:
+    """``orchestrate.watch_head`` while Ray runs the sweep: a lost head fails the parent run
+    with one message and ends the driver (exit 7) before Ray's own exit, which cleans nothing."""
+    import ray
+
+    if not ray.is_initialized():
+        yield
+        return
+
+    def lost(why: str) -> None:
+        message = (
+            f"{why}. The sweep cannot go on: its parent run is marked FAILED; finished cells stay "
+            "FINISHED and interrupted trials keep their checkpoints under "
+            f"{spec.storage_path}. Start the head again (ray up cluster.yaml, or ray start "
+            "--head) and run the same command: it resumes without running a finished cell again."
+        )
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        try:
+            tracker.fail(parent_id, message)
+        finally:
+            os._exit(HEAD_LOST_EXIT)
+
+    with watch_head(lost):
+        yield
 
 
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:

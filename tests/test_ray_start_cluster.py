@@ -3,7 +3,8 @@ resource) and two worker nodes of one CPU, each with its own temp dir, token aut
 (RAY_AUTH_MODE=token, a token of the test's own). A client without the token is refused; a sweep
 driver started with ``--address`` trains a cell, the raylet of the node running it is killed
 mid-trial with SIGKILL, and the trial resumes on the other node from its last checkpoint: one
-FINISHED run with the metrics of an uninterrupted run."""
+FINISHED run with the metrics of an uninterrupted run. The head killed mid-sweep: the driver
+fails clearly, and a re-run on a new head resumes without duplicates."""
 
 from __future__ import annotations
 
@@ -95,6 +96,23 @@ class Cluster:
                     pass
             time.sleep(1)
 
+    def start_all(self) -> None:
+        """The head (no CPU, the driver resource) and two one-CPU workers."""
+        self.start(
+            "--head",
+            f"--port={self.port}",
+            "--num-cpus=0",
+            f'--resources={{"{DRIVER_RESOURCE}": 2}}',
+            "--include-dashboard=false",
+            temp_dir=f"head-{secrets.token_hex(2)}",
+        )
+        for worker in ("worker1", "worker2"):
+            self.start(
+                f"--address={self.address}",
+                "--num-cpus=1",
+                temp_dir=f"{worker}-{secrets.token_hex(2)}",
+            )
+
 
 @pytest.fixture
 def cluster(tmp_path_factory) -> Iterator[Cluster]:
@@ -102,20 +120,25 @@ def cluster(tmp_path_factory) -> Iterator[Cluster]:
     base = Path(f"/tmp/frc-{secrets.token_hex(3)}")
     ray_cluster = Cluster(base)
     try:
-        ray_cluster.start(
-            "--head",
-            f"--port={ray_cluster.port}",
-            "--num-cpus=0",
-            f'--resources={{"{DRIVER_RESOURCE}": 2}}',
-            "--include-dashboard=false",
-            temp_dir="head",
-        )
-        for worker in ("worker1", "worker2"):
-            ray_cluster.start(f"--address={ray_cluster.address}", "--num-cpus=1", temp_dir=worker)
+        ray_cluster.start_all()
         yield ray_cluster
     finally:
         ray_cluster.stop()
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def _driver(
+    cluster: Cluster, path: Path, data_cache: str, out: Path, **env: str
+) -> subprocess.Popen:
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--address", cluster.address]
+    with out.open("w") as sink:
+        return subprocess.Popen(
+            [*command, "--no-report"],
+            cwd=path.parent,
+            env={**cluster.env, "FUSION_RAY_CACHE": data_cache, **env},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_lost_raylet(
@@ -133,7 +156,7 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         [sys.executable, "-c", connect], env=wrong, capture_output=True, text=True, timeout=180
     )
     assert refused.returncode != 0 and "connected" not in refused.stdout
-    assert "Authentication token is missing or incorrect" in refused.stderr
+    assert "Authentication token is missing or incorrect" in refused.stderr[-20000:]
     assert len(cluster.raylets()) == 3
 
     path = tiny_sweep(tmp_path, name="raylet", seeds=[0], retries=2)
@@ -144,24 +167,8 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
     raw["defaults"]["train"]["epochs"] = 4
     raw["resources"] = {"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1}
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    env = {**cluster.env, "FUSION_RAY_CACHE": data_cache}
     out = tmp_path / "driver.out"
-    with out.open("w") as sink:
-        driver = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fusion_ray.sweep",
-                str(path),
-                "--address",
-                cluster.address,
-                "--no-report",
-            ],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    driver = _driver(cluster, path, data_cache, out)
     try:
         deadline = time.time() + 300
         while not list(tmp_path.glob("ray_results/raylet-*/*/checkpoint_*")):
@@ -200,3 +207,64 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         torch.set_num_threads(threads)
     for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
         assert runs[0].data.metrics[name] == reference[name], name
+
+
+def test_a_lost_head_fails_the_sweep_clearly_and_a_rerun_on_a_new_head_resumes(
+    cluster: Cluster, tmp_path, data_cache
+):
+    """The head's processes killed mid-sweep (two of four cells finished): the driver exits 7
+    within the head timeout with one message, the parent run is FAILED saying the head is gone;
+    a new head on the same port and the same command again: four cells, one FINISHED run each,
+    the first two not run again."""
+    from mlflow.tracking import MlflowClient
+
+    path = tiny_sweep(
+        tmp_path,
+        name="head",
+        seeds=[0, 1],
+        retries=2,
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = 6
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    out = tmp_path / "driver.out"
+    driver = _driver(cluster, path, data_cache, out, FUSION_RAY_HEAD_TIMEOUT_S="6")
+    try:
+        deadline = time.time() + 300
+        while "[2/4]" not in out.read_text():
+            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
+            time.sleep(0.2)
+        head = [
+            pid
+            for pid, cmd in _processes_naming(str(cluster.base)).items()
+            if "/head-" in cmd and ("gcs_server" in cmd or "raylet" in cmd)
+        ]
+        assert len(head) == 2, head
+        for pid in head:
+            os.kill(pid, signal.SIGKILL)
+        assert driver.wait(timeout=60) == 7, out.read_text()[-4000:]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    text = out.read_text()
+    assert "error: the Ray head at" in text and "run the same command" in text
+    client = MlflowClient(raw["tracking_uri"])
+    experiment = client.get_experiment_by_name("head").experiment_id
+    (parent,) = client.search_runs([experiment], "tags.role = 'sweep'")
+    assert parent.info.status == "FAILED" and "Ray head" in parent.data.tags["failure_reason"]
+    before = {
+        r.info.run_id
+        for r in client.search_runs([experiment], "tags.role = 'trial'")
+        if r.info.status == "FINISHED"
+    }
+    assert len(before) >= 2
+
+    cluster.stop()
+    cluster.start_all()  # a new head on the same port
+    rerun = _driver(cluster, path, data_cache, tmp_path / "rerun.out")
+    assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.out").read_text()[-4000:]
+    runs = client.search_runs([experiment], "tags.role = 'trial'")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len(finished) == len({r.data.tags["cell_id"] for r in finished}) == 4
+    assert before <= {r.info.run_id for r in finished}
