@@ -663,15 +663,36 @@ def main(argv: list[str] | None = None) -> int:
         print(dry_run_text(spec, plan(spec, existing_tracker(spec))))
         return 0
 
+    print(
+        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
+    )
+    outcome = _run_or_exit_code(spec, args)
+    if isinstance(outcome, int):
+        return outcome
+    print_outcome(spec, outcome, note=args.no_report)
+    print(summary_table(spec))
+    if outcome.decisions is not None:
+        from analysis.sequential import decisions_text
+
+        print(f"\ndecisions (anytime-valid, Holm over {len(outcome.decisions)} comparisons):")
+        print(decisions_text(outcome.decisions))
+    if not args.no_report:
+        _report(spec, args.report_dir or str(Path("reports") / spec.name))
+    print(
+        f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000"
+    )
+    return 1 if outcome.failed or outcome.interrupted else 0
+
+
+def _run_or_exit_code(spec: SweepSpec, args: argparse.Namespace) -> SweepOutcome | int:
+    """``run_sweep`` for the command line: its outcome, or the exit code of a driver that
+    stopped, after one message saying why and what to do."""
     from fusion_ray.lease import LeaseHeldError, LeaseLostError
     from fusion_ray.placement import PlacementError
     from fusion_ray.tracking import TrackingStoreLostError
 
-    print(
-        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
-    )
     try:
-        outcome = run_sweep(
+        return run_sweep(
             spec,
             args.sweep_file,
             address=args.address,
@@ -698,7 +719,8 @@ def main(argv: list[str] | None = None) -> int:
     ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         # 3: another driver runs the sweep; 4: it took over from this one; 5: the tracking
-        # store vanished; 6: the storage is full; 2: the trials cannot be placed
+        # store vanished; 6: the storage is full; 2: the trials cannot be placed (7, a lost
+        # Ray head, ends the process from the head watch)
         codes = {
             LeaseHeldError: 3,
             LeaseLostError: 4,
@@ -706,19 +728,6 @@ def main(argv: list[str] | None = None) -> int:
             StorageFullError: 6,
         }
         return codes.get(type(exc), 2)
-    print_outcome(spec, outcome, note=args.no_report)
-    print(summary_table(spec))
-    if outcome.decisions is not None:
-        from analysis.sequential import decisions_text
-
-        print(f"\ndecisions (anytime-valid, Holm over {len(outcome.decisions)} comparisons):")
-        print(decisions_text(outcome.decisions))
-    if not args.no_report:
-        _report(spec, args.report_dir or str(Path("reports") / spec.name))
-    print(
-        f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000"
-    )
-    return 1 if outcome.failed or outcome.interrupted else 0
 
 
 if __name__ == "__main__":
