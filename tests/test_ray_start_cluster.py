@@ -152,11 +152,15 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
 
     connect = f"import ray; ray.init(address={cluster.address!r}); print('connected')"
     wrong = {**cluster.env, "RAY_AUTH_TOKEN": secrets.token_hex(16)}
-    refused = subprocess.run(
-        [sys.executable, "-c", connect], env=wrong, capture_output=True, text=True, timeout=180
-    )
-    assert refused.returncode != 0 and "connected" not in refused.stdout
-    assert "Authentication token is missing or incorrect" in refused.stderr[-20000:]
+    # no token at all: none in the environment, none in a home of its own
+    none = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH_")}
+    none["HOME"] = str(tmp_path / "home")
+    for env in (wrong, none):
+        refused = subprocess.run(
+            [sys.executable, "-c", connect], env=env, capture_output=True, text=True, timeout=180
+        )
+        assert refused.returncode != 0 and "connected" not in refused.stdout
+        assert "Authentication token is missing or incorrect" in refused.stderr[-20000:]
     assert len(cluster.raylets()) == 3
 
     path = tiny_sweep(tmp_path, name="raylet", seeds=[0], retries=2)
