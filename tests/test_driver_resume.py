@@ -218,14 +218,14 @@ def test_the_tracking_store_vanishing_mid_sweep_is_one_clear_message(
     assert list((tmp_path / "ray_results").rglob("checkpoint_*")), "storage was left as it was"
 
 
-def _alive_trial_actors(ray_session) -> list[str]:
-    """Class names of the session Ray's live Tune trial / Ray Train actors (from the GCS)."""
+def _alive_trial_actors(ray_session) -> dict[str, str]:
+    """Actor id -> class name of the session Ray's live Tune trial / Ray Train actors (GCS)."""
     kinds = ("ImplicitFunc", "RayTrainWorker", "TrainController")
-    return [
-        a["ActorClassName"]
-        for a in ray_session._private.state.actors().values()
+    return {
+        actor_id: a["ActorClassName"]
+        for actor_id, a in ray_session._private.state.actors().items()
         if a["State"] == "ALIVE" and any(k in a["ActorClassName"] for k in kinds)
-    ]
+    }
 
 
 @pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")], ids="+".join)
@@ -241,6 +241,7 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     client = MlflowClient(spec.tracking_uri)
     env = _driver_env(ray_session, data_cache)
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    earlier = set(_alive_trial_actors(ray_session))  # other tests' actors in the shared Ray
     err = tmp_path / "driver.err"
     with err.open("w") as out:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
@@ -270,10 +271,14 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     )
     assert parent.info.status == "KILLED"
     assert signals[0] in parent.data.tags["failure_reason"]
+
+    def left_running() -> list[str]:
+        return [c for a, c in _alive_trial_actors(ray_session).items() if a not in earlier]
+
     deadline = time.monotonic() + 60
-    while _alive_trial_actors(ray_session) and time.monotonic() < deadline:
+    while left_running() and time.monotonic() < deadline:
         time.sleep(1)
-    assert _alive_trial_actors(ray_session) == [], "a trial kept running after its driver stopped"
+    assert left_running() == [], "a trial kept running after its driver stopped"
 
     rerun = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
