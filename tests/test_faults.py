@@ -245,12 +245,10 @@ def lose_a_node(workdir: str) -> None:
         cluster.shutdown()
 
 
-def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
-    from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
-    from fusion_ray.train import run_local
-
-    path = tiny_sweep(tmp_path, name="lost", seeds=[0], retries=2)
+def one_long_cell(tmp_path: Path, name: str) -> tuple[Path, dict]:
+    """A one-cell sweep (gate_scalar, 3,000 documents, 4 epochs, one trial at a time, 2
+    retries), long enough to lose a node mid-trial; its path and its mapping."""
+    path = tiny_sweep(tmp_path, name=name, seeds=[0], retries=2)
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["gate_scalar"]
     raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = 3000
@@ -258,6 +256,30 @@ def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path,
     raw["defaults"]["train"]["epochs"] = 4
     raw["resources"]["max_concurrent_trials"] = 1
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path, raw
+
+
+def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path) -> None:
+    """``run`` (the one cell of sweep ``path``) logged what the same trial logs trained locally
+    without interruption, on one thread as the trial ran (cpus_per_worker: 1)."""
+    import torch
+
+    from fusion_ray.config import load_sweep
+    from fusion_ray.grid import expand
+    from fusion_ray.train import run_local
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same float sums
+    try:
+        reference = run_local(expand(load_sweep(path))[0].trial, str(tmp_path / "reference"))
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
+        assert run.data.metrics[name] == reference[name], name
+
+
+def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
+    path, raw = one_long_cell(tmp_path, "lost")
     proc = subprocess.run(
         [
             sys.executable,
@@ -277,17 +299,7 @@ def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path,
 
     _, runs = _trial_runs(raw["tracking_uri"], "lost")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the trial ran (cpus_per_worker: 1): the same float sums
-    try:
-        reference = run_local(expand(load_sweep(path))[0].trial, str(tmp_path / "reference"))
-    finally:
-        torch.set_num_threads(threads)
-    logged = runs[0].data.metrics
-    for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
-        assert logged[name] == reference[name], name
+    assert_metrics_of_an_uninterrupted_run(path, runs[0], tmp_path)
 
 
 # ----------------------------------------------------------------------------- a lost DDP rank

@@ -146,9 +146,7 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
 ):
     from mlflow.tracking import MlflowClient
 
-    from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
-    from fusion_ray.train import run_local
+    from tests.test_faults import assert_metrics_of_an_uninterrupted_run, one_long_cell
 
     connect = f"import ray; ray.init(address={cluster.address!r}); print('connected')"
     wrong = {**cluster.env, "RAY_AUTH_TOKEN": secrets.token_hex(16)}
@@ -163,14 +161,7 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         assert "Authentication token is missing or incorrect" in refused.stderr[-20000:]
     assert len(cluster.raylets()) == 3
 
-    path = tiny_sweep(tmp_path, name="raylet", seeds=[0], retries=2)
-    raw = yaml.safe_load(path.read_text())
-    raw["grid"]["fusions"] = ["gate_scalar"]
-    raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = 3000
-    raw["defaults"]["model"].update(d_model=32, n_layers=2, d_ff=64)
-    raw["defaults"]["train"]["epochs"] = 4
-    raw["resources"] = {"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1}
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    path, raw = one_long_cell(tmp_path, "raylet")
     out = tmp_path / "driver.out"
     driver = _driver(cluster, path, data_cache, out)
     try:
@@ -201,16 +192,7 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
     assert "Trial task failed" in out.read_text()  # it did lose its node, then resumed
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_acc")]
     assert sorted(steps) == [0, 1, 2, 3], f"epochs logged twice or missing: {steps}"
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the trial ran (cpus_per_worker: 1): the same float sums
-    try:
-        reference = run_local(expand(load_sweep(path))[0].trial, str(tmp_path / "reference"))
-    finally:
-        torch.set_num_threads(threads)
-    for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
-        assert runs[0].data.metrics[name] == reference[name], name
+    assert_metrics_of_an_uninterrupted_run(path, runs[0], tmp_path)
 
 
 def test_a_lost_head_fails_the_sweep_clearly_and_a_rerun_on_a_new_head_resumes(
