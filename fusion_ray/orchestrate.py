@@ -113,8 +113,9 @@ def stop_on_signals(received: list[str]) -> Iterator[None]:
     SIGINT handler (end the run after one more save of Tune's experiment state, which this
     driver never reads) and Ray's SIGTERM handler (exit with status 1, no cleanup) are off
     meanwhile. A second signal while the driver cleans up and exits (it stays handled after an
-    interruption) is reported and ignored; a third ends the process at once. Outside the main thread nothing changes. ``received`` gets the
-    signals' names (libraries may re-raise the interruption as a plain KeyboardInterrupt)."""
+    interruption) is reported and ignored; a third ends the process at once. Outside the main
+    thread nothing changes. ``received`` gets the signals' names (libraries may re-raise the
+    interruption as a plain KeyboardInterrupt)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
