@@ -21,8 +21,9 @@ import pandas as pd
 from analysis.context import ReportContext
 from analysis.drawing import Figure, save
 from analysis.pairing import Pairing
+from analysis.rules import DEFAULT_RULE, DecisionRule, build_rule
 from analysis.section import Drawn, Section, records, write_csv
-from analysis.sequential import decision_rows, family_evidence
+from analysis.sequential import FIRST_WAVE, decision_rows, family_evidence
 from fusion_ray.schema import ADAPTIVE_TAG, DECISIONS_FILE
 
 FIGURE = "decisions_e_process"
@@ -37,16 +38,27 @@ class DecisionResult:
     alpha: float
     margin: float | None
     max_seeds: int | None
+    first: int
+    rule: DecisionRule
     evidence: dict[str, list[Any]]
     table: pd.DataFrame
 
 
-def _rule(ctx: ReportContext) -> tuple[bool, float, float | None, int | None]:
+def _rule(ctx: ReportContext) -> tuple[bool, dict[str, Any]]:
+    """Whether the decisions are primary, and the rule's settings (the sweep's own for an
+    adaptive sweep; a tag without ``rule`` was written when ``sign`` was the only rule)."""
     text = ctx.experiment.parent_tags.get(ADAPTIVE_TAG)
     if text:
         rule = json.loads(text)
-        return True, float(rule["alpha"]), rule.get("margin"), int(rule["max"])
-    return False, float(ctx.options.settings.alpha), None, None
+        return True, {
+            "alpha": float(rule["alpha"]),
+            "margin": rule.get("margin"),
+            "max_seeds": int(rule["max"]),
+            "first": int(rule.get("first", FIRST_WAVE)),
+            "rule": build_rule(rule.get("rule", "sign"), **rule.get("rule_options", {})),
+        }
+    settings = {"alpha": float(ctx.options.settings.alpha), "margin": None, "max_seeds": None}
+    return False, {**settings, "first": None, "rule": build_rule(DEFAULT_RULE)}
 
 
 def comparison_deltas(pairing: Pairing) -> dict[str, list[float | None]]:
@@ -79,26 +91,36 @@ class DecisionsSection(Section):
         deltas = comparison_deltas(ctx.pairing)
         if not deltas:
             return None
-        primary, alpha, margin, max_seeds = _rule(ctx)
+        primary, rule = _rule(ctx)
         longest = max(len(d) for d in deltas.values())
-        if max_seeds is not None and longest > max_seeds:
+        if rule["max_seeds"] is not None and longest > rule["max_seeds"]:
             warnings.append(
                 f"decisions: the runs have {longest} seeds, more than the adaptive rule's cap "
-                f"of {max_seeds}; the cap is ignored for these decisions"
+                f"of {rule['max_seeds']}; the cap is ignored for these decisions"
             )
-            max_seeds = None
-        evidence = family_evidence(deltas, alpha=alpha, margin=margin, max_seeds=max_seeds)
-        table = pd.DataFrame(decision_rows(evidence))
-        return DecisionResult(primary, alpha, margin, max_seeds, evidence, table)
+            rule["max_seeds"] = None
+        if rule["first"] is None:  # a fixed list: every seed was planned, the wave is all of them
+            rule["first"] = longest
+        evidence = family_evidence(deltas, **rule)
+        table = pd.DataFrame(decision_rows(evidence, rule["rule"], rule["margin"]))
+        return DecisionResult(primary, evidence=evidence, table=table, **rule)
 
     def markdown(self, result: DecisionResult, ctx: ReportContext) -> list[str]:
         return [*_intro(result), "", *_table_lines(result.table), ""]
 
     def figures(self, result: DecisionResult, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
+        m = len(result.evidence)
+        if result.rule.family == "holm":
+            how = f"Holm's thresholds (1/alpha to m/alpha, m = {m}) on the running maximum"
+        else:
+            how = (
+                f"the closed test's thresholds: 1/alpha (dotted) is the least, m/alpha (dashed, "
+                f"m = {m}) always suffices; where in between depends on the other comparisons"
+            )
         caption = (
-            "Each comparison's e-process (running maximum) by seed against Holm's thresholds "
-            f"(1/alpha to m/alpha, m = {len(result.evidence)}): a decision is reached where a "
-            "line crosses its threshold."
+            "One panel per comparison: its e-value for 'no effect' by seed (solid"
+            + (", and for '|effect| >= margin' dash-dotted" if result.margin else "")
+            + f") against {how}. A marker shows where the comparison was decided."
         )
         return [(caption, _draw(result, fig_dir))]
 
@@ -108,7 +130,14 @@ class DecisionsSection(Section):
     def record(self, result: DecisionResult | None, ctx: ReportContext) -> dict[str, Any]:
         if result is None:
             return {}
-        rule = {"alpha": result.alpha, "margin": result.margin, "max_seeds": result.max_seeds}
+        rule = {
+            "alpha": result.alpha,
+            "margin": result.margin,
+            "max_seeds": result.max_seeds,
+            "first": result.first,
+            "rule": result.rule.describe(),
+            "null": result.rule.null,
+        }
         return {"decisions": {"primary": result.primary, **rule, "rows": records(result.table)}}
 
     def listed_files(self, result: DecisionResult | None) -> list[str]:
@@ -118,22 +147,37 @@ class DecisionsSection(Section):
 def _intro(result: DecisionResult) -> list[str]:
     counts = result.table["state"].value_counts()
     summary = ", ".join(f"{n} {state}" for state, n in counts.items())
-    if result.primary:
-        rule = f"alpha {result.alpha:g}, cap {result.max_seeds} seeds" + (
-            f", equivalence margin ±{result.margin:g} points" if result.margin else ""
+    rule = result.rule
+    margin = (
+        f"equivalence margin ±{result.margin:g} points"
+        if result.margin
+        else "no equivalence margin, so no comparison can be decided equivalent"
+    )
+    if rule.family == "closure":
+        guarantee = (
+            f"the chance of any wrong decision in the family (a false better or worse, or a false "
+            f"equivalent) is at most alpha = {result.alpha:g}, at every seed, whatever the "
+            "stopping (closed testing with the mean of current e-values)"
         )
+    else:
+        guarantee = (
+            f"the chance of a false better or worse is at most alpha = {result.alpha:g} at every "
+            "seed (Holm over the anytime p-values); equivalence uses its own budget"
+        )
+    setting = f"rule `{rule.describe()}`, null: {rule.null}; {margin}"
+    if result.primary:
         what = (
-            f"**Primary analysis.** This sweep ran adaptive seeds ({rule}): each comparison got "
-            "seeds until it was decided. These decisions are anytime-valid (a sign e-process per "
-            "comparison, Holm over all of them at every seed); the fixed-n p-values in the "
+            f"**Primary analysis.** This sweep ran adaptive seeds (cap {result.max_seeds} seeds, "
+            f"first wave {result.first}; {setting}): each comparison got seeds until it was "
+            f"decided. The guarantee: {guarantee}. The fixed-n p-values and intervals in the "
             "tables below are descriptive only, since the number of seeds depended on the data."
         )
     else:
         what = (
             "**Secondary view.** This sweep ran a fixed list of seeds, and the fixed-n tests "
-            "below are its primary analysis. Here the same runs are read as anytime-valid "
-            f"evidence (alpha {result.alpha:g}, Holm over the comparisons): a decision here "
-            "would stay valid if seeds were added; 'open' says more seeds could still decide."
+            f"below are its primary analysis. Here the same runs are read as anytime-valid "
+            f"evidence ({setting}): a decision here would stay valid if seeds were added; "
+            "'open' says more seeds could still decide."
         )
     return ["## Decisions", "", what, "", f"States: {summary}."]
 
@@ -147,7 +191,7 @@ def _fmt(value: Any, spec: str) -> str:
 def _table_lines(table: pd.DataFrame) -> list[str]:
     lines = [
         "| comparison | state | seeds used | decided at seed | e (max) | anytime p | "
-        "p Holm | effect CS (points) |",
+        "p family | effect CS (points) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in table.to_dict(orient="records"):
@@ -155,25 +199,39 @@ def _table_lines(table: pd.DataFrame) -> list[str]:
         lines.append(
             f"| {r['comparison']} | {r['state']} | {r['seeds_used']} | {decided} | "
             f"{_fmt(r['e_max'], '.3g')} | {_fmt(r['p_anytime'], '.3g')} | "
-            f"{_fmt(r['p_holm_anytime'], '.3g')} | "
+            f"{_fmt(r['p_family'], '.3g')} | "
             f"({_fmt(r['cs_low'], '+.2f')}, {_fmt(r['cs_high'], '+.2f')}) |"
         )
     return lines
 
 
 def _draw(result: DecisionResult, fig_dir: Path) -> list[Path]:
-    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
-    ax = fig.subplots()
+    """One small panel per comparison, so that no line hides another."""
     m = len(result.evidence)
-    for name, looks in result.evidence.items():
-        ax.step([lk.seed for lk in looks], [lk.e_max for lk in looks], where="post", label=name)
-    ax.axhline(1 / result.alpha, color="grey", linestyle=":", linewidth=1)
-    ax.axhline(m / result.alpha, color="grey", linestyle="--", linewidth=1)
-    ax.set_yscale("log")
-    ax.set_xlabel("seed")
-    ax.set_ylabel("e-process (running max)")
-    if m <= 12:
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    cols = min(3, m)
+    rows = math.ceil(m / cols)
+    fig = Figure(figsize=(3.0 * cols, 2.3 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    for ax, (name, looks) in zip(axes.flat, result.evidence.items(), strict=False):
+        seeds = [lk.seed for lk in looks]
+        ax.step(seeds, [lk.e_value for lk in looks], where="post", color="C0")
+        if result.margin:
+            ax.step(seeds, [lk.e_equivalent for lk in looks], where="post", color="C2", ls="-.")
+        ax.axhline(1 / result.alpha, color="grey", linestyle=":", linewidth=1)
+        ax.axhline(m / result.alpha, color="grey", linestyle="--", linewidth=1)
+        decided = next((lk for lk in looks if lk.state != "open"), None)
+        if decided is not None:
+            value = decided.e_equivalent if decided.state == "equivalent" else decided.e_value
+            ax.plot([decided.seed], [value], marker="o", color="C3")
+        ax.set_yscale("log")
+        ax.set_title(f"{name}\n{looks[-1].state}", fontsize=7)
+        ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[m:]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("seed", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("e-value", fontsize=7)
     return save(fig, fig_dir, FIGURE)
 
 

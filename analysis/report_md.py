@@ -131,12 +131,30 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
             "futile": "undecidable within the cap (futile)",
             "open": "undecided at the cap",
         }[state]
-        return f"**{words}** (anytime p Holm {decided['p_holm_anytime']:.3g}, {seeds} seeds)"
+        return f"**{words}** (anytime p family {decided['p_family']:.3g}, {seeds} seeds)"
     alpha = ctx.options.settings.alpha
     if bool(row.get("significant")):
         side = "better" if row["mean_delta"] > 0 else "worse"
         return f"**{side} than {ctx.baseline}** (p Holm {row['p_holm']:.3g} <= {alpha:g})"
     return f"no significant difference (p Holm {row['p_holm']:.3g} > {alpha:g})"
+
+
+def _anytime_effect(row: pd.Series, decided: dict[str, Any]) -> str:
+    """Mean delta with the decision's confidence sequence, and why they may seem to disagree."""
+    low, high = decided["cs_low"], decided["cs_high"]
+    text = (
+        f"{row['mean_delta']:+.2f} points (anytime-valid interval {low:+.2f} to {high:+.2f}; "
+        f"wins {int(row['wins'])} of {int(row['n_pairs'])} seeds)"
+    )
+    holds_zero = low < 0 < high
+    if decided["state"] in ("better", "worse") and holds_zero:
+        text += (
+            " — decided by the closed test, which also weighs the other comparisons' evidence; "
+            "the simultaneous interval, which cannot, still holds 0"
+        )
+    elif decided["state"] in ("open", "futile") and not holds_zero:
+        text += " — the interval excludes 0 but the family's test has not rejected"
+    return text
 
 
 def _summary(ctx: ReportContext) -> list[str]:
@@ -151,16 +169,24 @@ def _summary(ctx: ReportContext) -> list[str]:
     for _, row in table.iterrows():
         where = _where(row, ctx)
         name = "/".join(str(row[k]) for k in ctx.keys) + f": {row['operator']} vs {ctx.baseline}"
+        decided = rows.get(name) if primary else None
+        if decided is not None:
+            effect = _anytime_effect(row, decided)
+        else:
+            effect = (
+                f"{row['mean_delta']:+.2f} points (95 % CI {row['ci_low']:+.2f} to "
+                f"{row['ci_high']:+.2f}; wins {int(row['wins'])} of {int(row['n_pairs'])} seeds)"
+            )
         lines.append(
-            f"- `{row['operator']}` vs `{ctx.baseline}` on {where}: "
-            f"{row['mean_delta']:+.2f} points (95 % CI {row['ci_low']:+.2f} to "
-            f"{row['ci_high']:+.2f}; wins {int(row['wins'])} of {int(row['n_pairs'])} seeds), "
-            + _verdict(row, ctx, rows.get(name) if primary else None)
+            f"- `{row['operator']}` vs `{ctx.baseline}` on {where}: {effect}, "
+            + _verdict(row, ctx, decided)
             + "."
         )
     which = (
         "The verdicts are the anytime-valid decisions of this adaptive sweep (the primary "
-        "analysis, next section)."
+        "analysis, next section); each interval is the effect's confidence sequence, valid "
+        "however the seeds were stopped and simultaneous over the comparisons. The fixed-n "
+        "intervals and p-values further down are descriptive only."
         if primary
         else "The verdicts are exact Wilcoxon signed-rank tests, Holm-adjusted over the "
         "comparisons (the primary analysis of a fixed-seed sweep)."

@@ -1,44 +1,43 @@
-"""Anytime-valid decisions on paired per-seed deltas: how adaptive seeds decide each comparison.
+"""Anytime-valid decisions for a family of paired comparisons: how adaptive seeds decide.
 
-A pure function of the deltas in seed order (no Ray, no MLflow), so a restarted driver that
-reads the finished runs back recomputes the same states.
+A pure function of the deltas in seed order (no Ray, no MLflow), so a restarted driver that reads
+the finished runs back recomputes the same states. A decision rule (``analysis.rules``, a
+registry) turns each comparison's deltas into e-processes; this module combines them.
 
-The evidence. For one comparison (an operator against the baseline), the paired delta of seed
-t is D_t (accuracy points). Under the null of no effect the median of D is 0 and the sign of
-each non-zero D_t is a fair coin given the past; the sign e-process with the
-Krichevsky-Trofimov mixture over the win probability,
+The default rule, ``magnitude``, decides by **closed testing with the mean of current e-values**.
+Each comparison i has two hypotheses: H_i "no effect" (deltas symmetric about 0), with the
+two-sided e-value E_i = (P_i + N_i) / 2, and, with a margin M, K_i "|effect| >= M", with
+Q_i = min(L_i, U_i). H_i and K_i cannot both be true, so an intersection of true hypotheses holds
+at most one per comparison, and its local test is the mean of their current e-values against
+1 / alpha. Closing over those intersections: reject X_i (H_i or K_i) at a look when, for every
+r = 0 .. m-1,
 
-    E_n = 2^n B(w + 1/2, n - w + 1/2) / B(1/2, 1/2)     (w wins among n non-zero deltas),
+    e(X_i) + (sum of the r smallest of min(E_j, Q_j), j != i) >= (r + 1) / alpha.
 
-is a test martingale under that null, so by Ville's inequality P(sup_n E_n >= 1/a) <= a
-whatever the stopping rule; the anytime p-value is min(1, 1 / running max of E). Zeros and
-missing pairs are skipped (a tie carries no sign). It is scale-free and needs only the sign,
-so it stays valid for heavy-tailed and tie-heavy (integer count) deltas. Bets that also weigh
-magnitudes (Vovk & Wang, "Nonparametric e-tests of symmetry", arXiv:2208.08925) can add power
-under a symmetry null, at the price of that null; this module keeps the sign bet, whose null
-(median 0) is the weaker assumption (bench/adaptive.py measures what it costs).
+The mean of current e-values of true hypotheses is a nonnegative supermartingale over seeds
+(seeds are independent; a stopped comparison keeps its last value), so by Ville's inequality the
+chance that any true hypothesis is ever rejected is at most alpha: one budget for every "better",
+"worse" and "equivalent" the user reads, at every look, whatever the stopping. Rejections are
+permanent. The family-adjusted anytime p-value of X_i is the smallest alpha at which it has been
+rejected. A rejected H_i is "better" when P_i > N_i at that look, else "worse".
 
-The family. Holm's step-down on the anytime p-values at every look controls the family-wise
-error at all times at once, under any dependence between comparisons (they share each seed's
-baseline run); Holm is monotone and the anytime p-values only fall, so a rejection never
-un-happens. (e-BH or averaged e-processes do not keep that control: Tavyrikov, Goeman & de
-Heide, arXiv:2501.19360.) A rejected comparison is "better" or "worse" by its wins and losses.
+The ``sign`` rule keeps the earlier procedure: Holm's step-down on anytime p-values (1 / running
+maximum of its e-process) and, with a margin, equivalence when its confidence sequence (at
+alpha / m) lies inside the margin: a separate budget, so a mixed family can reach 2 alpha.
 
-The effect. A confidence sequence for the median delta inverts the same e-process over shifts
-mu: mu stays in while E_s(signs of D - mu) < m / a at every look s so far (Bonferroni over the
-m comparisons: each sequence covers with probability at least 1 - a/m at all times, all of
-them at least 1 - a). It only shrinks. "equivalent": a margin is given and the sequence lies
-inside (-margin, +margin).
+Confidence sequences: each rule inverts its own evidence over shifts of the deltas at alpha / m
+(Bonferroni over the family, so all of them cover at once with probability 1 - alpha). For the
+magnitude rule, zero leaves the sequence only when E_i >= m / alpha, which the closure rejects
+as well: an undecided comparison's sequence always holds 0.
 
-Futility. With ``max_seeds``, a comparison is "futile" when even winning every remaining seed
-could not lift its e-process to 1 / a (the loosest Holm threshold), and equivalence is out of
-reach (no margin, or the sequence already lies wholly outside (-margin, +margin)). Futility
-only stops a comparison that could no longer be rejected, so it cannot raise the error rate.
+Futility (non-binding, so it cannot raise the error): with a cap, a comparison is "futile" when it
+cannot be rejected in its remaining seeds (each seed at most doubles an e-value) or, after 8
+seeds, its e-value is below 0.3; with a margin the same must hold for its equivalence e-value.
 
-States, one per seed of each comparison: "open", "better", "worse", "equivalent", "futile".
-A comparison's state at its seed j is the family's decision at look j (every comparison's
-first j + 1 seeds, or all it has); its last state is the decision with everything known. A
-rejection outranks equivalence (both can hold: a small real effect); decided states persist.
+States, one per seed of each comparison: "open", "better", "worse", "equivalent", "futile". A
+comparison's state at its seed j is the family's decision at look j (every comparison's first
+j + 1 seeds, or all it has); its last state is the decision with everything known. A rejection
+outranks equivalence (both can hold: a small real effect); decided states persist.
 """
 
 from __future__ import annotations
@@ -46,32 +45,40 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 
-from scipy.special import betaln
+from analysis.rules import (
+    DEFAULT_RULE,
+    DecisionRule,
+    Evidence,
+    build_rule,
+    log_e,
+    sign_confidence_sequence,
+    sign_e_values,
+)
 
 STATES = ("open", "better", "worse", "equivalent", "futile")
 DECIDED = ("better", "worse", "equivalent", "futile")
+FIRST_WAVE = 6
+"""Seeds every comparison has before the magnitude rule decides, unless the sweep says otherwise."""
+FUTILE_AFTER, FUTILE_BELOW = 8, 0.3
 
+__all__ = [
+    "STATES",
+    "Decision",
+    "Look",
+    "confidence_sequence",
+    "decision_rows",
+    "decisions",
+    "decisions_text",
+    "family_evidence",
+    "log_e",
+    "replay_adaptive",
+    "run_family",
+    "sign_e_values",
+]
 
-@cache
-def log_e(wins: int, n: int) -> float:
-    """log of the KT sign e-value after ``wins`` wins among ``n`` non-zero deltas."""
-    if n == 0:
-        return 0.0
-    return n * math.log(2.0) + betaln(wins + 0.5, n - wins + 0.5) - betaln(0.5, 0.5)
-
-
-def sign_e_values(deltas: Sequence[float | None], shift: float = 0.0) -> list[float]:
-    """E after each seed of ``deltas - shift`` (a zero or a missing pair leaves E as it was)."""
-    wins = n = 0
-    out = []
-    for d in deltas:
-        if d is not None and d != shift:
-            n += 1
-            wins += d > shift
-        out.append(math.exp(log_e(wins, n)))
-    return out
+confidence_sequence = sign_confidence_sequence
+"""The sign rule's confidence sequence for the median (kept under its earlier name)."""
 
 
 @dataclass(frozen=True)
@@ -85,28 +92,42 @@ class Look:
     wins: int
     losses: int
     e_value: float
+    """The two-sided e-value for "no effect" at this seed."""
     e_max: float
-    """The running maximum of the e-process (the anytime p-value is its inverse)."""
+    """Its running maximum (the unadjusted anytime p-value is the inverse)."""
+    e_equivalent: float
+    """The e-value for "|effect| >= margin" (nan without a margin, and for the sign rule)."""
     p_anytime: float
-    p_holm: float
-    """The Holm-adjusted anytime p-value at the look this state comes from."""
+    p_family: float
+    """The family-adjusted anytime p-value of "no effect" at the look this state comes from
+    (closed testing, or Holm for the sign rule)."""
     cs_low: float
     cs_high: float
-    """The confidence sequence for the median delta (open interval; infinite when unbounded)."""
+    """The confidence sequence for the effect (open interval; infinite when unbounded)."""
     state: str
 
 
-def _check(deltas: Mapping[str, Sequence[float | None]], alpha: float, margin, max_seeds) -> None:
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1) (got {alpha}); e.g. 0.05")
-    if margin is not None and not margin > 0:
+@dataclass(frozen=True)
+class _Setting:
+    alpha: float
+    margin: float | None
+    max_seeds: int | None
+    first: int
+
+
+def _check(deltas: Mapping[str, Sequence[float | None]], s: _Setting) -> None:
+    if not 0 < s.alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1) (got {s.alpha}); e.g. 0.05")
+    if s.margin is not None and not s.margin > 0:
         raise ValueError(
-            f"margin must be a positive number of accuracy points or None (got {margin})"
+            f"margin must be a positive number of accuracy points or None (got {s.margin})"
         )
+    if s.first < 1:
+        raise ValueError(f"first must be at least 1 (got {s.first})")
     for name, row in deltas.items():
-        if max_seeds is not None and len(row) > max_seeds:
+        if s.max_seeds is not None and len(row) > s.max_seeds:
             raise ValueError(
-                f"comparison {name!r} has {len(row)} seeds, more than max_seeds {max_seeds}"
+                f"comparison {name!r} has {len(row)} seeds, more than max_seeds {s.max_seeds}"
             )
         if any(d is not None and not math.isfinite(d) for d in row):
             raise ValueError(f"comparison {name!r}: deltas must be finite numbers or None")
@@ -123,67 +144,116 @@ def _holm(p_values: Sequence[float]) -> list[float]:
     return adjusted
 
 
-def _running(row: Sequence[float | None]) -> list[tuple[int, int, int, float, float]]:
-    """Per seed: (pairs, wins, losses, e, running max of e)."""
-    out, n_used, wins, losses, e_max = [], 0, 0, 0, 1.0
-    for d in row:
-        if d is not None:
-            n_used += 1
-            wins += d > 0
-            losses += d < 0
-        e = math.exp(log_e(wins, wins + losses))
-        e_max = max(e_max, e)
-        out.append((n_used, wins, losses, e, e_max))
-    return out
+def closure_p(own: float, others: Sequence[float]) -> float:
+    """The closed test's p-value for a hypothesis with current e-value ``own`` against the
+    others' (per comparison: the smaller of its e-values): 1 / the smallest mean over the
+    intersections that hold it, min over r of (own + r smallest others) / (r + 1)."""
+    smallest, total, worst = sorted(others), own, own
+    for r, e in enumerate(smallest, start=1):
+        total += e
+        worst = min(worst, total / (r + 1))
+    return min(1.0, 1.0 / worst) if worst > 0 else 1.0
 
 
-def confidence_sequence(row: Sequence[float | None], level: float) -> tuple[float, float]:
-    """The running-intersection confidence sequence for the median of ``row`` at e-threshold
-    1 / ``level``, as an open interval (lo, hi) whose ends are the nearest excluded values."""
-    values = sorted({d for d in row if d is not None})
-    if not values:
-        return -math.inf, math.inf
-    candidates = [values[0] - 1.0, *values, values[-1] + 1.0]
-    candidates += [(a + b) / 2 for a, b in zip(values, values[1:], strict=False)]
-    threshold = math.log(1.0 / level)
-    kept = [
-        mu
-        for mu in sorted(candidates)
-        if max(math.log(e) for e in sign_e_values(row, mu)) < threshold
-    ]
-    if not kept:
-        return math.nan, math.nan
-    below = [c for c in candidates if c < kept[0]]
-    above = [c for c in candidates if c > kept[-1]]
-    return (max(below) if below else -math.inf), (min(above) if above else math.inf)
+def _at(values: Sequence[float], look: int) -> float:
+    return values[min(look, len(values) - 1)] if values else 1.0
 
 
-def _best_future_e(wins: int, losses: int, remaining: int) -> float:
-    """The largest e-value reachable if every remaining seed went the majority's way."""
+class _Family:
+    """The comparisons' evidence and the family's decisions at every look."""
+
+    def __init__(
+        self, deltas: Mapping[str, Sequence[float | None]], rule: DecisionRule, s: _Setting
+    ):
+        self.deltas, self.rule, self.s = deltas, rule, s
+        self.names = list(deltas)
+        self.m = max(1, len(self.names))
+        self.evidence: dict[str, Evidence] = {
+            n: rule.evidence(deltas[n], first=s.first, margin=s.margin) for n in self.names
+        }
+        self.longest = max((len(r) for r in deltas.values()), default=0)
+
+    def e_two_sided(self, name: str, look: int) -> float:
+        ev = self.evidence[name]
+        return ev.two_sided(min(look, len(ev.better) - 1)) if ev.better else 1.0
+
+    def e_equivalent(self, name: str, look: int) -> float:
+        ev = self.evidence[name]
+        return ev.equivalent(min(look, len(ev.better) - 1)) if ev.better else math.nan
+
+    def family_p(self) -> list[dict[str, tuple[float, float]]]:
+        """Per look: each comparison's adjusted anytime p of (no effect, |effect| >= margin),
+        running minima over the looks (rejections are permanent)."""
+        out, best = [], {n: (1.0, 1.0) for n in self.names}
+        e_maxes = {n: 1.0 for n in self.names}
+        for look in range(self.longest):
+            started = look + 1 >= self.s.first
+            if self.rule.family == "holm":
+                for n in self.names:
+                    e_maxes[n] = max(e_maxes[n], self.e_two_sided(n, look))
+                p = _holm([1.0 / e_maxes[n] for n in self.names])
+                now = {n: (p[i], 1.0) for i, n in enumerate(self.names)}
+            elif started:
+                now = self._closure(look)
+            else:
+                now = {n: (1.0, 1.0) for n in self.names}
+            best = {n: (min(best[n][0], now[n][0]), min(best[n][1], now[n][1])) for n in self.names}
+            out.append(dict(best))
+        return out
+
+    def _closure(self, look: int) -> dict[str, tuple[float, float]]:
+        e = {n: self.e_two_sided(n, look) for n in self.names}
+        q = {n: self.e_equivalent(n, look) for n in self.names}
+        floor = {n: e[n] if math.isnan(q[n]) else min(e[n], q[n]) for n in self.names}
+        now = {}
+        for n in self.names:
+            others = [floor[o] for o in self.names if o != n]
+            p_q = 1.0 if math.isnan(q[n]) else closure_p(q[n], others)
+            now[n] = (closure_p(e[n], others), p_q)
+        return now
+
+
+def _direction(family: _Family, name: str, look: int, ev: Evidence) -> str:
+    """better / worse by which one-sided e-value leads (ties: by wins and losses)."""
+    up, down = _at(ev.better, look), _at(ev.worse, look)
+    if up != down:
+        return "better" if up > down else "worse"
+    row = [d for d in family.deltas[name][: look + 1] if d is not None]
+    return "better" if sum(d > 0 for d in row) >= sum(d < 0 for d in row) else "worse"
+
+
+def _futile(family: _Family, name: str, seed: int, p_cs: tuple[float, float] | None) -> bool:
+    """No remaining seed could decide it (see the module notes)."""
+    s = family.s
+    if s.max_seeds is None:
+        return False
+    remaining = s.max_seeds - (seed + 1)
+    if remaining <= 0:
+        return False
+    if family.rule.family == "holm":
+        return _sign_futile(family, name, seed, remaining, p_cs)
+    if seed + 1 < s.first:
+        return False
+
+    def hopeless(e: float) -> bool:
+        late = seed + 1 >= FUTILE_AFTER and e < FUTILE_BELOW
+        return e * 2.0**remaining < 1.0 / s.alpha or late
+
+    e = family.e_two_sided(name, seed)
+    q = family.e_equivalent(name, seed)
+    return hopeless(e) and (s.margin is None or hopeless(q))
+
+
+def _sign_futile(family: _Family, name: str, seed: int, remaining: int, cs) -> bool:
+    row = [d for d in family.deltas[name][: seed + 1] if d is not None]
+    wins, losses = sum(d > 0 for d in row), sum(d < 0 for d in row)
     n = wins + losses + remaining
-    return math.exp(max(log_e(wins + remaining, n), log_e(wins, n)))
-
-
-def _state(
-    rejected: bool,
-    wins: int,
-    losses: int,
-    e_max: float,
-    cs: tuple[float, float] | None,
-    rule: tuple[float, float | None, int | None],
-    seed: int,
-) -> str:
-    alpha, margin, max_seeds = rule
-    if rejected:
-        return "better" if wins > losses else "worse"
-    if margin is not None and cs is not None and -margin <= cs[0] and cs[1] <= margin:
-        return "equivalent"
-    if max_seeds is None:
-        return "open"
-    remaining = max_seeds - (seed + 1)
-    reachable = max(e_max, _best_future_e(wins, losses, remaining)) >= 1.0 / alpha
+    best = math.exp(max(log_e(wins + remaining, n), log_e(wins, n), log_e(losses + remaining, n)))
+    e_max = max(sign_e_values(family.deltas[name][: seed + 1]))
+    reachable = max(e_max, best) >= 1.0 / family.s.alpha
+    margin = family.s.margin
     outside = margin is None or (cs is not None and (cs[0] >= margin or cs[1] <= -margin))
-    return "futile" if remaining > 0 and not reachable and outside else "open"
+    return not reachable and outside
 
 
 def family_evidence(
@@ -192,50 +262,63 @@ def family_evidence(
     alpha: float = 0.05,
     margin: float | None = None,
     max_seeds: int | None = None,
+    first: int = FIRST_WAVE,
+    rule: str | DecisionRule = DEFAULT_RULE,
     with_sequences: bool = True,
 ) -> dict[str, list[Look]]:
     """Every comparison's evidence and state after each of its seeds (see the module notes).
-    ``with_sequences=False`` skips the confidence sequences when no margin needs them."""
-    _check(deltas, alpha, margin, max_seeds)
-    names = list(deltas)
-    m = max(1, len(names))
-    runs = {name: _running(deltas[name]) for name in names}
-    longest = max((len(r) for r in runs.values()), default=0)
-    adjusted = []  # per look: Holm-adjusted p of every comparison
-    for look in range(longest):
-        p = [1.0 / runs[n][min(look, len(runs[n]) - 1)][4] if runs[n] else 1.0 for n in names]
-        adjusted.append(_holm(p))
-    need_cs = with_sequences or margin is not None
-    rule = (alpha, margin, max_seeds)
+    ``with_sequences=False`` skips the confidence sequences where no decision needs them."""
+    s = _Setting(alpha, margin, max_seeds, first)
+    _check(deltas, s)
+    the_rule = build_rule(rule)
+    family = _Family(deltas, the_rule, s)
+    adjusted = family.family_p()
+    level = alpha / family.m
     out: dict[str, list[Look]] = {}
-    for i, name in enumerate(names):
-        looks, decided = [], None
-        for seed, (n_used, wins, losses, e, e_max) in enumerate(runs[name]):
-            look = longest - 1 if seed == len(runs[name]) - 1 else seed
-            p_holm = adjusted[look][i]
-            cs = confidence_sequence(deltas[name][: seed + 1], alpha / m) if need_cs else None
-            state = _state(p_holm <= alpha, wins, losses, e_max, cs, rule, seed)
+    for name in family.names:
+        row, ev = deltas[name], family.evidence[name]
+        looks: list[Look] = []
+        decided: str | None = None
+        wins = losses = n_used = 0
+        e_max = 1.0
+        for seed, d in enumerate(row):
+            if d is not None:
+                n_used += 1
+                wins += d > 0
+                losses += d < 0
+            look = family.longest - 1 if seed == len(row) - 1 else seed
+            p_h, p_k = adjusted[look][name]
+            e_now = ev.two_sided(seed)
+            e_max = max(e_max, e_now) if seed + 1 >= first or the_rule.family == "holm" else e_max
+            need_cs = with_sequences or (margin is not None and the_rule.family == "holm")
+            cs = the_rule.interval(row[: seed + 1], level=level, first=first) if need_cs else None
+            state = _state(family, name, seed, look, ev, (p_h, p_k), cs)
             if decided in ("better", "worse") or (decided and state in ("open", "futile")):
                 state = decided  # decided states persist; a rejection may follow equivalence
             decided = state if state != "open" else decided
             low, high = cs if cs is not None else (math.nan, math.nan)
             looks.append(
                 Look(
-                    seed,
-                    n_used,
-                    wins,
-                    losses,
-                    e,
-                    e_max,
-                    min(1.0, 1.0 / e_max),
-                    p_holm,
-                    low,
-                    high,
-                    state,
+                    seed, n_used, wins, losses, e_now, e_max, ev.equivalent(seed),
+                    min(1.0, 1.0 / e_max), p_h, low, high, state,
                 )
-            )
+            )  # fmt: skip
         out[name] = looks
     return out
+
+
+def _state(family: _Family, name: str, seed: int, look: int, ev: Evidence, p, cs) -> str:
+    s = family.s
+    p_h, p_k = p
+    if p_h <= s.alpha:
+        return _direction(family, name, look, ev)
+    if family.rule.family == "holm":
+        inside = s.margin is not None and cs is not None
+        if inside and -s.margin <= cs[0] and cs[1] <= s.margin:
+            return "equivalent"
+    elif p_k <= s.alpha:
+        return "equivalent"
+    return "futile" if _futile(family, name, seed, cs) else "open"
 
 
 def run_family(
@@ -244,13 +327,22 @@ def run_family(
     alpha: float = 0.05,
     margin: float | None = None,
     max_seeds: int | None = None,
+    first: int = FIRST_WAVE,
+    rule: str | DecisionRule = DEFAULT_RULE,
 ) -> dict[str, list[str]]:
     """Each comparison's state after each of its seeds: one of "open", "better", "worse",
     "equivalent", "futile". ``deltas`` maps each comparison's name to its per-seed paired
     deltas in seed order (accuracy points, None where a pair is missing); ``max_seeds`` is the
-    cap (a comparison still undecided there stays "open")."""
+    cap (a comparison still undecided there stays "open"); ``first`` the first wave; ``rule`` a
+    registered decision rule's name (``analysis.rules.RULES``) or an instance."""
     evidence = family_evidence(
-        deltas, alpha=alpha, margin=margin, max_seeds=max_seeds, with_sequences=False
+        deltas,
+        alpha=alpha,
+        margin=margin,
+        max_seeds=max_seeds,
+        first=first,
+        rule=rule,
+        with_sequences=False,
     )
     return {name: [look.state for look in looks] for name, looks in evidence.items()}
 
@@ -278,10 +370,15 @@ def decisions(evidence: Mapping[str, list[Look]]) -> list[Decision]:
     return out
 
 
-def decision_rows(evidence: Mapping[str, list[Look]]) -> list[dict[str, object]]:
+def decision_rows(
+    evidence: Mapping[str, list[Look]],
+    rule: str | DecisionRule = DEFAULT_RULE,
+    margin: float | None = None,
+) -> list[dict[str, object]]:
     """One row per comparison (the names of ``fusion_ray.schema.DECISION_COLUMNS``): its state,
-    seeds used, the seed it was decided at, its last e-value and running maximum, anytime p
-    (raw and Holm-adjusted) and confidence sequence."""
+    the rule, its null and the margin that decided it, seeds used, the seed it was decided at,
+    its last e-values, anytime p (raw and family-adjusted) and confidence sequence."""
+    the_rule = build_rule(rule)
     rows = []
     for decision in decisions(evidence):
         last = decision.last
@@ -289,12 +386,16 @@ def decision_rows(evidence: Mapping[str, list[Look]]) -> list[dict[str, object]]
             {
                 "comparison": decision.name,
                 "state": decision.state,
+                "rule": the_rule.describe(),
+                "null": the_rule.null,
+                "margin": margin,
                 "seeds_used": decision.seeds_used,
                 "decided_at_seed": decision.decided_at,
                 "e_value": last.e_value if last else 1.0,
                 "e_max": last.e_max if last else 1.0,
+                "e_equivalent": last.e_equivalent if last else math.nan,
                 "p_anytime": last.p_anytime if last else 1.0,
-                "p_holm_anytime": last.p_holm if last else 1.0,
+                "p_family": last.p_family if last else 1.0,
                 "cs_low": last.cs_low if last else -math.inf,
                 "cs_high": last.cs_high if last else math.inf,
             }
@@ -303,18 +404,26 @@ def decision_rows(evidence: Mapping[str, list[Look]]) -> list[dict[str, object]]
 
 
 def decisions_text(rows: Sequence[Mapping[str, object]]) -> str:
-    """The decisions as a console table."""
+    """The decisions as a console table (the effect's confidence sequence is simultaneous over
+    the family, valid however the seeds were stopped)."""
     width = max([len(str(r["comparison"])) for r in rows] + [10])
     lines = [
         f"{'comparison':<{width}}  {'state':<10} {'seeds':>5} {'decided':>7} {'e':>9} "
-        f"{'p anytime':>9} {'p Holm':>8}  effect CS (points)"
+        f"{'p family':>8}  effect CS (points)"
     ]
     for r in rows:
         decided = "-" if r["decided_at_seed"] is None else str(r["decided_at_seed"])
         lines.append(
             f"{r['comparison']:<{width}}  {r['state']:<10} {r['seeds_used']:>5} {decided:>7} "
-            f"{r['e_max']:>9.3g} {r['p_anytime']:>9.3g} {r['p_holm_anytime']:>8.3g}  "
+            f"{r['e_max']:>9.3g} {r['p_family']:>8.3g}  "
             f"({r['cs_low']:+.2f}, {r['cs_high']:+.2f})"
+        )
+    if rows:
+        first = rows[0]
+        margin = first.get("margin")
+        lines.append(
+            f"rule {first.get('rule')}; null: {first.get('null')}"
+            + (f"; equivalence margin ±{margin:g} points" if margin else "")
         )
     return "\n".join(lines)
 
@@ -326,6 +435,7 @@ def replay_adaptive(
     alpha: float = 0.05,
     margin: float | None = None,
     max_seeds: int | None = None,
+    rule: str | DecisionRule = DEFAULT_RULE,
 ) -> dict[str, list[str]]:
     """What adaptive seeds would have run on deltas logged for a fixed list of seeds: every
     comparison gets its first ``first`` seeds, then one more seed at a time while it is open
@@ -333,12 +443,15 @@ def replay_adaptive(
     it would have used (its length is the seeds used), as the driver's schedule computes them."""
     cap = max_seeds if max_seeds is not None else max(map(len, deltas.values()), default=0)
     used = {name: min(first, len(row), cap) for name, row in deltas.items()}
+    the_rule = build_rule(rule)
     while True:
         states = run_family(
             {name: deltas[name][: used[name]] for name in deltas},
             alpha=alpha,
             margin=margin,
             max_seeds=max_seeds,
+            first=first,
+            rule=the_rule,
         )
         grow = [
             name

@@ -1,52 +1,114 @@
-"""Adaptive seeds measured: is the decision rule (analysis.sequential) valid under optional
-stopping, what does it cost or save against a fixed number of seeds, and what would it have
-done on real runs. Prints rates and ratios; asserts nothing.
+"""Adaptive seeds measured for every built-in decision rule (``analysis.rules``): are the
+decisions valid under optional stopping, and how many correct decisions do they buy per trial
+against 10 fixed seeds with exact tests. Prints rates and ratios; asserts nothing.
 
-    python bench/adaptive.py                       # 10,000 families per setting (about 10 s on 2 cores)
-    python bench/adaptive.py --reps 2000           # quicker
-    python bench/adaptive.py --replay --experiment quickstart20 --tracking-uri sqlite:///mlflow.db
+    python bench/adaptive.py                      # 10,000 families per setting
+    python bench/adaptive.py --reps 2000          # quicker
+    python bench/adaptive.py --replay             # the rules on the quickstart's 20 logged seeds
+    python bench/adaptive.py --replay --csv FILE  # ... on another per-seed accuracy CSV
 
-- exactness: the e-process against the product of the Krichevsky-Trofimov bets, and the exact
-  chance under the null of ever crossing 1/alpha, by enumerating every sign sequence (n <= 12);
-- validity: the family-wise type-I error under optional stopping (each comparison sampled seed
-  by seed up to the cap, stopped when decided) for null deltas from a normal, a t with 3 degrees
-  of freedom and a tie-heavy integer distribution (differences of binomial correct counts), m =
-  1, 4 and 12 comparisons sharing each seed's baseline; the last line is the largest rate;
-- efficiency: decisions, errors and mean seeds against 10 fixed seeds with the exact Wilcoxon
-  signed-rank test and Holm, at effects of 0, 0.5, 1 and 2 paired SDs, m = 4 and 12;
-- replay (--replay): the adaptive rule on a logged experiment's per-seed deltas in seed order:
-  the seeds it would have used and whether it agrees with exact Wilcoxon + Holm on every seed.
+Settings: first wave 6, cap 20, a look after every seed, a comparison stops when decided (or
+futile), alpha 0.05; m comparisons share each seed's baseline run (deltas are each operator's
+score minus the baseline's, so they are correlated).
 
-The simulation is vectorised over families; on a sample of families its states are checked
-against ``analysis.sequential.replay_adaptive`` (the rule itself) and the agreement printed.
+- validity: the largest family-wise error over symmetric nulls (normal, t3, Cauchy, contaminated
+  normal, tie-heavy integers; m = 1, 4, 6, 12), counting every decision type: all-null families
+  (a false better/worse), mixed families with a 1-SD margin (half the comparisons at 0, half at
+  exactly the margin: a false better/worse, a false equivalent, a wrong direction) and families
+  of small effects (+0.2 SD: a "worse" is a wrong direction);
+- efficiency: correct decisions per trial (baseline runs included) over the same for 10 fixed
+  seeds with exact Wilcoxon + Holm, at 0.5, 1 and 2 paired SD and m = 4, 6, 12, and at effect 0
+  with a 1-SD margin against 10 fixed seeds with an exact Wilcoxon TOST + Holm; the geometric
+  mean of the 12 ratios last;
+- the skewed-null caveat: median 0, mean 0.31 SD (centred exponential), m = 1;
+- a check that the vectorised simulation takes the decisions of ``analysis.sequential``.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import csv
 import math
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.sequential import log_e, replay_adaptive, sign_e_values  # noqa: E402
-from analysis.stats import signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
+from analysis.rules import log_e  # noqa: E402
+from analysis.sequential import FUTILE_AFTER, FUTILE_BELOW, replay_adaptive  # noqa: E402
+from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 
-ALPHA, FIRST, CAP = 0.05, 6, 20
+ALPHA, FIRST, CAP, THETA = 0.05, 6, 20, 1.5
+RULES = ("sign", "magnitude")
+REPLAY_CSV = Path(__file__).resolve().parent / "results" / "quickstart_20_seeds.csv"
+# state codes
+OPEN, BETTER, WORSE, EQUIV, FUTILE = 0, 1, -1, 2, 3
+CODES = {"open": OPEN, "better": BETTER, "worse": WORSE, "equivalent": EQUIV, "futile": FUTILE}
 
 
-def log_e_table(cap: int) -> np.ndarray:
-    """log E[w, n] for 0 <= w <= n <= cap (the KT sign e-value)."""
-    table = np.zeros((cap + 1, cap + 1))
-    for n in range(cap + 1):
-        for w in range(n + 1):
-            table[w, n] = log_e(w, n)
-    return table
+# ----------------------------------------------------------------------------- the e-processes
+
+
+def magnitude_bets(d: np.ndarray, first: int = FIRST) -> tuple[np.ndarray, np.ndarray]:
+    """P and N [F, m, T] of the magnitude rule on full paths (the prefix property makes the
+    value at seed t depend on seeds <= max(t, first - 1) only)."""
+    scale = np.sqrt(np.cumsum(d**2, axis=2) / np.arange(1, d.shape[2] + 1))
+    scale_at = scale[:, :, np.maximum(np.arange(d.shape[2]), first - 1)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        step = np.where(scale_at > 0, np.tanh(THETA * d / scale_at), 0.0)
+    return np.cumprod(1 + step, axis=2), np.cumprod(1 - step, axis=2)
+
+
+def equivalence_bets(d: np.ndarray, margin: float) -> np.ndarray:
+    """Q = min(L, U) [F, m, T] with predictable SD scales (margin until two deltas are seen)."""
+    t = np.arange(1, d.shape[2] + 1)
+    mean = np.cumsum(d, axis=2) / t
+    var = (np.cumsum(d**2, axis=2) - t * mean**2) / np.maximum(t - 1, 1)
+    sd = np.sqrt(np.maximum(var, 0.0))
+    prev = np.concatenate([np.full(d.shape[:2] + (2,), margin), sd[:, :, 1:-1]], axis=2)
+    prev = np.where(prev > 1e-12, prev, margin)
+    low = np.cumprod(1 + np.tanh((margin - d) / prev), axis=2)
+    up = np.cumprod(1 + np.tanh((d + margin) / prev), axis=2)
+    return np.minimum(low, up)
+
+
+def sign_log_e(d: np.ndarray, shift: float = 0.0) -> np.ndarray:
+    """log of the two-sided KT sign e-value [F, m, T] of ``d - shift``."""
+    table = np.array(
+        [[log_e(w, n) if w <= n else 0.0 for n in range(CAP + 1)] for w in range(CAP + 1)]
+    )
+    wins = np.cumsum(d > shift, axis=2)
+    losses = np.cumsum(d < shift, axis=2)
+    return table[wins, wins + losses]
+
+
+# ----------------------------------------------------------------------------- the families
+
+
+def closure_p(own: np.ndarray, floor: np.ndarray) -> np.ndarray:
+    """Closed-test p [F, m] for each comparison's ``own`` e-value against the others'
+    ``floor`` (min of their e-values): 1 / min over r of (own + r smallest others) / (r + 1)."""
+    families, m = floor.shape
+    order = np.argsort(floor, axis=1)
+    ranked = np.take_along_axis(floor, order, axis=1)
+    rank = np.argsort(order, axis=1)  # position of each comparison in the sorted order
+    csum = np.concatenate([np.zeros((families, 1)), np.cumsum(ranked, axis=1)], axis=1)
+    r = np.arange(m)[None, None, :]  # how many others
+    pos = rank[:, :, None]
+    # sum of the r smallest others: the r smallest overall, skipping comparison i itself
+    take = np.where(r < pos, r, r + 1)  # how many of the sorted values to add
+    total = np.take_along_axis(
+        np.broadcast_to(csum[:, None, :], (families, m, m + 1)), take, axis=2
+    )
+    others = total - np.where(r < pos, 0.0, floor[:, :, None])
+    means = (own[:, :, None] + others) / (r + 1)
+    worst = means.min(axis=2)
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, np.where(worst > 0, 1.0 / worst, 1.0))
 
 
 def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
@@ -60,182 +122,337 @@ def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def simulate(deltas: np.ndarray, first: int = FIRST, cap: int = CAP, alpha: float = ALPHA):
-    """The adaptive rule on deltas [families, m, cap], seed by seed with stopping: returns
-    (state codes [F, m]: 0 open, 1 better, -1 worse, 2 futile; seeds used [F, m])."""
-    families, m, _ = deltas.shape
-    table = log_e_table(cap)
-    wins = np.zeros((families, m), dtype=int)
-    losses = np.zeros((families, m), dtype=int)
-    log_max = np.zeros((families, m))
-    state = np.zeros((families, m), dtype=int)
-    used = np.zeros((families, m), dtype=int)
-    threshold = math.log(1 / alpha)
-    for t in range(cap):
-        active = state == 0
-        d = deltas[:, :, t]
-        wins += active & (d > 0)
-        losses += active & (d < 0)
-        used += active
-        log_max = np.maximum(log_max, table[wins, wins + losses])
-        if t + 1 < first:
-            continue
-        rejected = holm_reject(np.exp(-log_max), alpha) & active
-        state[rejected] = np.where(wins > losses, 1, -1)[rejected]
-        remaining = cap - t - 1
-        n = wins + losses + remaining
-        best = np.maximum(
-            table[np.minimum(wins + remaining, cap), np.minimum(n, cap)],
-            table[np.minimum(losses + remaining, cap), np.minimum(n, cap)],
+class _Sign:
+    """The sign rule's looks: Holm on running maxima, equivalence from its sequence at a / m,
+    futility when no run of wins up to the cap could reach 1 / alpha."""
+
+    def __init__(self, d: np.ndarray, margin: float | None, alpha: float):
+        m, cap = d.shape[1], d.shape[2]
+        self.alpha, self.margin, self.cap = alpha, margin, cap
+        self.log_two = sign_log_e(d)
+        self.wins, self.losses = np.cumsum(d > 0, axis=2), np.cumsum(d < 0, axis=2)
+        self.e_max = np.zeros(d.shape[:2])
+        self.table = np.array(
+            [
+                [log_e(a, b) if a <= b else 0.0 for b in range(2 * cap + 1)]
+                for a in range(2 * cap + 1)
+            ]
         )
-        hopeless = (state == 0) & (remaining > 0) & (np.maximum(best, log_max) < threshold)
-        state[hopeless] = 2
+        if margin:
+            level = math.log(m / alpha)
+            hi = np.maximum.accumulate(sign_log_e(d, margin), axis=2) >= level
+            lo = np.maximum.accumulate(sign_log_e(d, -margin), axis=2) >= level
+            self.inside = hi & lo
+
+    def look(self, t: int, at: tuple) -> tuple:
+        self.e_max = np.maximum(self.e_max, self.log_two[at])
+        rejected = holm_reject(np.exp(-self.e_max), self.alpha)
+        wins, losses = self.wins[at], self.losses[at]
+        direction = np.where(wins >= losses, BETTER, WORSE)
+        equivalent = self.inside[at] if self.margin else None
+        remaining = self.cap - t - 1
+        n = wins + losses + remaining
+        best = np.maximum(self.table[wins + remaining, n], self.table[losses + remaining, n])
+        hopeless = np.maximum(best, self.e_max) < math.log(1 / self.alpha)
+        if self.margin:
+            hopeless &= False  # its equivalence can always still come
+        return rejected, direction, equivalent, hopeless
+
+
+class _Magnitude:
+    """The magnitude rule's looks: the closed test on current e-values, permanent rejections,
+    non-binding futility."""
+
+    def __init__(self, d: np.ndarray, margin: float | None, alpha: float):
+        self.alpha, self.margin, self.cap = alpha, margin, d.shape[2]
+        self.up, self.down = magnitude_bets(d)
+        self.two = (self.up + self.down) / 2
+        self.q = equivalence_bets(d, margin) if margin else None
+        self.best_p = np.ones(d.shape[:2])
+
+    def look(self, t: int, at: tuple) -> tuple:
+        e_now = self.two[at]
+        q_now = self.q[at] if self.margin else None
+        floor = np.minimum(e_now, q_now) if self.margin else e_now
+        self.best_p = np.minimum(self.best_p, closure_p(e_now, floor))
+        direction = np.where(self.up[at] >= self.down[at], BETTER, WORSE)
+        equivalent = closure_p(q_now, floor) <= self.alpha if self.margin else None
+        remaining = self.cap - t - 1
+
+        def hopeless(e: np.ndarray) -> np.ndarray:
+            late = (t + 1 >= FUTILE_AFTER) & (e < FUTILE_BELOW)
+            return (e * 2.0**remaining < 1 / self.alpha) | late
+
+        stop = hopeless(e_now) & (hopeless(q_now) if self.margin else True)
+        return self.best_p <= self.alpha, direction, equivalent, stop
+
+
+def simulate(rule: str, d: np.ndarray, margin: float | None = None, alpha: float = ALPHA):
+    """A rule on deltas [F, m, CAP], seed by seed with stopping: (state codes [F, m], seeds
+    used [F, m]). The final state is the family's decision with everything known."""
+    families, m, cap = d.shape
+    looks = (_Sign if rule == "sign" else _Magnitude)(d, margin, alpha)
+    state = np.zeros((families, m), dtype=int)
+    used = np.full((families, m), min(FIRST, cap))
+    active = np.ones((families, m), dtype=bool)
+    rows, cols = np.arange(families)[:, None], np.arange(m)[None, :]
+    for t in range(cap):
+        at = (rows, cols, np.minimum(used - 1, t))  # stopped comparisons keep their last value
+        if t + 1 < FIRST:
+            if rule == "sign":
+                looks.look(t, at)  # the running maximum starts at the first seed
+            continue
+        rejected, direction, equivalent, hopeless = looks.look(t, at)
+        newly = rejected & np.isin(state, (OPEN, EQUIV, FUTILE))
+        state[newly] = direction[newly]
+        if margin:
+            state[equivalent & (state == OPEN)] = EQUIV
+        remaining = cap - t - 1
+        state[active & (state == OPEN) & hopeless & (remaining > 0)] = FUTILE
+        active &= state == OPEN
+        if t + 1 < cap:
+            used = np.where(active & (used == t + 1), t + 2, used)
     return state, used
 
 
-CODES = {"open": 0, "better": 1, "worse": -1, "futile": 2}
+# ----------------------------------------------------------------------------- the data
 
 
-def check_against_the_rule(deltas: np.ndarray, sample: int = 300) -> float:
-    """Share of comparisons whose simulated final state equals ``replay_adaptive``'s."""
-    state, used = simulate(deltas[:sample])
-    agree = total = 0
-    for f in range(min(sample, len(deltas))):
-        rows = {str(i): [float(x) for x in deltas[f, i]] for i in range(deltas.shape[1])}
-        states = replay_adaptive(rows, first=FIRST, alpha=ALPHA, max_seeds=CAP)
-        for i in range(deltas.shape[1]):
-            total += 1
-            agree += CODES[states[str(i)][-1]] == state[f, i] and len(states[str(i)]) == used[f, i]
-    return agree / total
-
-
-def null_deltas(kind: str, families: int, m: int, rng: np.random.Generator) -> np.ndarray:
-    """Paired deltas under the null: each operator's score minus its seed's shared baseline."""
-    shape = (families, m + 1, CAP)
+def noise(kind: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Per-run scores; a comparison's delta is its run minus the seed's shared baseline run."""
     if kind == "normal":
-        scores = rng.standard_normal(shape)
-    elif kind == "t3":
-        scores = rng.standard_t(3, shape)
-    else:  # correct counts of 40 test documents at 90 % accuracy: many exact ties
-        scores = rng.binomial(40, 0.9, shape).astype(float)
-    return scores[:, 1:, :] - scores[:, :1, :]
+        return rng.standard_normal(shape)
+    if kind == "t3":
+        return rng.standard_t(3, shape)
+    if kind == "cauchy":
+        return rng.standard_cauchy(shape)
+    if kind == "contaminated":  # 90 % N(0, 1), 10 % N(0, 25)
+        return rng.standard_normal(shape) * np.where(rng.random(shape) < 0.1, 5.0, 1.0)
+    if kind == "ties":  # correct counts of 40 test documents at 90 %: many exact ties
+        return rng.binomial(40, 0.9, shape).astype(float)
+    raise ValueError(kind)
 
 
-def exactness() -> None:
-    print("== exactness (every sign sequence, n <= 12)")
-    worst_diff, worst_rate = 0.0, 0.0
-    for n in range(1, 13):
-        crossing = 0
-        for signs in itertools.product((1.0, -1.0), repeat=n):
-            wealth, wins, bets = 1.0, 0, []
-            for k, s in enumerate(signs):
-                p_win = (wins + 0.5) / (k + 1)
-                wealth *= 2 * (p_win if s > 0 else 1 - p_win)
-                wins += s > 0
-                bets.append(wealth)
-            values = sign_e_values(signs)
-            worst_diff = max(
-                worst_diff, max(abs(a - b) / b for a, b in zip(values, bets, strict=True))
-            )
-            crossing += max(values) >= 1 / ALPHA
-        rate = crossing / 2**n
-        worst_rate = max(worst_rate, rate)
-        print(f"  n = {n:>2}: P(sup E >= 20) = {rate:.5f}")
-    print(f"  largest relative difference from the product of bets: {worst_diff:.2e}")
-    print(f"  largest exact type-I error: {worst_rate:.5f} (alpha {ALPHA})")
+NOISES = ("normal", "t3", "cauchy", "contaminated", "ties")
 
 
-def validity(reps: int, rng: np.random.Generator) -> float:
-    print(f"\n== validity under optional stopping: first {FIRST}, cap {CAP}, {reps:,} families")
-    worst = 0.0
-    for kind in ("normal", "t3", "ties"):
-        for m in (1, 4, 12):
-            deltas = null_deltas(kind, reps, m, rng)
-            state, used = simulate(deltas)
-            rate = float(np.mean(np.any((state == 1) | (state == -1), axis=1)))
-            se = math.sqrt(max(rate * (1 - rate), 1e-12) / reps)
-            flag = "  FAIL: above alpha + 3 SE" if rate > ALPHA + 3 * se else ""
-            print(
-                f"  {kind:<6} m = {m:>2}: family-wise type-I {rate:.4f} (SE {se:.4f}), "
-                f"mean seeds {used.mean():.1f}{flag}"
-            )
-            worst = max(worst, rate)
-    sample = null_deltas("ties", 300, 4, rng)
-    print(
-        f"  simulation = rule (replay_adaptive) on {300 * 4} tie-heavy comparisons: "
-        f"{check_against_the_rule(sample):.1%}"
-    )
-    return worst
+def paired(
+    kind: str, reps: int, m: int, effects: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """Deltas [reps, m, CAP] with effects [m] in units of the paired delta's SD (its scale for
+    Cauchy; for ties, of the integer deltas' SD)."""
+    scores = noise(kind, (reps, m + 1, CAP), rng)
+    d = scores[:, 1:, :] - scores[:, :1, :]
+    unit = {"normal": 1.0, "t3": math.sqrt(6.0), "cauchy": 2.0, "contaminated": math.sqrt(2 * 3.4),
+            "ties": math.sqrt(2 * 40 * 0.9 * 0.1)}[kind]  # fmt: skip
+    d = d + (effects[None, :, None] * unit)
+    return np.round(d) if kind == "ties" else d
 
 
-def fixed_wilcoxon_holm(deltas: np.ndarray, seeds: int = 10) -> np.ndarray:
-    """Exact two-sided Wilcoxon + Holm on the first ``seeds`` deltas (continuous: no ties):
-    code 1 / -1 for a rejection by sign, 0 otherwise."""
-    d = deltas[:, :, :seeds]
-    ranks = np.argsort(np.argsort(np.abs(d), axis=2), axis=2) + 1
-    t_plus = np.where(d > 0, ranks, 0).sum(axis=2)
+# ----------------------------------------------------------------------------- the baseline
+
+
+def fixed_wilcoxon(d: np.ndarray, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
+    """Exact two-sided Wilcoxon + Holm on the first ``seeds`` deltas (no ties): 1 / -1 for a
+    rejection by sign, 0 otherwise."""
+    x = d[:, :, :seeds]
+    ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
+    t_plus = np.where(x > 0, ranks, 0).sum(axis=2)
     cdf = signed_rank_null_cdf(seeds)
     lower = cdf[t_plus]
     upper = 1 - np.concatenate([[0.0], cdf])[t_plus]
     p = np.minimum(1.0, 2 * np.minimum(lower, upper))
-    rejected = holm_reject(p, ALPHA)
-    return np.where(rejected, np.sign(np.median(d, axis=2)), 0).astype(int)
+    return np.where(holm_reject(p, alpha), np.sign(np.median(x, axis=2)), 0).astype(int)
 
 
-def efficiency(reps: int, rng: np.random.Generator) -> None:
-    print(f"\n== efficiency against 10 fixed seeds (exact Wilcoxon + Holm), {reps:,} families")
-    print("  (rates are shares of comparisons; wrong: a rejection of a null, or the wrong sign)")
-    print("  effect (SD)  m   adaptive: decided  wrong  mean seeds | fixed 10: decided  wrong")
-    for m in (4, 12):
-        for effect in (0.0, 0.5, 1.0, 2.0):
-            noise = rng.standard_normal((reps, m + 1, CAP))
-            deltas = effect + (noise[:, 1:, :] - noise[:, :1, :]) / math.sqrt(2)
-            state, used = simulate(deltas)
-            fixed = fixed_wilcoxon_holm(deltas)
-            wrong_sign = -1 if effect > 0 else None
-            adaptive_rej = (state == 1) | (state == -1)
-            adaptive_wrong = (state == wrong_sign) if wrong_sign else adaptive_rej
-            fixed_wrong = (fixed == wrong_sign) if wrong_sign else fixed != 0
+def fixed_tost(d: np.ndarray, margin: float, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
+    """Exact Wilcoxon TOST + Holm on the first ``seeds`` deltas: True where equivalent."""
+    cdf = signed_rank_null_cdf(seeds)
+
+    def one_sided_low(x: np.ndarray) -> np.ndarray:  # p of H0: centre >= 0 against < 0
+        ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
+        return cdf[np.where(x > 0, ranks, 0).sum(axis=2)]
+
+    x = d[:, :, :seeds]
+    p = np.maximum(one_sided_low(x - margin), one_sided_low(-(x + margin)))
+    return holm_reject(p, alpha)
+
+
+# ----------------------------------------------------------------------------- the sections
+
+
+def validity(reps: int, rng: np.random.Generator) -> dict[str, float]:
+    print(f"== validity: family-wise error, every decision type, {reps:,} families per row")
+    print("  (first 6, cap 20, alpha 0.05; SE = binomial standard error)")
+    print(f"  {'family':<34} {'noise':<13} {'m':>3}  " + "  ".join(f"{r:>16}" for r in RULES))
+    worst = dict.fromkeys(RULES, 0.0)
+    settings = (
+        [("all null", None, 0.0)]
+        + [("half null, half at the margin", 1.0, None)]
+        + [("all at +0.2 SD (direction)", None, 0.2)]
+    )
+    for label, margin, effect in settings:
+        for kind in NOISES:
+            for m in (1, 4, 6, 12):
+                if effect is None and m == 1:
+                    continue
+                if effect is None:
+                    effects = np.array([0.0] * (m // 2) + [1.0] * (m - m // 2))
+                else:
+                    effects = np.full(m, effect)
+                d = paired(kind, reps, m, effects, rng)
+                cells = []
+                for rule in RULES:
+                    state, _ = simulate(rule, d, margin=margin)
+                    null = effects[None, :] == 0
+                    wrong = null & ((state == BETTER) | (state == WORSE))
+                    wrong |= ~null & (state == WORSE)  # effects are positive here
+                    if margin:
+                        wrong |= (effects[None, :] >= margin) & (state == EQUIV)
+                    rate = float(wrong.any(axis=1).mean())
+                    se = math.sqrt(max(rate * (1 - rate), 1e-12) / reps)
+                    flag = "!" if rate > ALPHA + 3 * se else " "
+                    cells.append(f"{rate:.4f} ({se:.4f}){flag}")
+                    worst[rule] = max(worst[rule], rate)
+                print(f"  {label:<34} {kind:<13} {m:>3}  " + "  ".join(f"{c:>16}" for c in cells))
+    print(
+        "  largest: "
+        + ", ".join(f"{r} {worst[r]:.4f}" for r in RULES)
+        + "  ('!': above alpha + 3 SE)"
+    )
+    return worst
+
+
+def trials(used: np.ndarray) -> np.ndarray:
+    """Trials per family: every comparison's seeds plus the baseline's (as long as the longest)."""
+    return used.sum(axis=1) + used.max(axis=1)
+
+
+def efficiency(reps: int, rng: np.random.Generator) -> dict[str, list[float]]:
+    print(
+        f"\n== efficiency: correct decisions per trial / the same for 10 fixed seeds, {reps:,} families"
+    )
+    print(
+        "  (normal deltas; fixed 10: exact Wilcoxon + Holm, or exact Wilcoxon TOST + Holm at effect 0)"
+    )
+    head = "  ".join(f"{r + ': correct  trials  ratio':>32}" for r in RULES)
+    print(f"  {'effect':>10} {'m':>3}  {'fixed 10: correct':>18}  {head}")
+    ratios: dict[str, list[float]] = defaultdict(list)
+    for effect, margin in [(0.5, None), (1.0, None), (2.0, None), (0.0, 1.0)]:
+        for m in (4, 6, 12):
+            d = paired("normal", reps, m, np.full(m, effect), rng)
+            if margin:
+                fixed_correct = fixed_tost(d, margin).sum(axis=1).mean()
+            else:
+                fixed_correct = (fixed_wilcoxon(d) == 1).sum(axis=1).mean()
+            fixed_rate = fixed_correct / (10 * (m + 1))
+            cells = []
+            for rule in RULES:
+                state, used = simulate(rule, d, margin=margin)
+                good = EQUIV if margin else BETTER
+                correct = (state == good).sum(axis=1).mean()
+                ratio = (correct / trials(used).mean()) / fixed_rate if fixed_rate > 0 else math.nan
+                ratios[rule].append(ratio)
+                cells.append(f"{correct:>15.2f} {trials(used).mean():>7.1f} {ratio:>6.2f}x")
+            label = f"{effect:g} SD" + (" (margin 1 SD)" if margin else "")
             print(
-                f"  {effect:>11.1f} {m:>3}   {adaptive_rej.mean():>16.3f} "
-                f"{adaptive_wrong.mean():>6.3f} {used.mean():>11.1f} | "
-                f"{(fixed != 0).mean():>16.3f} {fixed_wrong.mean():>6.3f}"
+                f"  {label:>10} {m:>3}  {fixed_correct:>18.2f}  "
+                + "  ".join(f"{c:>32}" for c in cells)
+            )
+    for rule in RULES:
+        values = np.array(ratios[rule])
+        print(f"  {rule}: geometric mean of the 12 ratios {math.exp(np.log(values).mean()):.2f}x, "
+              f"lowest {values.min():.2f}x")  # fmt: skip
+    return ratios
+
+
+def skewed(reps: int, rng: np.random.Generator) -> None:
+    print(f"\n== skewed null (median 0, mean +0.31 SD: centred exponential), m = 1, {reps:,} runs")
+    d = (rng.exponential(1.0, (reps, 1, CAP)) - math.log(2.0)) / 1.0
+    for rule in RULES:
+        state, _ = simulate(rule, d)
+        print(f"  {rule}: rejections {np.isin(state, (BETTER, WORSE)).mean():.4f} "
+              f"(better {(state == BETTER).mean():.4f})")  # fmt: skip
+
+
+def agreement(rng: np.random.Generator, families: int = 150) -> None:
+    print(
+        f"\n== the simulation against analysis.sequential.replay_adaptive ({families} families each)"
+    )
+    for rule in RULES:
+        for margin, m, kind in [(None, 4, "ties"), (None, 6, "normal"), (1.0, 4, "normal")]:
+            effects = np.array([0.0, 0.5, 1.0, 2.0, 0.0, -1.0][:m])
+            d = paired(kind, families, m, effects, rng)
+            state, used = simulate(rule, d, margin=margin)
+            same = total = 0
+            for f in range(families):
+                rows = {str(i): [float(x) for x in d[f, i]] for i in range(m)}
+                states = replay_adaptive(
+                    rows, first=FIRST, alpha=ALPHA, max_seeds=CAP, margin=margin, rule=rule
+                )
+                for i in range(m):
+                    total += 1
+                    same += (
+                        CODES[states[str(i)][-1]] == state[f, i]
+                        and len(states[str(i)]) == used[f, i]
+                    )
+            print(
+                f"  {rule:<9} m = {m:>2} {kind:<7} margin {margin}: same state and seeds {same / total:.1%}"
             )
 
 
-def replay(experiment: str, tracking_uri: str, baseline: str, first: int, cap: int | None) -> None:
-    from analysis.decisions import comparison_deltas
-    from analysis.load import load_experiment
-    from analysis.pairing import pair_runs
-    from analysis.stats import holm
+# ----------------------------------------------------------------------------- the replay
 
-    pairing = pair_runs(load_experiment(experiment, tracking_uri).runs, baseline=baseline)
-    deltas = comparison_deltas(pairing)
-    states = replay_adaptive(deltas, first=first, alpha=ALPHA, max_seeds=cap)
+
+def read_replay(path: Path) -> dict[str, list[float | None]]:
+    """Per comparison: the deltas (points) in seed order from a per-seed accuracy CSV
+    (columns group, fusion, seed, test_acc; the first fusion of each group is the baseline)."""
+    acc: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    baselines: dict[str, str] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            baselines.setdefault(row["group"], row["fusion"])
+            acc[row["group"], row["fusion"]][int(row["seed"])] = float(row["test_acc"])
+    out = {}
+    for (group, fusion), by_seed in acc.items():
+        base = acc[group, baselines[group]]
+        if fusion == baselines[group]:
+            continue
+        seeds = range(max(by_seed) + 1)
+        out[f"{group}: {fusion} vs {baselines[group]}"] = [
+            100 * (by_seed[s] - base[s]) if s in by_seed and s in base else None for s in seeds
+        ]
+    return out
+
+
+def replay(path: Path, first: int, caps: list[int]) -> None:
+    deltas = read_replay(path)
     names = list(deltas)
+    seeds = max(len(r) for r in deltas.values())
     p = [wilcoxon_signed_rank([d for d in deltas[n] if d is not None]).pvalue for n in names]
     fixed = dict(zip(names, holm(p), strict=True))
-    seeds = max(len(r) for r in deltas.values())
     print(
-        f"== replay on {experiment}: {len(names)} comparisons, {seeds} seeds logged, "
-        f"adaptive first {first}, cap {cap or seeds}, alpha {ALPHA}"
+        f"== replay on {path.name}: {len(names)} comparisons, {seeds} seeds logged, first {first}"
     )
-    used_total, agree = 0, 0
     for name in names:
-        used = len(states[name])
-        used_total += used
-        final = states[name][-1]
-        wilcoxon = "rejected" if fixed[name] <= ALPHA else "not rejected"
-        same = (final in ("better", "worse")) == (fixed[name] <= ALPHA)
-        agree += same
+        mean = np.mean([d for d in deltas[name] if d is not None])
         print(
-            f"  {name}: {final} after {used} seeds | fixed {seeds}: p Holm {fixed[name]:.4g} "
-            f"({wilcoxon}){'' if same else '  DISAGREE'}"
+            f"  {name}: mean delta {mean:+.2f} points; fixed {seeds}: exact Wilcoxon p Holm {fixed[name]:.3g}"
         )
-    print(
-        f"  seeds used {used_total} of {seeds * len(names)} "
-        f"({used_total / (seeds * len(names)):.0%}); decisions agree on {agree} of {len(names)}"
-    )
+    for cap in caps:
+        for rule in RULES:
+            states = replay_adaptive(deltas, first=first, alpha=ALPHA, max_seeds=cap, rule=rule)
+            used = sum(len(s) for s in states.values())
+            agree = sum(
+                (states[n][-1] in ("better", "worse")) == (fixed[n] <= ALPHA) for n in names
+            )
+            print(
+                f"  cap {cap}, {rule}: "
+                + "; ".join(f"{states[n][-1]} at {len(states[n])}" for n in names)
+            )
+            print(
+                f"    comparison-seeds {used} of {seeds * len(names)}; agrees with fixed-{seeds} on {agree} of {len(names)}"
+            )
 
 
 def main() -> None:
@@ -243,22 +460,24 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--replay", action="store_true")
-    parser.add_argument("--experiment")
-    parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
-    parser.add_argument("--baseline", default="add")
+    parser.add_argument("--csv", type=Path, default=REPLAY_CSV)
     parser.add_argument("--first", type=int, default=FIRST)
-    parser.add_argument("--cap", type=int, default=None)
+    parser.add_argument("--caps", type=int, nargs="+", default=[14, 20])
     args = parser.parse_args()
     if args.replay:
-        replay(args.experiment, args.tracking_uri, args.baseline, args.first, args.cap)
+        replay(args.csv, args.first, args.caps)
         return
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
-    exactness()
     worst = validity(args.reps, rng)
-    efficiency(args.reps, rng)
+    ratios = efficiency(args.reps, rng)
+    skewed(args.reps, rng)
+    agreement(rng)
     print(f"\n({time.perf_counter() - started:.0f} s)")
-    print(f"max type-I error {worst:.4f} (alpha {ALPHA})")
+    for rule in RULES:
+        values = np.array(ratios[rule])
+        print(f"{rule}: largest family-wise error {worst[rule]:.4f} (alpha {ALPHA}); "
+              f"efficiency geometric mean {math.exp(np.log(values).mean()):.2f}x, lowest {values.min():.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ A comparison is one operator against the sweep's baseline inside one group of ce
 every other axis (dataset, position, attention position, setting-axis levels). Its evidence is
 the per-seed paired delta of test accuracy (points), in seed order; ``analysis.sequential``
 turns the deltas of all comparisons into one state per seed (open, better, worse, equivalent,
-futile), with Holm over the sweep's comparisons at every look.
+futile) with the sweep's decision rule, over all the sweep's comparisons at every look.
 
 The schedule follows from the finished cells alone, so a restarted driver that reads them back
 from the tracking store reaches the same states and asks for the same cells:
@@ -91,6 +91,8 @@ class SeedSchedule:
             alpha=self.rule.alpha,
             margin=self.rule.margin,
             max_seeds=self.rule.max,
+            first=self.rule.first,
+            rule=self.rule.decision_rule(),
         )
 
     def needed(self) -> list[Cell]:

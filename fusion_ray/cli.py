@@ -89,6 +89,14 @@ def list_entries() -> str:
             lines.append(
                 f"  {name:<20} [{registry.origin(name)}]{extra}  options: {options or 'none'}"
             )
+    from analysis.rules import RULES
+
+    lines.append(f"decision rules (entry-point group {RULES.group}; seeds: {{rule: NAME}}):")
+    for name in RULES.names():
+        options = ", ".join(map(_option_text, RULES.user_kwargs(name).values()))
+        null = RULES.get(name).null
+        lines.append(f"  {name:<20} [{RULES.origin(name)}]  options: {options or 'none'}")
+        lines.append(f"  {'':<20} null: {null}")
     from analysis.stats import PLUGIN_GROUP, origin, statistics
 
     lines.append(f"report statistics (entry-point group {PLUGIN_GROUP}):")

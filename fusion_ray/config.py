@@ -206,9 +206,9 @@ class DatasetPreset(Strict):
 class AdaptiveSeeds(Strict):
     """Seeds decided by the evidence (``seeds: {adaptive: true, first: 6, max: 20}``): every cell
     runs seeds 0 .. first-1; after that a comparison's operator gets its next seed only while
-    that comparison is undecided, up to ``max`` seeds (analysis.sequential decides, anytime-valid,
-    with Holm over the sweep's comparisons). Seeds are taken in the order 0, 1, 2, ..., so cell
-    ids and the pairing are those of a fixed list of the same seeds."""
+    that comparison is undecided, up to ``max`` seeds (``analysis.sequential`` decides with the
+    chosen rule, anytime-valid over the sweep's comparisons). Seeds are taken in the order 0, 1,
+    2, ..., so cell ids and the pairing are those of a fixed list of the same seeds."""
 
     adaptive: Literal[True]
     """Marks the block (``true``); a fixed list of seeds is written as a list."""
@@ -218,9 +218,14 @@ class AdaptiveSeeds(Strict):
     """The most seeds a comparison gets; undecided at this many, it is reported as undecided."""
     alpha: float = Field(0.05, gt=0, lt=1)
     """Family-wise error level of the decisions (Holm over the sweep's comparisons, at every look)."""
-    margin: float | None = Field(None, gt=0)
-    """Equivalence margin in accuracy points: a comparison whose confidence sequence lies inside
+    margin: float | None = Field(None, gt=0, le=100)
+    """Equivalence margin in accuracy points: a comparison whose effect is shown to lie inside
     (-margin, +margin) is decided "equivalent"; None decides only better / worse / futile."""
+    rule: str = "magnitude"
+    """The decision rule (``fusion-ray list`` shows them): ``magnitude`` bets on the sizes of
+    the paired deltas with one error budget for every decision; ``sign`` counts wins only."""
+    rule_options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword options of the rule, e.g. ``{theta: 1.5}`` for ``magnitude``."""
 
     @model_validator(mode="after")
     def _first_within_max(self) -> AdaptiveSeeds:
@@ -228,7 +233,18 @@ class AdaptiveSeeds(Strict):
             raise ValueError(
                 f"first ({self.first}) is more than max ({self.max}); lower first or raise max"
             )
+        from analysis.rules import RULES  # the decision-rule registry (plug-ins included)
+
+        problems = RULES.check(self.rule, self.rule_options)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    def decision_rule(self) -> Any:
+        """The rule instance with its options (``analysis.rules``)."""
+        from analysis.rules import build_rule
+
+        return build_rule(self.rule, **self.rule_options)
 
 
 class SharedSettings(Strict):

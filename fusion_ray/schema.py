@@ -149,7 +149,8 @@ LENGTH_PREDICTIONS_FILE = "test_predictions_by_length.parquet"
 LENGTH_PREDICTION_COLUMNS = ("doc", "length", "label", "eval_length", "pred")
 
 #: Sweep-parent-run tag of an adaptive sweep: its rule as JSON (``first``, ``max``, ``alpha``,
-#: ``margin``), so the report decides with the same rule the driver scheduled by.
+#: ``margin``, ``rule``, ``rule_options``), so the report decides with the same rule the driver
+#: scheduled by (a tag without ``rule`` was written by the ``sign`` rule, the only one then).
 ADAPTIVE_TAG = "adaptive_seeds"
 #: Sweep-parent-run artifact: one row per comparison with its anytime-valid decision
 #: (``DECISION_COLUMNS``), written by the driver of an adaptive sweep at its end.
@@ -157,12 +158,16 @@ DECISIONS_FILE = "decisions.csv"
 DECISION_COLUMNS = (
     "comparison",
     "state",
+    "rule",
+    "null",
+    "margin",
     "seeds_used",
     "decided_at_seed",
     "e_value",
     "e_max",
+    "e_equivalent",
     "p_anytime",
-    "p_holm_anytime",
+    "p_family",
     "cs_low",
     "cs_high",
 )

@@ -286,9 +286,14 @@ def _log_decisions(spec: SweepSpec, tracker: Any, parent_id: str) -> list[dict[s
     schedule = adaptive_schedule(spec, plan(spec, tracker))
     rule = spec.adaptive
     evidence = family_evidence(
-        schedule.deltas(), alpha=rule.alpha, margin=rule.margin, max_seeds=rule.max
+        schedule.deltas(),
+        alpha=rule.alpha,
+        margin=rule.margin,
+        max_seeds=rule.max,
+        first=rule.first,
+        rule=rule.decision_rule(),
     )
-    rows = decision_rows(evidence)
+    rows = decision_rows(evidence, rule.decision_rule(), rule.margin)
     tracker.log_decisions(parent_id, rows)
     return rows
 
@@ -520,7 +525,8 @@ def _adaptive_plan_lines(spec: SweepSpec, todo: Plan) -> list[str]:
     return [
         f"  adaptive seeds: first wave seeds 0-{rule.first - 1} ({first} cells), then the next seed "
         f"of each undecided comparison up to {rule.max} seeds; {len(schedule.comparisons)} "
-        f"comparisons vs {schedule.baseline}, alpha {rule.alpha} (Holm at every look)"
+        f"comparisons vs {schedule.baseline}, alpha {rule.alpha} for every decision "
+        f"(rule {rule.decision_rule().describe()})"
         + (f", equivalence margin +-{rule.margin} points" if rule.margin else ""),
         f"  worst case {schedule.worst_case()} cells (every comparison undecided to seed "
         f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones",

@@ -46,12 +46,13 @@ def test_the_first_wave_runs_every_cell_and_then_only_open_comparisons_get_seeds
     tied = comparison_name(group, "concat", "add")
     assert states[better] == "better"
     decided_at = schedule.states()[better].index("better")
-    # gate_scalar stopped once decided; the tied comparison (every delta 0, no sign) stopped
-    # when its 6 remaining seeds could no longer lift its e-value to 20 (E_6 = 14.4): futile
+    # gate_scalar stopped once decided; the tied comparison (every delta 0: its e-value stays 1)
+    # stopped at seed 7, when its 4 remaining seeds, each at most doubling it, could no longer
+    # lift it to 1/alpha = 20 (2^4 = 16): futile
     ran = {(c.fusion, c.seed) for c in schedule.cells if c.cell_id in schedule.results}
     assert max(s for f, s in ran if f == "gate_scalar") == decided_at < 11
-    assert states[tied] == "futile" and max(s for f, s in ran if f == "concat") == 5
-    assert max(s for f, s in ran if f == "add") == max(decided_at, 5)
+    assert states[tied] == "futile" and max(s for f, s in ran if f == "concat") == 7
+    assert max(s for f, s in ran if f == "add") == max(decided_at, 7)
 
 
 def test_a_baseline_seed_is_shared_by_the_comparisons_of_its_family(tmp_path):
@@ -101,12 +102,13 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     from fusion_ray.tracking import Tracker
 
     # Two entries that build the same model (gate_mlp's hidden width defaults to d_model = 16):
-    # every paired delta is exactly 0, so the comparison never gains a sign. After the first
-    # wave (seeds 0-1) its 7 remaining seeds could still reach e = 20 (E_7 = 26.8): seed 2 runs;
-    # then 6 remaining cannot (E_6 = 14.4): futile, and the sweep stops at 3 seeds of 9.
+    # every paired delta is exactly 0, so the comparison never gains a sign. With the sign rule
+    # (chosen by name in the file): after the first wave (seeds 0-1) its 7 remaining seeds could
+    # still reach e = 20 (E_7 = 26.8): seed 2 runs; then 6 remaining cannot (E_6 = 14.4):
+    # futile, and the sweep stops at 3 seeds of 9.
     path = tiny_sweep(tmp_path, name="adaptive_ray")
     raw = yaml.safe_load(path.read_text())
-    raw["seeds"] = {"adaptive": True, "first": 2, "max": 9}
+    raw["seeds"] = {"adaptive": True, "first": 2, "max": 9, "rule": "sign"}
     raw["grid"]["fusions"] = ["gate_mlp", {"name": "gate_mlp", "hidden": 16}]
     raw["defaults"]["train"]["epochs"] = 1
     path.write_text(yaml.safe_dump(raw))
@@ -140,6 +142,7 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     trial = next(r for r in runs if r.info.status == "FINISHED")
     assert bow == trial.data.metrics["reference.bag_of_words.test_acc"] and 0 < bow <= 1
     assert '"max":9' in parent.data.tags["adaptive_seeds"]
+    assert '"rule":"sign"' in parent.data.tags["adaptive_seeds"] and row["rule"] == "sign"
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished

@@ -74,20 +74,25 @@ def test_a_fixed_seed_sweep_gets_the_anytime_evidence_as_a_secondary_view(store,
     assert text.index("## Decisions") < text.index("## Warnings")  # first after the header
     assert "**Secondary view.**" in text and "fixed-n tests below are its primary" in text
     (row,) = table.to_dict(orient="records")
-    # 4 wins of 4: E_4 = 2^4 B(4.5, 0.5) / B(0.5, 0.5) = 4.375, not yet 1/alpha = 20
+    # the default (magnitude) rule, its first wave all 4 planned seeds: four equal deltas of +6
+    # points at their own scale, E_4 = ((1 + tanh 1.5)^4 + (1 - tanh 1.5)^4) / 2 = 6.59 < 20
+    e_4 = ((1 + math.tanh(1.5)) ** 4 + (1 - math.tanh(1.5)) ** 4) / 2
     assert row["state"] == "open" and row["seeds_used"] == 4
-    assert row["e_max"] == pytest.approx(4.375, rel=1e-3)
-    assert row["p_anytime"] == pytest.approx(1 / 4.375, rel=1e-3)
+    assert row["e_max"] == pytest.approx(e_4, rel=1e-6)
+    assert row["p_anytime"] == pytest.approx(1 / e_4, rel=1e-6)
+    assert row["rule"] == "magnitude(theta=1.5)" and "symmetric about 0" in row["null"]
     assert "short/sinusoidal/none: gate_scalar vs add" == row["comparison"]
 
 
 def test_an_adaptive_sweep_decides_with_its_own_rule_as_the_primary_analysis(store, tmp_path):
     text, table = _report(store, "adaptive", tmp_path)
-    assert "**Primary analysis.**" in text and "alpha 0.05, cap 12 seeds" in text
+    assert "**Primary analysis.**" in text and "cap 12 seeds" in text
     assert "descriptive only" in text
     (row,) = table.to_dict(orient="records")
+    # its tag names no rule: it was written when the sign rule was the only one, and is read so;
     # one comparison, so Holm's threshold is 1/alpha = 20: E_6 = 14.4, E_7 = 26.8
+    assert "rule `sign`" in text and row["rule"] == "sign"
     assert (row["state"], row["seeds_used"], row["decided_at_seed"]) == ("better", 8, 6)
-    assert row["p_holm_anytime"] == pytest.approx(1 / row["e_max"], rel=1e-9)
+    assert row["p_family"] == pytest.approx(1 / row["e_max"], rel=1e-9)
     assert row["cs_low"] < 6 < row["cs_high"] or math.isinf(row["cs_high"])
     assert (tmp_path / "adaptive" / "figures" / "decisions_e_process.png").is_file()

@@ -1,5 +1,7 @@
-"""The adaptive-seeds decision rule (analysis.sequential): exact validity by enumeration of every
-sign sequence, known values, persistence of decisions, futility and equivalence, determinism."""
+"""The adaptive-seeds decisions (analysis.sequential, analysis.rules): the sign rule's exact
+validity by enumeration of every sign sequence, known values, futility and equivalence; the
+magnitude rule's closed test against a brute force over every intersection; persistence and
+determinism for every registered rule (the contract itself is in fusion_ray.testing)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import math
 
 import pytest
 
+from analysis.rules import RULES, MagnitudeRule
 from analysis.sequential import (
     confidence_sequence,
     decisions,
@@ -16,6 +19,8 @@ from analysis.sequential import (
     run_family,
     sign_e_values,
 )
+
+RULE_NAMES = RULES.names()
 
 
 def test_the_e_process_is_the_product_of_the_kt_predictive_bets():
@@ -51,7 +56,7 @@ def test_run_family_rejects_with_probability_at_most_alpha_for_one_comparison():
     n, alpha = 12, 0.05
     rejected = 0
     for signs in itertools.product((1.0, -1.0), repeat=n):
-        states = run_family({"c": list(signs)}, alpha=alpha, max_seeds=n)["c"]
+        states = run_family({"c": list(signs)}, alpha=alpha, max_seeds=n, rule="sign")["c"]
         rejected += states[-1] in ("better", "worse")
     assert rejected / 2**n <= alpha
 
@@ -61,16 +66,17 @@ def test_holm_over_two_independent_comparisons_keeps_the_family_wise_error():
     sequences = list(itertools.product((1.0, -1.0), repeat=n))
     any_rejected = 0
     for a, b in itertools.product(sequences, repeat=2):
-        states = run_family({"a": list(a), "b": list(b)}, alpha=alpha, max_seeds=n)
+        states = run_family({"a": list(a), "b": list(b)}, alpha=alpha, max_seeds=n, rule="sign")
         any_rejected += any(s[-1] in ("better", "worse") for s in states.values())
     assert any_rejected / len(sequences) ** 2 <= alpha
 
 
-def test_rejections_never_unhappen_as_seeds_are_added():
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_rejections_never_unhappen_as_seeds_are_added(rule):
     full = {"up": [2.0] * 12, "noise": [1.0, -1.0] * 6, "down": [-1.0] * 11 + [2.0]}
     previous = None
     for k in range(1, 13):
-        states = run_family({name: row[:k] for name, row in full.items()}, max_seeds=20)
+        states = run_family({name: row[:k] for name, row in full.items()}, max_seeds=20, rule=rule)
         last = {name: s[-1] for name, s in states.items()}
         if previous is not None:
             for name, state in previous.items():
@@ -80,8 +86,9 @@ def test_rejections_never_unhappen_as_seeds_are_added():
     assert previous["up"] == "better" and previous["down"] == "worse"
 
 
-def test_decided_states_persist_along_a_comparison():
-    states = run_family({"a": [1.0] * 15, "b": [-1.0, 1.0] * 7}, max_seeds=15)
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_decided_states_persist_along_a_comparison(rule):
+    states = run_family({"a": [1.0] * 15, "b": [-1.0, 1.0] * 7}, max_seeds=15, rule=rule)
     for row in states.values():
         first = next((i for i, s in enumerate(row) if s != "open"), len(row))
         assert all(s != "open" for s in row[first:])
@@ -91,22 +98,24 @@ def test_decided_states_persist_along_a_comparison():
 def test_missing_pairs_and_zeros_carry_no_sign():
     with_gaps = [1.0, None, 0.0, 1.0, None, 1.0]
     assert sign_e_values(with_gaps)[-1] == pytest.approx(math.exp(log_e(3, 3)))
-    ev = family_evidence({"c": with_gaps})["c"]
+    ev = family_evidence({"c": with_gaps}, rule="sign")["c"]
     assert [(lk.n_used, lk.wins, lk.losses) for lk in ev][-1] == (4, 3, 0)
 
 
 def test_an_undecided_comparison_at_the_cap_stays_open():
     # six wins (E 14.4) could still reach 1/alpha = 20 with a seventh (26.8): open until the
     # cap; the seventh is lost, and at the cap the comparison is undecided, not futile
-    states = run_family({"c": [1.0] * 6 + [-1.0]}, max_seeds=7)["c"]
+    states = run_family({"c": [1.0] * 6 + [-1.0]}, max_seeds=7, rule="sign")["c"]
     assert states == ["open"] * 7
-    assert run_family({"c": [1.0] * 6}, max_seeds=6)["c"] == ["futile"] * 6  # 6 seeds: E <= 14.4
+    assert (
+        run_family({"c": [1.0] * 6}, max_seeds=6, rule="sign")["c"] == ["futile"] * 6
+    )  # 6 seeds: E <= 14.4
 
 
 def test_futility_fires_only_when_the_cap_makes_rejection_impossible():
     alpha, cap = 0.05, 10
     for row in itertools.product((1.0, -1.0), repeat=6):
-        states = run_family({"c": list(row)}, alpha=alpha, max_seeds=cap)["c"]
+        states = run_family({"c": list(row)}, alpha=alpha, max_seeds=cap, rule="sign")["c"]
         for seed, state in enumerate(states):
             wins = sum(d > 0 for d in row[: seed + 1])
             losses = seed + 1 - wins
@@ -122,9 +131,9 @@ def test_futility_fires_only_when_the_cap_makes_rejection_impossible():
 
 def test_equivalence_when_the_confidence_sequence_lies_inside_the_margin():
     tight = [0.3, -0.2, 0.1, -0.4, 0.2, -0.1, 0.3, -0.3, 0.1, -0.2, 0.2, -0.1]
-    states = run_family({"c": tight}, margin=1.0, max_seeds=20)["c"]
+    states = run_family({"c": tight}, margin=1.0, max_seeds=20, rule="sign")["c"]
     assert states[-1] == "equivalent"
-    assert run_family({"c": tight}, max_seeds=20)["c"][-1] in ("open", "futile")
+    assert run_family({"c": tight}, max_seeds=20, rule="sign")["c"][-1] in ("open", "futile")
     low, high = confidence_sequence(tight, 0.05)
     assert -1.0 <= low < high <= 1.0
 
@@ -137,10 +146,14 @@ def test_the_confidence_sequence_covers_the_median_and_only_shrinks():
     assert intervals[-1][0] < 1.75 < intervals[-1][1]
 
 
-def test_the_same_deltas_give_the_same_states_and_summaries():
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_the_same_deltas_give_the_same_states_and_summaries(rule):
     deltas = {"a": [2.0, 1.0, None, 3.0] * 3, "b": [0.5, -0.5, 0.0] * 4}
-    first = family_evidence(deltas, margin=1.0, max_seeds=20)
-    assert first == family_evidence(dict(reversed(list(deltas.items()))), margin=1.0, max_seeds=20)
+    first = family_evidence(deltas, margin=1.0, max_seeds=20, rule=rule)
+    again = family_evidence(
+        dict(reversed(list(deltas.items()))), margin=1.0, max_seeds=20, rule=rule
+    )
+    assert first == again  # a restarted driver reading the runs back in another order
     summary = {d.name: (d.state, d.seeds_used, d.decided_at) for d in decisions(first)}
     assert summary["a"][1] == 12
 
@@ -164,11 +177,109 @@ def test_a_replay_stops_each_comparison_where_the_schedule_would():
     from analysis.sequential import replay_adaptive
 
     logged = {"clear": [2.0] * 20, "null": [1.0, -1.0] * 10, "late": [-1.0] * 4 + [1.0] * 16}
-    states = replay_adaptive(logged, first=6, max_seeds=20)
+    states = replay_adaptive(logged, first=6, max_seeds=20, rule="sign")
     assert (
         states["clear"][-1] == "better" and len(states["clear"]) == 9
     )  # Holm over 3: E_9 95 >= 60
     assert states["null"][-1] == "futile" and len(states["null"]) < 20
     assert all(len(s) >= 6 for s in states.values())
-    again = run_family({k: logged[k][: len(v)] for k, v in states.items()}, max_seeds=20)
+    again = run_family(
+        {k: logged[k][: len(v)] for k, v in states.items()}, max_seeds=20, rule="sign"
+    )
     assert again == states  # the same rule on the seeds it used
+
+
+# ----------------------------------------------------------------------------- magnitude
+
+
+def test_the_magnitude_bets_are_the_product_of_tanh_factors():
+    """Six equal deltas: scale 1 at the first wave, each factor 1 + tanh(1.5) and 1 - tanh(1.5);
+    a seventh of 2.0 is bet at the scale sqrt((6 + 4) / 7) that includes its own magnitude."""
+    ev = MagnitudeRule().evidence([1.0] * 6 + [2.0], first=6, margin=None)
+    up, down = 1 + math.tanh(1.5), 1 - math.tanh(1.5)
+    assert ev.better[:5] == (1.0,) * 5  # nothing before the first wave is complete
+    assert ev.better[5] == pytest.approx(up**6) and ev.worse[5] == pytest.approx(down**6)
+    step = math.tanh(1.5 * 2.0 / math.sqrt(10 / 7))
+    assert ev.better[6] == pytest.approx(up**6 * (1 + step))
+    assert run_family({"c": [1.0] * 6}, max_seeds=20)["c"][-1] == "better"  # E_6 = 23.8 >= 20
+
+
+@pytest.mark.parametrize("n", [6, 9, 12])
+@pytest.mark.parametrize(
+    "magnitudes",
+    [[1.0] * 12, [0.1, 3.0, 0.5, 2.0, 0.2, 1.0, 4.0, 0.3, 0.7, 1.5, 0.05, 2.5], list(range(1, 13))],
+)
+def test_the_magnitude_rule_crosses_one_over_alpha_with_probability_at_most_alpha(n, magnitudes):
+    """Exactly, over every sign vector given the magnitudes: P(sup_t E_t >= 1/a) <= a."""
+    rule = MagnitudeRule()
+    for alpha in (0.05, 0.2):
+        crossing = 0
+        for signs in itertools.product((1.0, -1.0), repeat=n):
+            ev = rule.evidence(
+                [s * a for s, a in zip(signs, magnitudes, strict=False)], first=6, margin=None
+            )
+            crossing += max(ev.two_sided(t) for t in range(n)) >= 1 / alpha
+        assert crossing / 2**n <= alpha
+
+
+def _brute_force_closure(e: list[float], q: list[float] | None, i: int, kind: str) -> float:
+    """1 / the smallest mean of current e-values over every intersection that holds comparison
+    i's hypothesis (``kind`` "H" or "K") and at most one hypothesis of each other comparison."""
+    m = len(e)
+    options = [[None, "H"] + (["K"] if q is not None else []) for _ in range(m)]
+    options[i] = [kind]
+    worst = math.inf
+    for choice in itertools.product(*options):
+        values = [e[j] if c == "H" else q[j] for j, c in enumerate(choice) if c is not None]
+        worst = min(worst, sum(values) / len(values))
+    return min(1.0, 1.0 / worst)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_the_closed_test_shortcut_equals_a_brute_force_over_every_intersection(m):
+    from analysis.sequential import closure_p
+
+    rng = __import__("random").Random(m)
+    for _ in range(200):
+        e = [rng.choice([0.01, 0.5, 1.0, 3.0, 15.0, 40.0, 200.0]) * rng.random() for _ in range(m)]
+        q = [rng.choice([0.1, 1.0, 30.0, 90.0]) * rng.random() for _ in range(m)]
+        for i in range(m):
+            floor = [min(e[j], q[j]) for j in range(m) if j != i]
+            assert closure_p(e[i], floor) == pytest.approx(_brute_force_closure(e, q, i, "H"))
+            assert closure_p(q[i], floor) == pytest.approx(_brute_force_closure(e, q, i, "K"))
+            plain = [e[j] for j in range(m) if j != i]
+            assert closure_p(e[i], plain) == pytest.approx(_brute_force_closure(e, None, i, "H"))
+
+
+def test_an_undecided_comparison_always_has_zero_in_its_confidence_sequence():
+    """Zero leaves the magnitude rule's sequence (at alpha / m) only when E >= m / alpha, where the
+    closed test rejects too: no 'open' beside an interval that excludes zero."""
+    rng = __import__("random").Random(7)
+    for _ in range(40):
+        deltas = {
+            name: [rng.gauss(mu, 1.0) for _ in range(rng.randint(6, 14))]
+            for name, mu in zip("abcd", (0.0, 0.4, 0.8, -0.6), strict=True)
+        }
+        evidence = family_evidence(deltas, max_seeds=14)
+        for looks in evidence.values():
+            last = looks[-1]
+            if last.state in ("open", "futile"):
+                assert last.cs_low < 0 < last.cs_high, last
+
+
+def test_equivalence_within_the_margin_and_only_with_one():
+    tight = [0.3, -0.2, 0.1, -0.4, 0.2, -0.1, 0.3, -0.3, 0.1, -0.2, 0.2, -0.1]
+    states = run_family({"c": tight}, margin=1.0, max_seeds=20)["c"]
+    assert states[-1] == "equivalent"
+    assert "equivalent" not in run_family({"c": tight}, max_seeds=20)["c"]
+    far = [2.0 + d for d in tight]  # centred at +2: never equivalent within 1
+    assert run_family({"c": far}, margin=1.0, max_seeds=20)["c"][-1] == "better"
+
+
+def test_the_magnitude_rule_uses_the_sizes_the_sign_rule_ignores():
+    """Eleven wins of 14 with large wins and small losses: decided by the magnitudes, open for
+    the sign rule (which needs more wins than that under Holm over two comparisons)."""
+    row = [8.0, 12.0, -1.0, 15.0, 9.0, 11.0, -0.5, 14.0, 10.0, 13.0, -1.5, 12.0, 9.0, 16.0]
+    family = {"a": row, "b": [-d for d in row]}
+    assert {s[-1] for s in run_family(family, max_seeds=14).values()} == {"better", "worse"}
+    assert run_family(family, max_seeds=14, rule="sign")["a"][-1] in ("open", "futile")
