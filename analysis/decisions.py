@@ -106,7 +106,8 @@ class DecisionsSection(Section):
         return DecisionResult(primary, evidence=evidence, table=table, **rule)
 
     def markdown(self, result: DecisionResult, ctx: ReportContext) -> list[str]:
-        return [*_intro(result), "", *_table_lines(result.table), ""]
+        saved = _saved(result, ctx) if result.primary else []
+        return [*_intro(result), *saved, "", *_table_lines(result.table), ""]
 
     def figures(self, result: DecisionResult, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
         m = len(result.evidence)
@@ -180,6 +181,25 @@ def _intro(result: DecisionResult) -> list[str]:
             "'open' says more seeds could still decide."
         )
     return ["## Decisions", "", what, "", f"States: {summary}."]
+
+
+def _saved(result: DecisionResult, ctx: ReportContext) -> list[str]:
+    """What adaptivity saved: trials and trial time run, against the same grid at the cap with
+    fixed seeds (each cell's time estimated by its runs' mean)."""
+    runs = ctx.pairing.runs
+    if runs.empty or result.max_seeds is None:
+        return []
+    cells = runs.groupby([*ctx.pairing.keys, "operator"], dropna=False)
+    at_cap = len(cells) * result.max_seeds
+    text = (
+        f"What adaptivity saved: {len(runs)} trials ran, against {at_cap} for the same grid with "
+        f"{result.max_seeds} fixed seeds ({len(runs) / at_cap:.0%})"
+    )
+    if "train_seconds" in runs and runs["train_seconds"].notna().all():
+        spent = runs["train_seconds"].sum() / 3600
+        full = (cells["train_seconds"].mean() * result.max_seeds).sum() / 3600
+        text += f"; {spent:.3g} trial-hours of training against an estimated {full:.3g}"
+    return ["", text + "."]
 
 
 def _fmt(value: Any, spec: str) -> str:

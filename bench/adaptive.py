@@ -6,6 +6,7 @@ against 10 fixed seeds with exact tests. Prints rates and ratios; asserts nothin
     python bench/adaptive.py --reps 2000          # quicker
     python bench/adaptive.py --replay             # the rules on the quickstart's 20 logged seeds
     python bench/adaptive.py --replay --csv FILE  # ... on another per-seed accuracy CSV
+    python bench/adaptive.py --export EXPERIMENT --tracking-uri URI --csv FILE  # make one
 
 Settings: first wave 6, cap 20, a look after every seed, a comparison stops when decided (or
 futile), alpha 0.05; m comparisons share each seed's baseline run (deltas are each operator's
@@ -425,6 +426,29 @@ def read_replay(path: Path) -> dict[str, list[float | None]]:
     return out
 
 
+def export(experiment: str, tracking_uri: str, path: Path) -> None:
+    """Write a logged experiment's per-seed test accuracies as the replay CSV (columns group,
+    fusion, seed, test_acc; the baseline's rows first in each group)."""
+    from analysis.load import load_experiment
+    from analysis.pairing import pair_runs
+
+    pairing = pair_runs(load_experiment(experiment, tracking_uri).runs)
+    runs = pairing.runs
+    keys = list(pairing.keys)
+    rows = []
+    for _, r in runs.iterrows():
+        group = "/".join(str(r[k]) for k in keys)
+        first = r["operator"] != pairing.baseline
+        rows.append((group, first, r["operator"], int(r["seed"]), float(r["test_acc"])))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["group", "fusion", "seed", "test_acc"])
+        for group, _, fusion, seed, acc in sorted(rows):
+            writer.writerow([group, fusion, seed, f"{acc:.6f}"])
+    print(f"wrote {len(rows)} runs of {experiment} to {path}")
+
+
 def replay(path: Path, first: int, caps: list[int]) -> None:
     deltas = read_replay(path)
     names = list(deltas)
@@ -463,7 +487,12 @@ def main() -> None:
     parser.add_argument("--csv", type=Path, default=REPLAY_CSV)
     parser.add_argument("--first", type=int, default=FIRST)
     parser.add_argument("--caps", type=int, nargs="+", default=[14, 20])
+    parser.add_argument("--export", metavar="EXPERIMENT", help="write its runs to --csv")
+    parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
     args = parser.parse_args()
+    if args.export:
+        export(args.export, args.tracking_uri, args.csv)
+        return
     if args.replay:
         replay(args.csv, args.first, args.caps)
         return

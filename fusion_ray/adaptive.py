@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from fusion_ray.config import AdaptiveSeeds
 from fusion_ray.grid import Cell
@@ -82,18 +83,24 @@ class SeedSchedule:
             out[name] = row
         return out
 
-    def states(self) -> dict[str, list[str]]:
-        """Each comparison's state after each of its resolved seeds (``run_family``)."""
-        from analysis.sequential import run_family
+    def evidence(self, with_sequences: bool = False) -> dict[str, list[Any]]:
+        """Each comparison's evidence and state after each of its resolved seeds
+        (``analysis.sequential.family_evidence``)."""
+        from analysis.sequential import family_evidence
 
-        return run_family(
+        return family_evidence(
             self.deltas(),
             alpha=self.rule.alpha,
             margin=self.rule.margin,
             max_seeds=self.rule.max,
             first=self.rule.first,
             rule=self.rule.decision_rule(),
+            with_sequences=with_sequences,
         )
+
+    def states(self) -> dict[str, list[str]]:
+        """Each comparison's state after each of its resolved seeds (``run_family``)."""
+        return {name: [lk.state for lk in looks] for name, looks in self.evidence().items()}
 
     def needed(self) -> list[Cell]:
         """The cells the evidence needs now and that have no result yet, seed-major."""

@@ -173,3 +173,10 @@ DECISION_COLUMNS = (
 )
 #: Sweep-parent-run tags ``decisions.<state>``: how many comparisons are in each state.
 DECISIONS_TAG_PREFIX = "decisions."
+#: Sweep-parent-run metrics of an adaptive sweep, logged while it runs (step = the comparison's
+#: seeds so far): ``decision.<comparison>.<name>`` for each name of ``DECISION_METRICS``; the
+#: comparison's name with every character MLflow refuses in a key replaced by ``_``.
+DECISION_METRIC_PREFIX = "decision."
+DECISION_METRICS = ("e_value", "e_equivalent", "p_family", "state")
+#: The numbers the ``state`` metric takes, so the MLflow UI can chart a decision as it forms.
+STATE_CODES = {"open": 0, "better": 1, "worse": -1, "equivalent": 2, "futile": 3}

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ray.tune.search import Searcher
@@ -16,9 +17,13 @@ class AdaptiveSeedSearcher(Searcher):
     """Suggests ``{"cell_id": ...}`` for each needed cell once; waits (None) while results that
     could change what is needed are in flight; FINISHED when nothing is needed or running."""
 
-    def __init__(self, schedule: SeedSchedule) -> None:
+    def __init__(
+        self, schedule: SeedSchedule, on_change: Callable[[SeedSchedule], None] | None = None
+    ) -> None:
         super().__init__()  # no metric: it reads each trial's final result itself
         self.schedule = schedule
+        self.on_change = on_change
+        """Called with the schedule after each result (the driver logs the evidence as it forms)."""
         self.started: set[str] = set()
         self.running: dict[str, str] = {}  # Tune trial id -> cell id
 
@@ -38,6 +43,8 @@ class AdaptiveSeedSearcher(Searcher):
             return
         ok = not error and result and result.get("final") and TRIAL_ERROR not in result
         self.schedule.results[cid] = float(result["test_acc"]) if ok else None
+        if self.on_change is not None:
+            self.on_change(self.schedule)
 
     def save(self, checkpoint_path: str) -> None:
         """Nothing to keep: a restarted driver rebuilds the schedule from the tracking store."""

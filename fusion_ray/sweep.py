@@ -328,10 +328,30 @@ def _run_adaptive(spec: SweepSpec, todo: Plan, callback: Any, tune_run: str, ver
     schedule = adaptive_schedule(spec, todo)
     pending = [c for c in todo.cells if c.cell_id not in schedule.results]
     jobs = [_job(spec, c, _resume_point(spec, c, todo.existing), tune_run) for c in pending]
-    searcher = AdaptiveSeedSearcher(schedule)
+    searcher = AdaptiveSeedSearcher(schedule, _live_decisions(callback))
+    searcher.on_change(schedule)  # what the finished runs already say
     with tune_output(verbose):
         _tuner(spec, pending, jobs, callback, tune_run, verbose, searcher=searcher).fit()
     return len(searcher.started)
+
+
+def _live_decisions(callback: Any) -> Any:
+    """After each result: every comparison's looks not logged yet, as metrics of the parent run
+    (step = seeds so far), so the MLflow UI charts the decisions as they form. Stops writing
+    once the lease is lost (another driver owns the sweep)."""
+    logged: dict[str, int] = {}
+
+    def log(schedule: Any) -> None:
+        if callback.lease is not None and callback.lease.lost.is_set():
+            return
+        evidence = schedule.evidence()
+        new = {name: looks[logged.get(name, 0) :] for name, looks in evidence.items()}
+        new = {name: looks for name, looks in new.items() if looks}
+        if new:
+            callback.tracker.log_decision_looks(callback.parent_id, new)
+            logged.update({name: len(looks) for name, looks in evidence.items()})
+
+    return log
 
 
 def adaptive_schedule(spec: SweepSpec, todo: Plan) -> Any:
@@ -680,8 +700,16 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.decisions is not None:
         from analysis.sequential import decisions_text
 
-        print(f"\ndecisions (anytime-valid, Holm over {len(outcome.decisions)} comparisons):")
+        print(
+            f"\ndecisions (anytime-valid over the {len(outcome.decisions)} comparisons; "
+            "CS = the effect's confidence sequence, simultaneous):"
+        )
         print(decisions_text(outcome.decisions))
+        ran = outcome.already_finished + len(outcome.finished)
+        print(
+            f"adaptive seeds: {ran} trials of the {outcome.cells} this grid has at the cap of "
+            f"{spec.adaptive.max} fixed seeds ({ran / max(outcome.cells, 1):.0%}); trial time in the report"
+        )
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))
     print(

@@ -28,6 +28,7 @@ from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
     DECISION_COLUMNS,
+    DECISION_METRIC_PREFIX,
     DECISIONS_FILE,
     DECISIONS_TAG_PREFIX,
     EPOCH_METRICS,
@@ -46,6 +47,7 @@ from fusion_ray.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
+    STATE_CODES,
 )
 
 if TYPE_CHECKING:
@@ -260,6 +262,30 @@ class Tracker:
         counts = Counter(str(r["state"]) for r in rows)
         tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{state}", str(counts[state])) for state in counts]
         self.client.log_batch(parent_id, tags=tags)
+
+    def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
+        """Each comparison's evidence at the given looks (``analysis.sequential.Look``) as
+        metrics of the parent run, step = seeds so far (``DECISION_METRIC_PREFIX``)."""
+        import re
+
+        stamp = int(time.time() * 1000)
+        metrics = []
+        for name, rows in looks.items():
+            key = DECISION_METRIC_PREFIX + re.sub(r"[^\w\-. /]", "_", name)
+            for look in rows:
+                values = {
+                    "e_value": look.e_value,
+                    "e_equivalent": look.e_equivalent,
+                    "p_family": look.p_family,
+                    "state": STATE_CODES[look.state],
+                }
+                metrics += [
+                    Metric(f"{key}.{k}", float(v), stamp, look.seed + 1)
+                    for k, v in values.items()
+                    if v == v  # nan (no margin): not logged
+                ]
+        for start in range(0, len(metrics), 1000):  # MLflow's batch limit
+            self.client.log_batch(parent_id, metrics=metrics[start : start + 1000])
 
     def lease_store(self) -> LeaseStore:
         """Where the sweep's lease lives: the same tracking store."""

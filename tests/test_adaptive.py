@@ -8,6 +8,7 @@ import yaml
 from fusion_ray.adaptive import SeedSchedule, comparison_name, group_of
 from fusion_ray.config import load_sweep
 from fusion_ray.grid import expand
+from fusion_ray.schema import STATE_CODES
 from tests.conftest import tiny_sweep
 
 
@@ -144,5 +145,11 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert '"max":9' in parent.data.tags["adaptive_seeds"]
     assert '"rule":"sign"' in parent.data.tags["adaptive_seeds"] and row["rule"] == "sign"
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
+    # the evidence as it formed, one step per seed, on the parent run (the MLflow UI charts it)
+    (key,) = [k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")]
+    history = tracker.client.get_metric_history(parent.info.run_id, key)
+    assert [(m.step, m.value) for m in history] == [(1, 0), (2, 0), (3, STATE_CODES["futile"])]
+    e_key = key.removesuffix(".state") + ".e_value"
+    assert [m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)] == [1] * 3
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
