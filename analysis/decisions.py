@@ -20,6 +20,7 @@ import pandas as pd
 
 from analysis.context import ReportContext
 from analysis.drawing import Figure, save
+from analysis.escape import md, md_code
 from analysis.pairing import Pairing
 from analysis.rules import DEFAULT_RULE, DecisionRule, build_rule
 from analysis.section import Drawn, Section, records, write_csv
@@ -165,7 +166,7 @@ def _intro(result: DecisionResult) -> list[str]:
             f"the chance of a false better or worse is at most alpha = {result.alpha:g} at every "
             "seed (Holm over the anytime p-values); equivalence uses its own budget"
         )
-    setting = f"rule `{rule.describe()}`, null: {rule.null}; {margin}"
+    setting = f"rule {md_code(rule.describe())}, null: {rule.null}; {margin}"
     if result.primary:
         what = (
             f"**Primary analysis.** This sweep ran adaptive seeds (cap {result.max_seeds} seeds, "
@@ -217,7 +218,7 @@ def _table_lines(table: pd.DataFrame) -> list[str]:
     for r in table.to_dict(orient="records"):
         decided = "-" if pd.isna(r["decided_at_seed"]) else str(int(r["decided_at_seed"]))
         lines.append(
-            f"| {r['comparison']} | {r['state']} | {r['seeds_used']} | {decided} | "
+            f"| {md(r['comparison'])} | {md(r['state'])} | {r['seeds_used']} | {decided} | "
             f"{_fmt(r['e_max'], '.3g')} | {_fmt(r['p_anytime'], '.3g')} | "
             f"{_fmt(r['p_family'], '.3g')} | "
             f"({_fmt(r['cs_low'], '+.2f')}, {_fmt(r['cs_high'], '+.2f')}) |"

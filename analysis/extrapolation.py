@@ -45,6 +45,7 @@ from analysis.load import (
     eval_length_metric,
     eval_length_metrics,
     read_run_artifacts,
+    unreadable_artifacts,
 )
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.stats import (
@@ -190,6 +191,7 @@ def analyse_extrapolation(
     settings: StatsSettings | None = None,
     read_predictions: bool = True,
     max_workers: int = 8,
+    tracking_uri: str | None = None,
 ) -> Extrapolation | None:
     """Curves, per-length comparisons, slope tests and (with ``read_predictions``) the
     truncation ladder of a Pairing's runs; None when no run logged a per-length metric."""
@@ -210,7 +212,7 @@ def analyse_extrapolation(
     warns += finish_slopes(slopes, settings)
     ladder, ladder_runs = pd.DataFrame(), pd.DataFrame()
     if read_predictions and len(pairing.pairs):
-        ladder_runs = ladder_counts(pairing, counts, max_workers, warns)
+        ladder_runs = ladder_counts(pairing, counts, max_workers, warns, tracking_uri)
         ladder = ladder_comparisons(ladder_runs, pairing, trained, settings, warns)
         warns += finish_family(ladder, settings, family=LADDER_FAMILY, cautions=False)
     return Extrapolation(
@@ -406,18 +408,16 @@ def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
 # ----------------------------------------------------------------------------- the ladder
 
 
-def read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
-    """run id -> its by-length predictions, for the runs that have readable ones (the others
-    said in ``warns``); each run's file is read once."""
+def read_all(
+    runs: pd.DataFrame, max_workers: int, warns: list[str], tracking_uri: str | None = None
+) -> dict[str, Any]:
+    """run id -> its by-length predictions (runs without the file said in ``warns``; a file
+    that cannot be read is an error); each run's file is read once."""
     found = read_run_artifacts(
-        runs, LENGTH_PREDICTIONS_FILE, LENGTH_PREDICTION_COLUMNS, max_workers
+        runs, LENGTH_PREDICTIONS_FILE, LENGTH_PREDICTION_COLUMNS, max_workers, tracking_uri
     )
     if found.broken:
-        run_id, err = next(iter(found.broken.items()))
-        warns.append(
-            f"{LADDER_FAMILY}: {len(found.broken)} {LENGTH_PREDICTIONS_FILE} file(s) could not "
-            f"be read and are left out (run {run_id}: {err!r})."
-        )
+        raise unreadable_artifacts(found, LENGTH_PREDICTIONS_FILE, LADDER_FAMILY, tracking_uri)
     if found.missing:
         warns.append(
             f"{LADDER_FAMILY}: {len(found.missing)} of {found.runs} paired runs have no "
@@ -476,14 +476,18 @@ def run_ladder(preds: pd.DataFrame, logged: Mapping[int, tuple[int, int]]) -> li
 
 
 def ladder_counts(
-    pairing: Any, counts: pd.DataFrame, max_workers: int, warns: list[str]
+    pairing: Any,
+    counts: pd.DataFrame,
+    max_workers: int,
+    warns: list[str],
+    tracking_uri: str | None = None,
 ) -> pd.DataFrame:
     """Every paired run's ladder rows (``run_ladder``), each run's predictions read once; runs
     whose predictions disagree with their logged per-length counts are left out (warned)."""
     pairs = pairing.pairs
     used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
     runs = pairing.runs[pairing.runs["run_id"].isin(used)]
-    preds = read_all(runs, max_workers, warns)
+    preds = read_all(runs, max_workers, warns, tracking_uri)
     logged: dict[str, dict[int, tuple[int, int]]] = {}
     for r in counts.itertuples(index=False):
         logged.setdefault(r.run_id, {})[int(r.eval_length)] = (int(r.correct), int(r.total))
@@ -752,7 +756,12 @@ class ExtrapolationSection(Section):
         o, pairing = ctx.options, ctx.pairing
         if pairing.pairs.empty:
             return None
-        ex = analyse_extrapolation(pairing, o.settings, read_predictions=o.lengths)
+        ex = analyse_extrapolation(
+            pairing,
+            o.settings,
+            read_predictions=o.lengths,
+            tracking_uri=ctx.experiment.tracking_uri,
+        )
         if ex is None:
             return None
         for name in ("accuracy", "stats", "slopes", "ladder"):

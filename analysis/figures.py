@@ -14,6 +14,7 @@ import pandas as pd
 
 from analysis import drawing
 from analysis.context import ReportContext
+from analysis.escape import fence
 from analysis.section import Drawn
 from analysis.tables import describe_setting, select
 
@@ -49,7 +50,7 @@ def _paired_delta_figures(ctx: ReportContext, fig_dir: Path, colors: dict[str, s
             "paired_deltas__" + "__".join(drawing.slug(v) for v in s.values()),
             colors,
         )
-        drawn.append((f"Paired per-seed deltas vs `{ctx.baseline}` ({label})", paths))
+        drawn.append((f"Paired per-seed deltas vs {fence(ctx.baseline)} ({label})", paths))
     if len(settings) <= 1:
         return drawn
     deltas = in_level_order(deltas, ctx.axis_levels)

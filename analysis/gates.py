@@ -31,6 +31,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from analysis.context import ReportContext, display_order  # noqa: E402
 from analysis.drawing import operator_colors, save  # noqa: E402
+from analysis.escape import md  # noqa: E402
 from analysis.load import FINISHED, local_artifact_path, tag_column  # noqa: E402
 from analysis.section import Drawn, Section, records, write_csv  # noqa: E402
 from analysis.tables import column_label  # noqa: E402
@@ -389,14 +390,14 @@ def gates_markdown(gates: GateAnalysis, ctx: ReportContext) -> list[str]:
         "and highest seed in brackets, and the last mean minus the first. No test is run on "
         f"these numbers. {gates.runs} run(s) logged their gates.",
         "",
-        "| " + " | ".join([*heads, "last − first"]) + " |",
+        "| " + " | ".join(map(md, [*heads, "last − first"])) + " |",
         "|" + "---|" * (len(heads) + 1),
     ]
     for r in gates.ends.to_dict(orient="records"):
         seeds = {int(r["first_n_seeds"]), int(r["last_n_seeds"])}
-        cells = [*(str(r[k]) for k in keys), str(r["operator"])]
-        cells += [" / ".join(str(n) for n in sorted(seeds)), str(r["first_bucket"])]
-        cells += [_gate_value(r, "first"), str(r["last_bucket"]), _gate_value(r, "last")]
+        cells = [*(md(r[k]) for k in keys), md(r["operator"])]
+        cells += [" / ".join(str(n) for n in sorted(seeds)), md(r["first_bucket"])]
+        cells += [_gate_value(r, "first"), md(r["last_bucket"]), _gate_value(r, "last")]
         cells.append(f"{r['change']:+.3f}")
         lines.append("| " + " | ".join(cells) + " |")
     return [*lines, "", f"Every bucket (mean, min and max over seeds): `{GATES_CSV}`.", ""]

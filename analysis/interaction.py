@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.context import ReportContext, display_order
+from analysis.escape import md, md_code
 from analysis.section import Section, records, write_csv
 from analysis.stats import (
     StatsSettings,
@@ -250,12 +251,12 @@ def interaction_markdown(
             continue
         compared = sorted(set(ctx.pairing.pairs[axis].astype(str)))
         why = (
-            f"every comparison is at {axis} = {compared[0]}"
+            f"every comparison is at {md(axis)} = {md(compared[0])}"
             if len(compared) == 1
-            else f"no seed is paired with `{ctx.baseline}` at two levels of `{axis}` in the "
-            "same combination of the other group keys"
+            else f"no seed is paired with {md_code(ctx.baseline)} at two levels of "
+            f"{md_code(axis)} in the same combination of the other group keys"
         )
-        lines += [f"**{interaction_caption(axis)}** Not tested: {why}.", ""]
+        lines += [f"**{md(interaction_caption(axis))}** Not tested: {why}.", ""]
     if inter.m:
         lines += [f"Every column of these tests is in `{CSV}`.", ""]
     return lines

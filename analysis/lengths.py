@@ -30,8 +30,9 @@ import pandas as pd
 
 from analysis import drawing
 from analysis.context import ReportContext, display_order
+from analysis.escape import md
 from analysis.figures import with_level
-from analysis.load import read_run_artifacts
+from analysis.load import read_run_artifacts, unreadable_artifacts
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.stats import StatsSettings, describe_deltas, finish_family
 from analysis.tables import dataset_order, describe_setting, fmt_p, operator_order, select
@@ -72,8 +73,10 @@ def analyse_lengths(
     settings: StatsSettings | None = None,
     n_buckets: int = 4,
     max_workers: int = 8,
+    tracking_uri: str | None = None,
 ) -> LengthAnalysis:
-    """Length-bucket accuracy and paired per-bucket statistics for the runs of a Pairing."""
+    """Length-bucket accuracy and paired per-bucket statistics for the runs of a Pairing
+    (their predictions read through ``tracking_uri`` where the artifact store is remote)."""
     settings = settings or StatsSettings()
     keys = list(pairing.keys)
     scope = ["dataset", *getattr(pairing, "axes", ())]
@@ -81,7 +84,7 @@ def analyse_lengths(
     warns: list[str] = []
     used = set(pairs["run_id"]) | set(pairs["baseline_run_id"])
     runs = pairing.runs[pairing.runs["run_id"].isin(used)]
-    preds = _read_all(runs, max_workers, warns)
+    preds = _read_all(runs, max_workers, warns, tracking_uri)
     buckets, counts, medians = _bucket_counts(runs, preds, n_buckets, warns, scope)
     if counts.empty:
         empty = pd.DataFrame()
@@ -93,15 +96,16 @@ def analyse_lengths(
     return LengthAnalysis(buckets, accuracy, stats, warns, medians)
 
 
-def _read_all(runs: pd.DataFrame, max_workers: int, warns: list[str]) -> dict[str, Any]:
-    """run id -> its predictions, for the runs that have readable ones (the others warned)."""
-    found = read_run_artifacts(runs, PREDICTIONS_FILE, PREDICTION_COLUMNS, max_workers)
+def _read_all(
+    runs: pd.DataFrame, max_workers: int, warns: list[str], tracking_uri: str | None
+) -> dict[str, Any]:
+    """run id -> its predictions; runs without the file are warned about and left out, a file
+    that exists but cannot be read is an error (``unreadable_artifacts``)."""
+    found = read_run_artifacts(
+        runs, PREDICTIONS_FILE, PREDICTION_COLUMNS, max_workers, tracking_uri
+    )
     if found.broken:
-        first = next(iter(found.broken.items()))
-        warns.append(
-            f"length analysis: {len(found.broken)} {PREDICTIONS_FILE} file(s) could not be read "
-            f"and are left out (run {first[0]}: {first[1]!r})."
-        )
+        raise unreadable_artifacts(found, PREDICTIONS_FILE, "length analysis", tracking_uri)
     if found.missing:
         warns.append(
             f"length analysis: {len(found.missing)} of {found.runs} paired runs have no "
@@ -303,7 +307,12 @@ class LengthSection(Section):
         o, pairing = ctx.options, ctx.pairing
         if not o.lengths or not len(pairing.pairs):
             return None
-        lengths = analyse_lengths(pairing, o.settings, n_buckets=o.length_buckets)
+        lengths = analyse_lengths(
+            pairing,
+            o.settings,
+            n_buckets=o.length_buckets,
+            tracking_uri=ctx.experiment.tracking_uri,
+        )
         if not lengths.stats.empty:
             runs = pairing.runs
             datasets = dataset_order(runs["dataset"], lengths.median_length)
@@ -354,27 +363,29 @@ def length_markdown(lengths: LengthAnalysis, ctx: ReportContext) -> list[str]:
     if bucket_axes and not plain.duplicated(["dataset", "bucket"]).any():
         buckets, bucket_axes = plain, []  # the same buckets at every level: list them once
     heads = ["dataset", *bucket_axes, "bucket", "tokens", "documents", "truncated"]
-    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(map(md, heads)) + " |", "|" + "---|" * len(heads)]
     for _, r in buckets.iterrows():
         trunc = "–" if pd.isna(r["truncated_share"]) else f"{r['truncated_share']:.0%}"
-        levels = "".join(f" {r[a]} |" for a in bucket_axes)
+        levels = "".join(f" {md(r[a])} |" for a in bucket_axes)
         lines.append(
-            f"| {r['dataset']} |{levels} {r['bucket']} | {r['label']} | {r['n_docs']} | {trunc} |"
+            f"| {md(r['dataset'])} |{levels} {md(r['bucket'])} | {md(r['label'])} | "
+            f"{r['n_docs']} | {trunc} |"
         )
     stat_axes = [a for a in ctx.axes if a in lengths.stats]
     heads = ["dataset", *stat_axes, "operator", "bucket", "n", "Δ mean (pp)", "HL", "p"]
     heads += ["p Holm", "wins"]
     lines += [
         "",
-        f"Contrasts and buckets in the main setting ({describe_setting(ctx.main_setting)}):",
+        f"Contrasts and buckets in the main setting ({md(describe_setting(ctx.main_setting))}):",
         "",
-        "| " + " | ".join(heads) + " |",
+        "| " + " | ".join(map(md, heads)) + " |",
         "|" + "---|" * len(heads),
     ]
     for _, r in select(lengths.stats, ctx.main_setting).iterrows():
-        levels = "".join(f" {r[a]} |" for a in stat_axes)
+        levels = "".join(f" {md(r[a])} |" for a in stat_axes)
         lines.append(
-            f"| {r['dataset']} |{levels} {r['operator']} | {r['bucket']} | {int(r['n_pairs'])} | "
+            f"| {md(r['dataset'])} |{levels} {md(r['operator'])} | {md(r['bucket'])} | "
+            f"{int(r['n_pairs'])} | "
             f"{r['mean_delta']:+.2f} | {r['hl_estimate']:+.2f} | {fmt_p(r['p_wilcoxon'])} | "
             f"{fmt_p(r['p_holm'])}{'*' if r['significant'] else ''} | "
             f"{int(r['wins'])}/{int(r['n_pairs'])} |"

@@ -40,6 +40,7 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import pandas as pd
 
+from fusion_ray.redact import redact
 from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     CELLS_ARTIFACT,
@@ -594,26 +595,33 @@ def local_artifact_path(artifact_uri: str) -> Path | None:
     return None
 
 
-def read_run_parquet(artifact_uri: str, name: str, columns: Sequence[str]) -> pd.DataFrame | None:
+def read_run_parquet(
+    artifact_uri: str,
+    name: str,
+    columns: Sequence[str],
+    *,
+    run_id: str | None = None,
+    client: Any = None,
+) -> pd.DataFrame | None:
     """The parquet artifact ``name`` of a run (``columns`` only), or None when the run has none.
-    Local artifact stores are read in place; others go through
-    ``mlflow.artifacts.download_artifacts``. An unreadable file raises."""
+    A local artifact store is read in place; any other (an MLflow server's
+    ``mlflow-artifacts:``, S3, ...) is listed and downloaded through ``client``, an
+    ``MlflowClient`` of the runs' tracking URI. An unreadable file, or a store that does not
+    answer, raises: it is not a missing artifact."""
     import pyarrow.parquet as pq
 
     local = local_artifact_path(artifact_uri)
     if local is not None:
         path = local / name
         return pq.read_table(path, columns=list(columns)).to_pandas() if path.exists() else None
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
+    if client is None or run_id is None:
+        raise ValueError(
+            "a remote artifact store needs the run id and a client of its tracking URI"
+        )
+    if name not in {a.path for a in client.list_artifacts(run_id)}:
+        return None
     with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"{artifact_uri.rstrip('/')}/{name}", dst_path=tmp
-            )
-        except (MlflowException, OSError):
-            return None
+        path = client.download_artifacts(run_id, name, tmp)
         return pq.read_table(path, columns=list(columns)).to_pandas()
 
 
@@ -634,25 +642,47 @@ class RunArtifacts:
 
 
 def read_run_artifacts(
-    runs: pd.DataFrame, name: str, columns: Sequence[str], max_workers: int = 8
+    runs: pd.DataFrame,
+    name: str,
+    columns: Sequence[str],
+    max_workers: int = 8,
+    tracking_uri: str | None = None,
 ) -> RunArtifacts:
     """The parquet artifact ``name`` (``columns`` only) of each run of ``runs`` (columns
-    ``run_id`` and ``artifact_uri``), read once per run in a thread pool (the work is I/O).
-    A run whose file cannot be read is reported, not raised."""
+    ``run_id`` and ``artifact_uri``), read once per run in a thread pool (the work is I/O),
+    through the runs' ``tracking_uri`` where the store is not local. A run whose file cannot
+    be read is reported in ``broken``, apart from the runs that have no such file."""
+    from mlflow import MlflowClient
 
-    def read(artifact_uri: str) -> pd.DataFrame | None | Exception:
+    client = MlflowClient(tracking_uri)
+
+    def read(run_id: str) -> pd.DataFrame | None | Exception:
         try:
-            return read_run_parquet(artifact_uri, name, columns)
-        except Exception as err:  # noqa: BLE001 - reported per run, the report goes on
+            return read_run_parquet(uris[run_id], name, columns, run_id=run_id, client=client)
+        except Exception as err:  # noqa: BLE001 - reported per run, the caller decides
             return err
 
     uris = dict(zip(runs["run_id"], runs["artifact_uri"], strict=True))
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
-        found = dict(zip(uris, pool.map(read, uris.values()), strict=True))
+        found = dict(zip(uris, pool.map(read, list(uris)), strict=True))
     return RunArtifacts(
         frames={r: f for r, f in found.items() if isinstance(f, pd.DataFrame)},
         broken={r: f for r, f in found.items() if isinstance(f, Exception)},
         missing=sorted(r for r, f in found.items() if f is None),
+    )
+
+
+def unreadable_artifacts(
+    found: RunArtifacts, name: str, what: str, tracking_uri: str | None
+) -> AnalysisError:
+    """The error for artifacts that exist but could not be read: the run, the cause, the fix."""
+    run_id, err = next(iter(found.broken.items()))
+    return AnalysisError(
+        f"{what}: {name} of {len(found.broken)} of {found.runs} runs could not be read (run "
+        f"{run_id}: {redact(f'{type(err).__name__}: {err}')}). Check that the tracking store "
+        f"{redact(tracking_uri or 'the default store')} and its artifact store answer and that "
+        "the files are intact, then build the report again, or leave the analysis out "
+        "(--no-lengths)."
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.context import ReportContext
+from analysis.escape import fence, line_start, md, md_code
 from analysis.section import Section, records
 from analysis.tables import select
 
@@ -78,7 +79,7 @@ class ReferenceSection(Section):
         for _, r in table[table["below"]].iterrows():
             warnings.append(
                 f"the compared models are below a bag-of-words baseline on {_where(r, keys)}: "
-                f"the best, `{r['best_operator']}` at {r['best_acc']:.2f} %, is "
+                f"the best, {fence(r['best_operator'])} at {r['best_acc']:.2f} %, is "
                 f"{-r['gap']:.2f} points below TF-IDF + logistic regression on the same tokens "
                 f"({r['bag_of_words']:.2f} %); their differences may reflect under-training "
                 "rather than fusion (train longer, or a larger model, before reading them)"
@@ -108,8 +109,8 @@ class ReferenceSection(Section):
                 else ""
             )
             lines.append(
-                f"- {_where(r, keys)}: bag-of-words {r['bag_of_words']:.2f} %, majority "
-                f"{r['majority']:.2f} %; best operator `{r['best_operator']}` "
+                f"- {line_start(md(_where(r, keys)))}: bag-of-words {r['bag_of_words']:.2f} %, "
+                f"majority {r['majority']:.2f} %; best operator {md_code(r['best_operator'])} "
                 f"{r['best_acc']:.2f} % ({verdict}).{chance}"
             )
         return [*lines, ""]

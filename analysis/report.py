@@ -67,6 +67,7 @@ from analysis.scaling import SCALING
 from analysis.section import Section, jsonable, records
 from analysis.stats import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.tables import Table
+from fusion_ray.redact import redact
 from fusion_ray.schema import (
     ADAPTIVE_TAG,
     LENGTH_PREDICTIONS_FILE,
@@ -247,7 +248,7 @@ def stats_payload(
     payload = {
         "experiment": exp.name,
         "experiment_id": exp.experiment_id,
-        "tracking_uri": exp.tracking_uri,
+        "tracking_uri": redact(exp.tracking_uri),
         "parent_run_id": exp.parent_run_id,
         "generated_at": ctx.generated_at,
         "settings": {

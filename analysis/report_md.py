@@ -9,9 +9,11 @@ from typing import Any
 import pandas as pd
 
 from analysis.context import ARTIFACT_PATH, ReportContext
+from analysis.escape import line_start, md, md_code, md_prose
 from analysis.section import PARTS, Section
 from analysis.stats import method_lines
 from analysis.tables import latency_note, stats_table
+from fusion_ray.redact import redact
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     GRID_AXES_TAG,
@@ -53,25 +55,27 @@ def render_report(ctx: ReportContext, sections: Sequence[Section]) -> str:
 def _header(ctx: ReportContext) -> list[str]:
     exp, pairing = ctx.experiment, ctx.pairing
     runs = exp.runs
-    status = ", ".join(f"{v} {k}" for k, v in runs["status"].value_counts().items())
+    status = ", ".join(f"{v} {md(k)}" for k, v in runs["status"].value_counts().items())
     shas = sorted(set(runs["git_sha"].dropna()))
-    scope = f" (restricted to {ctx.scope})" if ctx.scope else ""
+    scope = f" (restricted to {md(ctx.scope)})" if ctx.scope else ""
     if ctx.logged_to:
-        parent = f"`{exp.parent_run_id}`; this report is logged to it under `{ARTIFACT_PATH}/`"
+        parent = (
+            f"{md_code(exp.parent_run_id)}; this report is logged to it under `{ARTIFACT_PATH}/`"
+        )
     elif exp.parent_run_id:
-        parent = f"`{exp.parent_run_id}` (not logged: --no-log)"
+        parent = f"{md_code(exp.parent_run_id)} (not logged: --no-log)"
     else:
         parent = f"none (no run tagged {ROLE_TAG}={ROLE_SWEEP}), so this report is on disk only"
     return [
-        f"# Fusion analysis: `{exp.name}`",
+        f"# Fusion analysis: {md_code(exp.name)}",
         "",
-        f"- tracking URI: `{exp.tracking_uri}` (experiment id {exp.experiment_id})",
+        f"- tracking URI: {md_code(redact(exp.tracking_uri))} (experiment id {md(exp.experiment_id)})",
         f"- trial runs: {len(runs)} ({status}); analysed: {len(pairing.runs)} FINISHED runs, "
         f"{len(pairing.pairs)} seed pairs, {len(ctx.comparisons.table)} comparisons against "
-        f"`{ctx.baseline}`{scope}",
+        f"{md_code(ctx.baseline)}{scope}",
         *_sweep_cells(ctx),
         f"- sweep parent run: {parent}",
-        f"- code: git_sha {', '.join(s[:12] for s in shas) if shas else 'not tagged'}",
+        f"- code: git_sha {', '.join(md(s[:12]) for s in shas) if shas else 'not tagged'}",
         f"- generated {ctx.generated_at}",
         "",
     ]
@@ -83,7 +87,11 @@ def _sweep_cells(ctx: ReportContext) -> list[str]:
     other = ctx.other_settings
     if other.sweep_cells is None:
         return []
-    runs = other.sentence or "every trial run of the experiment is one of them."
+    runs = (
+        md_prose(other.sentence)
+        if other.sentence
+        else "every trial run of the experiment is one of them."
+    )
     return [f"- sweep cells: {other.sweep_cells} (`{CELLS_ARTIFACT}` of the parent run); {runs}"]
 
 
@@ -99,14 +107,14 @@ def one_line(warning: str, width: int = 160) -> str:
 
 def warnings_text(ctx: ReportContext) -> str:
     """warnings.md: every warning of the report, in full."""
-    items = [f"{i}. {w}" for i, w in enumerate(ctx.warnings, 1)] or ["None."]
-    return "\n".join([f"# Warnings: `{ctx.experiment.name}`", "", *items, ""])
+    items = [f"{i}. {md_prose(w)}" for i, w in enumerate(ctx.warnings, 1)] or ["None."]
+    return "\n".join([f"# Warnings: {md_code(ctx.experiment.name)}", "", *items, ""])
 
 
 def _warnings(ctx: ReportContext) -> list[str]:
     if not ctx.warnings:
         return ["## Warnings", "", "- none", ""]
-    lines = [f"- {one_line(w)}" for w in ctx.warnings]
+    lines = [f"- {md_prose(one_line(w))}" for w in ctx.warnings]
     return ["## Warnings", "", *lines, "", f"Each in full: `{WARNINGS_FILE}`.", ""]
 
 
@@ -115,19 +123,20 @@ def _where(row: pd.Series, ctx: ReportContext) -> str:
     parts = []
     for key in ctx.keys:
         value = row[key]
-        parts.append(f"{key.rsplit('.', 1)[-1]}={value}" if key in ctx.axes else str(value))
+        parts.append(f"{md(key.rsplit('.', 1)[-1])}={md(value)}" if key in ctx.axes else md(value))
     return ", ".join(parts)
 
 
 def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None) -> str:
     """The comparison's verdict: the anytime-valid decision when it is the primary analysis,
     else the fixed-n test after Holm."""
+    baseline = md(ctx.baseline)
     if decided is not None:
         state, seeds = decided["state"], decided["seeds_used"]
         words = {
-            "better": f"better than {ctx.baseline}",
-            "worse": f"worse than {ctx.baseline}",
-            "equivalent": f"equivalent to {ctx.baseline} within the margin",
+            "better": f"better than {baseline}",
+            "worse": f"worse than {baseline}",
+            "equivalent": f"equivalent to {baseline} within the margin",
             "futile": "undecidable within the cap (futile)",
             "open": "undecided at the cap",
         }[state]
@@ -135,7 +144,7 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
     alpha = ctx.options.settings.alpha
     if bool(row.get("significant")):
         side = "better" if row["mean_delta"] > 0 else "worse"
-        return f"**{side} than {ctx.baseline}** (p Holm {row['p_holm']:.3g} <= {alpha:g})"
+        return f"**{side} than {baseline}** (p Holm {row['p_holm']:.3g} <= {alpha:g})"
     return f"no significant difference (p Holm {row['p_holm']:.3g} > {alpha:g})"
 
 
@@ -178,7 +187,7 @@ def _summary(ctx: ReportContext) -> list[str]:
                 f"{row['ci_high']:+.2f}; wins {int(row['wins'])} of {int(row['n_pairs'])} seeds)"
             )
         lines.append(
-            f"- `{row['operator']}` vs `{ctx.baseline}` on {where}: {effect}, "
+            f"- {md_code(row['operator'])} vs {md_code(ctx.baseline)} on {where}: {effect}, "
             + _verdict(row, ctx, decided)
             + "."
         )
@@ -197,8 +206,8 @@ def _summary(ctx: ReportContext) -> list[str]:
 def _method(ctx: ReportContext) -> list[str]:
     """How pairs are formed, then one line per statistic from the settings record."""
     pairing = (
-        f"Within each {' x '.join(ctx.keys)} group, each operator is paired with "
-        f"`{ctx.baseline}` by seed (same seed: same initialisation of shared modules, same "
+        f"Within each {' x '.join(md(k) for k in ctx.keys)} group, each operator is paired with "
+        f"{md_code(ctx.baseline)} by seed (same seed: same initialisation of shared modules, same "
         "batch order, same data split), using only seeds where both runs FINISHED and whose "
         f"configs agree on every param except `{OPERATOR_PARAM}` and "
         f"`{OPERATOR_KWARGS_PREFIX}*`. A delta is (operator - baseline) test accuracy computed "
@@ -212,7 +221,8 @@ def _method(ctx: ReportContext) -> list[str]:
         sources = table2["latency_ratio_source"]
         notes = latency_note(sources, ctx.baseline)
         bullets += [
-            f"- **Latency ratio** (Table 2, latency / `{ctx.baseline}`): {n}" for n in notes
+            f"- **Latency ratio** (Table 2, latency / {md_code(ctx.baseline)}): {md_prose(n)}"
+            for n in notes
         ]
     return ["## Method", "", pairing, "", *bullets, ""]
 
@@ -222,7 +232,7 @@ def _axis_lines(ctx: ReportContext) -> list[str]:
     if not ctx.axis_levels:
         return []
     described = "; ".join(
-        f"`{axis}`: {', '.join(levels)} (reference {levels[0]})"
+        f"{md_code(axis)}: {', '.join(map(md, levels))} (reference {md(levels[0])})"
         for axis, levels in ctx.axis_levels.items()
     )
     return [
@@ -241,8 +251,9 @@ def _alias_lines(ctx: ReportContext) -> list[str]:
     lines = []
     for (alias, target), grp in aliases.groupby(["position", "alias_of"], sort=True):
         lines.append(
-            f"{alias} is the same model as {target}: tested once (tag `{POSITION_ALIAS_TAG}`; "
-            f"{len(grp)} comparison(s) of {alias} with the same other settings as {target}'s "
+            f"{line_start(md(alias))} is the same model as {md(target)}: tested once (tag "
+            f"`{POSITION_ALIAS_TAG}`; {len(grp)} comparison(s) of {md(alias)} with the same "
+            f"other settings as {md(target)}'s "
             "are left out of the Holm family)."
         )
     return lines
@@ -252,7 +263,7 @@ def _tables(ctx: ReportContext) -> list[str]:
     lines = []
     for key in TABLES:
         table = ctx.tables[key]
-        lines += ["## " + table.caption.split(".")[0], "", table.to_markdown(), ""]
+        lines += ["## " + md_prose(table.caption.split(".")[0]), "", table.to_markdown(), ""]
     return lines
 
 
@@ -278,7 +289,8 @@ def _figures(ctx: ReportContext) -> list[str]:
         lines += ["None drawn (--no-figures, or nothing to draw).", ""]
     for caption, path in ctx.figures:
         rel = path.relative_to(ctx.out_dir).as_posix()
-        lines += [f"**{caption}** (PDF: `{rel[:-4]}.pdf`)", "", f"![{caption}]({rel})", ""]
+        text = md_prose(caption)
+        lines += [f"**{text}** (PDF: {md_code(rel[:-4] + '.pdf')})", "", f"![{text}]({rel})", ""]
     return lines
 
 
@@ -315,7 +327,7 @@ def _listing(
     if not len(frame):
         return ["## " + title, "", empty] if empty is not None else []
     items = [
-        "- " + ", ".join(f"{c}={row[c]}" for c in columns if c in row and pd.notna(row[c]))
+        "- " + ", ".join(f"{c}={md(row[c])}" for c in columns if c in row and pd.notna(row[c]))
         for _, row in frame.iterrows()
     ]
     return ["## " + title, "", *items]

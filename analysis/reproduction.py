@@ -28,6 +28,7 @@ import pandas as pd
 from scipy import stats
 
 from analysis.context import ReportContext
+from analysis.escape import md_cell
 from analysis.section import Section, records, write_csv
 from analysis.tables import fmt
 from fusion_ray.schema import AXIS_TAG_PREFIX
@@ -265,7 +266,7 @@ def reproduction_markdown(table: pd.DataFrame | None) -> str:
     axes = [c for c in table.columns if c not in (*LEAD_COLUMNS, *VALUE_COLUMNS)]
     header = ["paper cell", "dataset", "position", "fusion", "as", *axes]
     header += ["paper", "ours", f"{CONFIDENCE:.0%} CI", "n", "inside"]
-    lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [title, "", "| " + " | ".join(map(md_cell, header)) + " |", "|" + "---|" * len(header)]
     for r in table.to_dict(orient="records"):
         cells = [
             f"Table {r['table']}, {r['row']}, {r['column']}",
@@ -280,7 +281,7 @@ def reproduction_markdown(table: pd.DataFrame | None) -> str:
             str(r["n_seeds"]),
             "–" if pd.isna(r["paper_inside"]) else ("yes" if r["paper_inside"] else "no"),
         ]
-        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |")
+        lines.append("| " + " | ".join(md_cell(c) for c in cells) + " |")
     return "\n".join([*lines, "", _CAPTION]) + "\n"
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.context import ReportContext
+from analysis.escape import md
 from analysis.interaction import INTERACTION, Interactions
 from analysis.load import PARAM_PREFIX
 from analysis.section import Section, records
@@ -198,7 +199,8 @@ def scaling_markdown(check: ScalingCheck, ctx: ReportContext) -> list[str]:
         inter_head = f"difference {level} − {ref}: median (p Holm)"
         inter_text = (
             f"and whether the effect differs between the arms (per seed, the delta at "
-            f"`{SCALE_AXIS}` = {level} minus the delta at {ref}; exact two-sided Wilcoxon, Holm "
+            f"`{SCALE_AXIS}` = {md(level)} minus the delta at {md(ref)}; exact two-sided "
+            "Wilcoxon, Holm "
             "over the interaction family)"
         )
     else:
@@ -222,9 +224,9 @@ def scaling_markdown(check: ScalingCheck, ctx: ReportContext) -> list[str]:
         "unscaled: Δ median (p Holm)",
         *([inter_head] if inter_head else []),
     ]
-    lines += ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(map(md, heads)) + " |", "|" + "---|" * len(heads)]
     for _, r in effects.iterrows():
-        cells = [str(r[k]) for k in others] + [str(r["operator"])]
+        cells = [md(r[k]) for k in others] + [md(r["operator"])]
         cells += [_effect(r, "scaled"), _effect(r, "unscaled")]
         if inter_head:
             cells.append(_effect(r, "interaction", median="interaction_median"))

@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.escape import fence, md_cell, md_prose
 from analysis.stats import hl_label, hl_marked, summary_cells
 from fusion_ray.schema import BAG_OF_WORDS_METRIC, LATENCY_RATIO_METRIC, MAJORITY_METRIC
 
@@ -149,15 +150,16 @@ class Table:
     footnotes: list[str] = field(default_factory=list)
 
     def to_markdown(self) -> str:
-        cols = [str(c) for c in self.display.columns]
-        lines = [f"**{self.caption}**", "", "| " + " | ".join(cols) + " |"]
+        """The table in Markdown: every header and cell through ``md_cell``, the caption and
+        footnotes (raw text with code spans, as LaTeX reads them) through ``md_prose``."""
+        cols = [md_cell(c) for c in self.display.columns]
+        lines = [f"**{md_prose(self.caption)}**", "", "| " + " | ".join(cols) + " |"]
         lines.append("|" + "|".join(["---"] * len(cols)) + "|")
         for _, row in self.display.iterrows():
-            cells = [str(v).replace("|", "\\|") for v in row]
-            lines.append("| " + " | ".join(cells) + " |")
+            lines.append("| " + " | ".join(md_cell(v) for v in row) + " |")
         if self.footnotes:
             lines.append("")
-            lines += [f"{note}  " for note in self.footnotes]
+            lines += [f"{md_prose(note)}  " for note in self.footnotes]
         return "\n".join(lines) + "\n"
 
     def to_latex(self) -> str:
@@ -210,9 +212,18 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_SPECIAL.get(ch, ch) for ch in text)
 
 
+#: A code span (``fence`` writes a longer fence around a name holding backticks).
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
+
+
+def _span_text(inner: str) -> str:
+    """A code span's text: the padding ``fence`` adds (a space on both sides) taken off."""
+    return inner[1:-1] if len(inner) > 2 and inner[0] == inner[-1] == " " else inner
+
+
 def latex_cell(text: str) -> str:
     """Escape, then typeset ``±``, ``≤``, ``α``, ``×`` and a trailing significance mark."""
-    out = re.sub(r"`([^`]*)`", lambda m: "\x00" + m.group(1) + "\x01", text)
+    out = _CODE_SPAN.sub(lambda m: "\x00" + _span_text(m.group(2)) + "\x01", text)
     out = latex_escape(out).replace("\x00", "\\texttt{").replace("\x01", "}")
     out = out.replace("±", "$\\pm$").replace("≤", "$\\le$").replace("α", "$\\alpha$")
     out = out.replace("×", "$\\times$").replace("–", "--")
@@ -244,7 +255,7 @@ def significance_footnote(
     notes = [
         f"Mean ± sd (ddof = 1) of test accuracy (%) over seeds. `*`: Holm-adjusted p ≤ {alpha} "
         f"in an exact {alt} Wilcoxon signed-rank test of the paired per-seed deltas against "
-        f"`{baseline}` (zero_method = {settings.get('zero_method', 'wilcox')}; Holm over all "
+        f"{fence(baseline)} (zero_method = {settings.get('zero_method', 'wilcox')}; Holm over all "
         f"m = {m} comparisons of the report)."
     ]
     if comparisons is not None and len(comparisons):
@@ -462,14 +473,14 @@ def latency_note(sources: Iterable[str], baseline: str) -> list[str]:
     if LATENCY_LOGGED in found:
         notes.append(
             f"median over seeds of each run's `{LATENCY_RATIO_METRIC}`, its model's inference "
-            f"latency over that of `{baseline}` built with the same settings, timed interleaved "
+            f"latency over that of {fence(baseline)} built with the same settings, timed interleaved "
             "on the same batches in the run's own process, so it does not depend on which "
             "trials shared the device."
         )
     if LATENCY_MEANS in found:
         marked = " (cells marked †)" if LATENCY_LOGGED in found else ""
         notes.append(
-            f"mean latency of the operator's runs over that of `{baseline}`'s runs{marked}, "
+            f"mean latency of the operator's runs over that of {fence(baseline)}'s runs{marked}, "
             "timed in separate processes, so it may depend on which trials were co-scheduled on "
             f"the device (runs that log `{LATENCY_RATIO_METRIC}` measure it in one process)."
         )
@@ -543,7 +554,7 @@ def table2(inputs: TableInputs) -> Table:
         "by each run (`latency_ms_per_sample`), then mean ± sd over seeds; runs on different "
         "hardware are not comparable."
     )
-    notes += [f"Latency / `{baseline}`: {note}" for note in latency_note(sources, baseline)]
+    notes += [f"Latency / {fence(baseline)}: {note}" for note in latency_note(sources, baseline)]
     return Table(
         "table2_latency",
         "Table 2. Accuracy and measured inference latency per fusion operator "
@@ -620,9 +631,9 @@ def interaction_table(
             }
         )
     alpha = settings.get("alpha", 0.05)
-    baseline = f"`{tests['baseline'].iloc[0]}`" if len(tests) else "the baseline"
+    baseline = fence(tests["baseline"].iloc[0]) if len(tests) else "the baseline"
     notes = [
-        f"Per seed: the operator's paired delta against {baseline} at the level minus its delta at the reference level `{reference}`, within each "
+        f"Per seed: the operator's paired delta against {baseline} at the level minus its delta at the reference level {fence(reference)}, within each "
         "combination of the other group keys (pp; the interval is the Hodges-Lehmann one, "
         "`(approx.)` where zeros or tied differences make its coverage approximate). "
         "Exact two-sided Wilcoxon signed-rank test of those differences (zero_method = "

@@ -150,6 +150,8 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     history = tracker.client.get_metric_history(parent.info.run_id, key)
     assert [(m.step, m.value) for m in history] == [(1, 0), (2, 0), (3, STATE_CODES["futile"])]
     e_key = key.removesuffix(".state") + ".e_value"
-    assert [m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)] == [1] * 3
+    assert [m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)] == [
+        1
+    ] * 3
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
