@@ -400,13 +400,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = options_from_args(args)
         result = build_report(args.experiment, args.tracking_uri, options)
     except PairingError as err:
-        print(f"error: experiment {args.experiment!r}: {err}", file=sys.stderr)
+        print(f"error: experiment {args.experiment!r}: {redact(err)}", file=sys.stderr)
         return 3
     except NothingToCompareError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(err)}", file=sys.stderr)
         return 3
     except (AnalysisError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {redact(err)}", file=sys.stderr)
         return 2
     print_summary(result, options.settings.alpha)
     return 0

@@ -3,6 +3,7 @@ after the part it follows (``Section.follows``)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -140,7 +141,7 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
             "futile": "undecidable within the cap (futile)",
             "open": "undecided at the cap",
         }[state]
-        return f"**{words}** (anytime p family {decided['p_family']:.3g}, {seeds} seeds)"
+        return f"**{words}** after {seeds} seeds (anytime p family {decided['p_family']:.3g})"
     alpha = ctx.options.settings.alpha
     if bool(row.get("significant")):
         side = "better" if row["mean_delta"] > 0 else "worse"
@@ -149,20 +150,29 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
 
 
 def _anytime_effect(row: pd.Series, decided: dict[str, Any]) -> str:
-    """Mean delta with the decision's confidence sequence, and why they may seem to disagree."""
+    """Mean delta and wins, then the decision's confidence sequence, and why they may seem to
+    disagree with the verdict."""
     low, high = decided["cs_low"], decided["cs_high"]
     text = (
-        f"{row['mean_delta']:+.2f} points (anytime-valid interval {low:+.2f} to {high:+.2f}; "
-        f"wins {int(row['wins'])} of {int(row['n_pairs'])} seeds)"
+        f"mean delta {row['mean_delta']:+.2f} points, {int(row['wins'])} of "
+        f"{int(row['n_pairs'])} seeds won; anytime-valid interval "
     )
-    holds_zero = low < 0 < high
-    if decided["state"] in ("better", "worse") and holds_zero:
-        text += (
-            " — decided by the closed test, which also weighs the other comparisons' evidence; "
-            "the simultaneous interval, which cannot, still holds 0"
-        )
-    elif decided["state"] in ("open", "futile") and not holds_zero:
-        text += " — the interval excludes 0 but the family's test has not rejected"
+    decided_now = decided["state"] in ("better", "worse")
+    if math.isinf(low) or math.isinf(high):
+        text += f"{low:+.2f} to {high:+.2f}"
+        if math.isinf(low) and math.isinf(high):
+            text = text.removesuffix(f"{low:+.2f} to {high:+.2f}") + "not yet bounded"
+        if decided_now:
+            text += (
+                " (too few seeds to bound the effect on its own at alpha / m; the decision comes "
+                "from the closed test, which weighs every comparison's evidence)"
+            )
+        return text
+    text += f"{low:+.2f} to {high:+.2f}"
+    if decided_now and low < 0 < high:
+        text += " (it holds 0: the decision comes from the closed test, which weighs every comparison's evidence)"
+    elif not decided_now and not low < 0 < high:
+        text += " (it excludes 0 but the family's test has not rejected)"
     return text
 
 
@@ -186,11 +196,11 @@ def _summary(ctx: ReportContext) -> list[str]:
                 f"{row['mean_delta']:+.2f} points (95 % CI {row['ci_low']:+.2f} to "
                 f"{row['ci_high']:+.2f}; wins {int(row['wins'])} of {int(row['n_pairs'])} seeds)"
             )
-        lines.append(
-            f"- {md_code(row['operator'])} vs {md_code(ctx.baseline)} on {where}: {effect}, "
-            + _verdict(row, ctx, decided)
-            + "."
-        )
+        head = f"- {md_code(row['operator'])} vs {md_code(ctx.baseline)} on {where}: "
+        if decided is not None:
+            lines.append(head + _verdict(row, ctx, decided) + f"; {effect}.")
+        else:
+            lines.append(head + f"{effect}, " + _verdict(row, ctx, decided) + ".")
     which = (
         "The verdicts are the anytime-valid decisions of this adaptive sweep (the primary "
         "analysis, next section); each interval is the effect's confidence sequence, valid "

@@ -403,7 +403,7 @@ def decision_rows(
     return rows
 
 
-def decisions_text(rows: Sequence[Mapping[str, object]]) -> str:
+def decisions_text(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) -> str:
     """The decisions as a console table (the effect's confidence sequence is simultaneous over
     the family, valid however the seeds were stopped)."""
     width = max([len(str(r["comparison"])) for r in rows] + [10])
@@ -417,6 +417,16 @@ def decisions_text(rows: Sequence[Mapping[str, object]]) -> str:
             f"{r['comparison']:<{width}}  {r['state']:<10} {r['seeds_used']:>5} {decided:>7} "
             f"{r['e_max']:>9.3g} {r['p_family']:>8.3g}  "
             f"({r['cs_low']:+.2f}, {r['cs_high']:+.2f})"
+        )
+    unbounded = [
+        r for r in rows if math.isinf(float(r["cs_low"])) or math.isinf(float(r["cs_high"]))
+    ]
+    if unbounded:
+        need = math.ceil(math.log2(2 * len(rows) / alpha))
+        lines.append(
+            f"an infinite CS end: too few seeds to bound the effect on its own at alpha / m (each "
+            f"seed at most doubles the evidence, so it takes at least {need} seeds with "
+            f"m = {len(rows)}); a decision can come earlier, from the family's closed test"
         )
     if rows:
         first = rows[0]

@@ -28,11 +28,18 @@ _BOUNDS = {
 }
 
 
+def shorten(text: str, limit: int = 80) -> str:
+    """``text`` cut to about ``limit`` characters for a message, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 20]}...{text[-8:]} ({len(text):,} characters)"
+
+
 def error_text(err: dict[str, Any], nullable: bool = False) -> str:
     """One pydantic error's problem, without its location: what the value must be and what it
     was. ``nullable``: the field also accepts null (said in the message)."""
     kind, ctx = err["type"], err.get("ctx") or {}
-    got = f" (got {err.get('input')!r})"
+    got = f" (got {shorten(repr(err.get('input')))})"
     if kind in _BOUNDS:
         key, sign = _BOUNDS[kind]
         bound = ctx[key]

@@ -26,6 +26,7 @@ from typing import Any
 
 from fusion_ray.config import Resources
 from fusion_ray.job import OperatorRef, TrialJob
+from fusion_ray.redact import redact
 from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
@@ -275,7 +276,10 @@ def _storage_problems(storage_path: str, remote: bool) -> list[str]:
         pyarrow.fs.FileSystem.from_uri(storage_path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad URI
         return [
-            f"storage_path: {storage_path} cannot be opened ({str(exc).splitlines()[0]}); check the URI, the credentials and the network"
+            redact(
+                f"storage_path: {storage_path} cannot be opened ({str(exc).splitlines()[0]}); "
+                "check the URI, the credentials and the network"
+            )
         ]
     return []
 
@@ -287,17 +291,28 @@ def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> lis
         return [problem] if problem else []
     if not remote or not tracking_uri.startswith(("http://", "https://")):
         return []
+    import base64
     import urllib.error
     import urllib.request
+    from urllib.parse import unquote, urlsplit, urlunsplit
 
+    parts = urlsplit(tracking_uri)
+    host = parts.netloc.rsplit("@", 1)[-1]  # user info goes in a header, not in the host name
+    url = urlunsplit((parts.scheme, host, parts.path.rstrip("/") + "/health", "", ""))
+    request = urllib.request.Request(url)
+    if parts.username is not None:
+        token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
     try:
-        with urllib.request.urlopen(tracking_uri.rstrip("/") + "/health", timeout=timeout_s):
+        with urllib.request.urlopen(request, timeout=timeout_s):
             return []
-    except (urllib.error.URLError, OSError) as exc:
+    except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return [
-            f"tracking_uri: no MLflow server answers at {tracking_uri} within {timeout_s:g} s "
-            f"({reason}); start it (mlflow server ...) or fix the URI"
+            redact(
+                f"tracking_uri: no MLflow server answers at {tracking_uri} within {timeout_s:g} s "
+                f"({reason}); start it (mlflow server ...) or fix the URI"
+            )
         ]
 
 

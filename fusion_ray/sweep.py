@@ -50,6 +50,7 @@ from fusion_ray.orchestrate import (
     within_storage,
 )
 from fusion_ray.plan import Plan, plan
+from fusion_ray.redact import redact
 from fusion_ray.schema import ADAPTIVE_TAG, CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG
 
 log = logging.getLogger("fusion_ray.sweep")
@@ -166,7 +167,7 @@ def _head_watch(tracker: Any, parent_id: str, spec: SweepSpec) -> Iterator[None]
         message = (
             f"{why}. The sweep cannot go on: its parent run is marked FAILED; finished cells stay "
             "FINISHED and interrupted trials keep their checkpoints under "
-            f"{spec.storage_path}. Start the head again (ray up cluster.yaml, or ray start "
+            f"{redact(spec.storage_path)}. Start the head again (ray up cluster.yaml, or ray start "
             "--head) and run the same command: it resumes without running a finished cell again."
         )
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -374,7 +375,7 @@ def _finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
         path = run.checkpoint_path
         if run.status == "FINISHED" or not run.has_final or not path:
             continue
-        if not within_storage(path, storage_uri(spec.storage_path)) or not checkpoint_exists(path):
+        if not checkpoint_exists(path, spec.storage_path):
             continue
         if tracker.log_predictions(run.run_id, path):
             tracker.finish(run.run_id)
@@ -399,7 +400,7 @@ def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str 
             spec.storage_path,
         )
         return None
-    if resume_from and not checkpoint_exists(resume_from):
+    if resume_from and not checkpoint_exists(resume_from, spec.storage_path):
         log.warning(
             "cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from
         )
@@ -517,7 +518,7 @@ def dry_run_text(spec: SweepSpec, todo: Plan) -> str:
     for an adaptive sweep its first wave, cap and worst case."""
     cells, done = todo.cells, todo.done
     out = [
-        f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {spec.tracking_uri})"
+        f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {redact(spec.tracking_uri)})"
     ]
     if spec.adaptive is not None:
         out += _adaptive_plan_lines(spec, todo)
@@ -613,7 +614,7 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
     except (AnalysisError, ValueError) as err:
         print(
             f"analysis report did not complete: {err}\nrun it by hand: python -m analysis.report "
-            f"--experiment {spec.name} --tracking-uri {spec.tracking_uri}"
+            f"--experiment {spec.name} --tracking-uri {redact(spec.tracking_uri)}"
         )
         return
     print_summary(result, options.settings.alpha)
@@ -675,14 +676,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec = load_sweep(args.sweep_file, args.overrides)
     except (SweepFileError, FileNotFoundError) as exc:
-        print(exc, file=sys.stderr)
+        print(redact(exc), file=sys.stderr)
         return 2
 
     if args.smoke:
         spec = smoke_version(spec)
     problems = preflight(spec.storage_path, spec.tracking_uri, remote=not args.dry_run)
     if problems:
-        print(SweepFileError(args.sweep_file, problems), file=sys.stderr)
+        print(redact(SweepFileError(args.sweep_file, problems)), file=sys.stderr)
         return 2
 
     if args.dry_run:
@@ -690,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     print(
-        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {spec.tracking_uri}, checkpoints in {spec.storage_path}"
+        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {redact(spec.tracking_uri)}, "
+        f"checkpoints in {redact(spec.storage_path)}"
     )
     outcome = _run_or_exit_code(spec, args)
     if isinstance(outcome, int):
@@ -704,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             f"\ndecisions (anytime-valid over the {len(outcome.decisions)} comparisons; "
             "CS = the effect's confidence sequence, simultaneous):"
         )
-        print(decisions_text(outcome.decisions))
+        print(decisions_text(outcome.decisions, spec.adaptive.alpha))
         ran = outcome.already_finished + len(outcome.finished)
         print(
             f"adaptive seeds: {ran} trials of the {outcome.cells} this grid has at the cap of "
@@ -713,9 +715,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))
     print(
-        f"\nmlflow ui --backend-store-uri {spec.tracking_uri}   # then open http://127.0.0.1:5000"
+        f"\nmlflow ui --backend-store-uri {redact(spec.tracking_uri)}   # then open http://127.0.0.1:5000"
     )
     return 1 if outcome.failed or outcome.interrupted else 0
+
+
+ACCESS_EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10}
+"""Exit codes of a tracking store that refused or did not answer (``TrackingAccessError``)."""
 
 
 def _run_or_exit_code(spec: SweepSpec, args: argparse.Namespace) -> SweepOutcome | int:
@@ -723,7 +729,7 @@ def _run_or_exit_code(spec: SweepSpec, args: argparse.Namespace) -> SweepOutcome
     stopped, after one message saying why and what to do."""
     from fusion_ray.lease import LeaseHeldError, LeaseLostError
     from fusion_ray.placement import PlacementError
-    from fusion_ray.tracking import TrackingStoreLostError
+    from fusion_ray.tracking import TrackingAccessError, TrackingStoreLostError
 
     try:
         return run_sweep(
@@ -744,6 +750,9 @@ def _run_or_exit_code(spec: SweepSpec, args: argparse.Namespace) -> SweepOutcome
             file=sys.stderr,
         )
         return 128 + getattr(signal, name, signal.SIGINT)
+    except TrackingAccessError as exc:
+        print(f"error: {redact(exc)}", file=sys.stderr)
+        return ACCESS_EXIT_CODES[exc.kind]
     except (
         LeaseHeldError,
         LeaseLostError,
@@ -751,7 +760,7 @@ def _run_or_exit_code(spec: SweepSpec, args: argparse.Namespace) -> SweepOutcome
         TrackingStoreLostError,
         StorageFullError,
     ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(exc)}", file=sys.stderr)
         # 3: another driver runs the sweep; 4: it took over from this one; 5: the tracking
         # store vanished; 6: the storage is full; 2: the trials cannot be placed (7, a lost
         # Ray head, ends the process from the head watch)

@@ -24,6 +24,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from fusion_ray.redact import redact
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
@@ -132,21 +133,22 @@ class Tracker:
 
     def __init__(self, tracking_uri: str, sweep: str) -> None:
         self.tracking_uri, self.sweep = tracking_uri, sweep
-        with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
-            self.client = MlflowClient(tracking_uri=tracking_uri)
-            experiment = self.client.get_experiment_by_name(sweep)
-        self._store_file = _sqlite_file(tracking_uri)
-        self._store_inode = _inode(self._store_file)
-        if self._store_file is not None:
-            _VANISHED.watch(self)
-        if experiment is None:
-            self.experiment_id = self.client.create_experiment(
-                sweep, artifact_location=artifact_root(tracking_uri, sweep)
-            )
-        else:
-            if experiment.lifecycle_stage == "deleted":
-                self.client.restore_experiment(experiment.experiment_id)
-            self.experiment_id = experiment.experiment_id
+        with access_errors(tracking_uri):
+            with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
+                self.client = MlflowClient(tracking_uri=tracking_uri)
+                experiment = self.client.get_experiment_by_name(sweep)
+            self._store_file = _sqlite_file(tracking_uri)
+            self._store_inode = _inode(self._store_file)
+            if self._store_file is not None:
+                _VANISHED.watch(self)
+            if experiment is None:
+                self.experiment_id = self.client.create_experiment(
+                    sweep, artifact_location=artifact_root(tracking_uri, sweep)
+                )
+            else:
+                if experiment.lifecycle_stage == "deleted":
+                    self.client.restore_experiment(experiment.experiment_id)
+                self.experiment_id = experiment.experiment_id
 
     def store_problem(self) -> str | None:
         """How the tracking store is gone, when it is: a sqlite file deleted, replaced or
@@ -226,7 +228,8 @@ class Tracker:
         if sweep_file:
             self.client.log_artifact(run_id, sweep_file)
         if params:  # tags, not params: they change when the sweep file grows
-            self.client.log_batch(run_id, tags=[RunTag(k, v) for k, v in params.items()])
+            tags = [RunTag(k, redact(v)) for k, v in params.items()]
+            self.client.log_batch(run_id, tags=tags)
         return run_id
 
     def log_cells(self, parent_id: str, cell_ids: list[str]) -> None:
@@ -327,7 +330,7 @@ class Tracker:
             tags[PARENT_TAG] = parent_id
         name = f"{cell.label}/seed{cell.seed}"
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
-        params = [Param(k, v[:6000]) for k, v in cell.params().items()]
+        params = [Param(k, redact(v)[:6000]) for k, v in cell.params().items()]
         for chunk in _chunks(params, 100):
             self.client.log_batch(run.info.run_id, params=chunk)
         return run.info.run_id
@@ -370,7 +373,7 @@ class Tracker:
             self.client.log_batch(parent_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
-        self.client.set_tag(run_id, CHECKPOINT_TAG, path)
+        self.client.set_tag(run_id, CHECKPOINT_TAG, redact(path))
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
         """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,
@@ -397,8 +400,62 @@ class Tracker:
         self.client.set_terminated(run_id, "FINISHED")
 
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
-        self.client.set_tag(run_id, FAILURE_TAG, reason[-4900:])
+        self.client.set_tag(run_id, FAILURE_TAG, redact(reason)[-4900:])
         self.client.set_terminated(run_id, status)
+
+
+class TrackingAccessError(RuntimeError):
+    """The tracking store refused or did not answer before the sweep started; ``kind`` is
+    "auth", "locked" or "unreachable" and picks the CLI's exit code."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError | None:
+    """What ``exc`` from MLflow says about reaching the store, as one message with the fix; None
+    when it is something else."""
+    text = str(exc)
+    where = redact(tracking_uri)
+    if "401" in text or "403" in text or "UNAUTHENTICATED" in text or "PERMISSION_DENIED" in text:
+        return TrackingAccessError(
+            "auth",
+            f"the MLflow server at {where} refused this driver's credentials "
+            f"({'403 forbidden' if '403' in text or 'PERMISSION' in text else '401 unauthenticated'}): "
+            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+            "for a user that may write to the experiment, then run the same command again",
+        )
+    if "database is locked" in text:
+        return TrackingAccessError(
+            "locked",
+            f"the tracking store {where} stayed locked by another process beyond MLflow's wait "
+            "(another driver or a script writing to the same sqlite file): wait for it to finish "
+            "and run the same command again; for stores several processes write, use an MLflow "
+            "server (mlflow server --backend-store-uri ...)",
+        )
+    if "Max retries exceeded" in text or "Connection refused" in text or "timed out" in text:
+        return TrackingAccessError(
+            "unreachable",
+            f"no MLflow server answers at {where}: start it (mlflow server ...) or fix "
+            "tracking_uri, then run the same command again",
+        )
+    return None
+
+
+@contextlib.contextmanager
+def access_errors(tracking_uri: str) -> Any:
+    """MLflow's errors on first contact with the store, as ``TrackingAccessError`` where they
+    mean that the store refused or did not answer; anything else as it was."""
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        yield
+    except (mlflow.exceptions.MlflowException, OperationalError) as exc:
+        problem = access_problem(exc, tracking_uri)
+        if problem is None:
+            raise
+        raise problem from None
 
 
 class TrackingStoreLostError(RuntimeError):
@@ -500,8 +557,17 @@ def checkpoint_uri(path: str, storage_path: str) -> str:
     return f"{parsed.scheme}://{path}" + (f"?{parsed.query}" if parsed.query else "")
 
 
-def checkpoint_exists(uri: str) -> bool:
-    """Whether a checkpoint directory (local path or URI) is still there."""
+def checkpoint_exists(uri: str, storage_path: str) -> bool:
+    """Whether a checkpoint directory (local path or URI) read back from the tracking store is
+    still there. Only a path under the sweep's ``storage_path`` is looked at
+    (``orchestrate.within_storage``): a tag could otherwise point the driver's signed requests
+    at any host."""
+    from fusion_ray.orchestrate import storage_uri, within_storage
+
+    return within_storage(uri, storage_uri(storage_path)) and _directory_exists(uri)
+
+
+def _directory_exists(uri: str) -> bool:
     import pyarrow.fs
 
     try:

@@ -14,7 +14,7 @@ from fusion_ray.grid import expand
 from fusion_ray.orchestrate import within_storage
 from fusion_ray.plan import Plan
 from fusion_ray.sweep import _finish_ended_trials, _resume_point
-from fusion_ray.tracking import CellRun, checkpoint_exists
+from fusion_ray.tracking import CellRun, _directory_exists, checkpoint_exists
 from tests.conftest import tiny_sweep
 
 
@@ -67,8 +67,11 @@ def test_a_planted_endpoint_in_a_checkpoint_tag_reaches_no_host(tmp_path, monkey
         _finish_ended_trials(spec, None, todo)  # would need the tracker only past the guard
         assert todo.done == set()
         assert listener.connections == 0
-        # the listener is reachable: the same URI checked without the guard does connect to it
-        assert checkpoint_exists(planted) is False
+        # the check itself holds the guard: it does not connect either
+        assert checkpoint_exists(planted, spec.storage_path) is False
+        assert listener.connections == 0
+        # the listener is reachable: the same URI looked at without the guard does connect to it
+        assert _directory_exists(planted) is False
         assert listener.connections > 0
     finally:
         listener.close()

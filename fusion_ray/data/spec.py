@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from annotated_types import Ge, Gt, Lt
+from annotated_types import Ge, Gt, Le, Lt
 
 
 @dataclass
@@ -19,7 +19,7 @@ class DataSpec:
     source_kwargs: dict[str, Any] = field(default_factory=lambda: {"regime": "short"})
     """Keyword options of the source (hub: dataset; local: train/validation/test paths, columns;
     synthetic: regime and sizes)."""
-    num_classes: Annotated[int, Ge(2)] | None = None
+    num_classes: Annotated[int, Ge(2), Le(10**6)] | None = None
     """Number of labels; None takes the source's own count. Labels outside 0..num_classes-1 fail."""
     validation_fraction: Annotated[float, Gt(0), Lt(1)] = 0.1
     """Share of train carved out as validation when the source has no validation split."""
@@ -35,7 +35,7 @@ class DataSpec:
     """Tokenizer family, a name in fusion_ray.data.TOKENIZERS (bpe, word)."""
     tokenizer_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword options of the tokenizer (vocab_size, min_frequency, ...)."""
-    max_length: Annotated[int, Ge(1)] = 512
+    max_length: Annotated[int, Ge(1), Le(10**7)] = 512
     """Documents are truncated to this many tokens."""
     eval_lengths: list[int] = field(default_factory=list)
     """Train short, test long: after training, at the best validation epoch, every test document

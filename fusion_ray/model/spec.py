@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from annotated_types import Ge, Interval
+from annotated_types import Interval
 
 from fusion_ray.model.attention import ATTENTION_POSITIONS
 
@@ -16,13 +16,13 @@ class ModelSpec:
 
     __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
 
-    d_model: Annotated[int, Ge(1)] = 128
+    d_model: Annotated[int, Interval(ge=1, le=65_536)] = 128
     """Width of token embeddings, position signals and the encoder."""
-    n_heads: Annotated[int, Ge(1)] = 8
+    n_heads: Annotated[int, Interval(ge=1, le=4_096)] = 8
     """Attention heads per layer; must divide d_model."""
-    n_layers: Annotated[int, Ge(1)] = 2
+    n_layers: Annotated[int, Interval(ge=1, le=4_096)] = 2
     """Encoder layers."""
-    d_ff: Annotated[int, Ge(1)] = 256
+    d_ff: Annotated[int, Interval(ge=1, le=1_048_576)] = 256
     """Hidden width of each feed-forward block."""
     dropout: Annotated[float, Interval(ge=0, lt=1)] = 0.1
     """Dropout in attention, feed-forward and after fusion."""
@@ -36,7 +36,7 @@ class ModelSpec:
 
     With N(0, 1) embeddings this makes E about sqrt(d_model) times larger than a sinusoidal P,
     which is part of what a fusion operator can learn to undo; false leaves E unscaled."""
-    max_len: Annotated[int, Ge(1)] = 512
+    max_len: Annotated[int, Interval(ge=1, le=10**7)] = 512
     """Longest sequence the position tables cover; at least the data's max_length."""
     fusion: str = "add"
     """Fusion operator, a name in fusion_ray.model.FUSIONS."""

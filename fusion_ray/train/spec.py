@@ -14,40 +14,42 @@ from fusion_ray.model.spec import ModelSpec
 
 @dataclass
 class TrainSpec:
-    """Optimisation, evaluation and batching; identical across the operators of a sweep."""
+    """Optimisation, evaluation and batching; identical across the operators of a sweep. Upper
+    bounds are where a value is certainly a mistake (a learning rate above 10, a batch of more
+    than ten million documents), not advice."""
 
     __pydantic_config__ = {"extra": "forbid", "use_attribute_docstrings": True}
 
     optimizer: Literal["adamw", "adam"] = "adamw"
     """AdamW (AG News / IMDB in the study) or Adam (ArXiv)."""
-    lr: Annotated[float, Field(gt=0, allow_inf_nan=False)] = 3e-4
+    lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 3e-4
     """Peak learning rate."""
-    weight_decay: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.01
+    weight_decay: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = 0.01
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     """Learning-rate decay after warm-up."""
-    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    warmup_steps: Annotated[int, Field(ge=0, le=10**9)] = 0
     """Linear warm-up steps from 0 to lr."""
-    batch_size: Annotated[int, Field(gt=0)] = 64
+    batch_size: Annotated[int, Field(gt=0, le=10**7)] = 64
     """Documents per optimiser step, summed over all workers."""
-    micro_batch_size: Annotated[int, Field(ge=1)] | None = None
+    micro_batch_size: Annotated[int, Field(ge=1, le=10**7)] | None = None
     """Documents per forward and backward pass on each worker: each worker's share of a step's
     ``batch_size`` documents is cut into micro-batches of this size whose gradients add up before
     the one optimiser step (gradient accumulation), so a step that does not fit in memory at once
     still trains on the same documents in the same order; the result equals one pass up to float
     round-off. Must divide batch_size / workers. None: one pass per step."""
-    eval_batch_size: Annotated[int, Field(gt=0)] = 128
+    eval_batch_size: Annotated[int, Field(gt=0, le=10**7)] = 128
     """Documents per evaluation batch on each worker."""
-    epochs: Annotated[int, Field(gt=0)] = 20
+    epochs: Annotated[int, Field(gt=0, le=100_000)] = 20
     """Maximum training epochs."""
-    patience: Annotated[int, Field(ge=1)] | None = None
+    patience: Annotated[int, Field(ge=1, le=100_000)] | None = None
     """Stop after this many epochs without a better validation accuracy; None never stops early."""
-    grad_clip: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = 1.0
+    grad_clip: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = 1.0
     """Clip the global gradient norm to this value; None disables clipping."""
     padding: Literal["dynamic", "max_length"] = "dynamic"
     """dynamic: length-grouped batches padded to their longest document; max_length: the study's
     fixed padding of every batch to data.max_length."""
-    pad_to_multiple: Annotated[int, Field(ge=1)] = 1
+    pad_to_multiple: Annotated[int, Field(ge=1, le=65_536)] = 1
     """With dynamic padding, round each batch's length up to a multiple of this: a few distinct
     shapes instead of one per length, so GPU kernels are planned a few times rather than at every
     new length (the study presets use 64); 1 pads to the longest document exactly."""
@@ -59,9 +61,9 @@ class TrainSpec:
     shorter last batch runs eagerly. Does nothing on a CPU."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """auto: bf16 autocast on GPU, fp32 on CPU."""
-    latency_repeats: Annotated[int, Field(ge=1)] = 20
+    latency_repeats: Annotated[int, Field(ge=1, le=100_000)] = 20
     """Timed repeats of the inference-latency measurement (median reported, after warm-up)."""
-    latency_batch_size: Annotated[int, Field(ge=1)] = 32
+    latency_batch_size: Annotated[int, Field(ge=1, le=10**7)] = 32
     """Documents per batch in the inference-latency measurement."""
 
 
