@@ -35,6 +35,14 @@ def shorten(text: str, limit: int = 80) -> str:
     return f"{text[: limit - 20]}...{text[-8:]} ({len(text):,} characters)"
 
 
+def shorten_runs(text: str, limit: int = 120) -> str:
+    """``text`` with every run of more than ``limit`` non-space characters (a long value echoed
+    in a message) shortened by ``shorten``."""
+    import re
+
+    return re.sub(rf"\S{{{limit + 1},}}", lambda m: shorten(m.group(0)), text)
+
+
 def error_text(err: dict[str, Any], nullable: bool = False) -> str:
     """One pydantic error's problem, without its location: what the value must be and what it
     was. ``nullable``: the field also accepts null (said in the message)."""

@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_ray.checks import error_text, is_int
+from fusion_ray.checks import error_text, is_int, shorten, shorten_runs
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.schema import axis_text
@@ -364,8 +364,8 @@ class SweepFileError(ValueError):
     """A sweep file with problems; the message lists every one as ``file: field: problem``."""
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:
-        self.path, self.problems = str(path), problems
-        lines = "\n".join(f"  {self.path}: {p}" for p in problems)
+        self.path, self.problems = str(path), [shorten_runs(p) for p in problems]
+        lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
         super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
 
 
@@ -464,13 +464,30 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     raw = _read_yaml(path)
     merged: dict[str, Any] = {}
-    for fragment in raw.get("extends", []) or []:
-        fragment_path = (path.parent / fragment).resolve()
-        if not fragment_path.is_file():
+    fragments = raw.get("extends", []) or []
+    if not isinstance(fragments, list) or not all(
+        isinstance(f, str) and f and "\0" not in f for f in fragments
+    ):
+        raise SweepFileError(
+            path,
+            [
+                f"extends: {shorten(repr(fragments))} is not a list of file paths; write "
+                "extends: [tuned/shared.yaml, ...] (paths relative to this file)"
+            ],
+        )
+    for fragment in fragments:
+        try:
+            fragment_path = (path.parent / fragment).resolve()
+            found = fragment_path.is_file()
+        except OSError as exc:  # a name too long, a loop of links, ...
+            fragment_path, found = Path(shorten(fragment)), False
+            fragment = f"{shorten(fragment)} ({exc.strerror})"
+        if not found:
             raise SweepFileError(
                 path,
                 [
-                    f"extends: fragment {fragment!r} not found at {fragment_path}; fix the path or run the phase that writes it"
+                    f"extends: fragment {shorten(repr(fragment))} not found at "
+                    f"{shorten(str(fragment_path))}; fix the path or run the phase that writes it"
                 ],
             )
         merged = deep_merge(merged, _read_yaml(fragment_path))

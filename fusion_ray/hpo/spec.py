@@ -194,7 +194,7 @@ class HpoFileError(SweepFileError):
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:
         super().__init__(path, problems)
-        lines = "\n".join(f"  {self.path}: {p}" for p in problems)
+        lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
         self.args = (f"{len(problems)} problem(s) in HPO file {self.path}:\n{lines}",)
 
 
@@ -268,8 +268,13 @@ def _sweeps_problems(
     found: dict[str, list[int]] = {}
     problems = []
     for name in raw_sweeps:
-        sweep = (path.parent / name).resolve()
-        if not sweep.is_file():
+        try:
+            sweep = (path.parent / name).resolve()
+            found_file = sweep.is_file()
+        except (OSError, ValueError) as exc:  # a NUL in the name, a name too long, ...
+            sweep, found_file = Path(name[:80]), False
+            name = f"{name[:80]!r} ({exc})"
+        if not found_file:
             problems.append(f"sweeps: {name!r} not found at {sweep}; fix the path")
             continue
         try:
