@@ -83,3 +83,39 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, dat
     tracker = Tracker(raw["tracking_uri"], "plugin_demo")
     tags = {(r.data.tags["fusion"], r.data.tags["gated"]) for r in tracker.trial_runs()}
     assert tags == {("add", "false"), ("position_gate", "true")}
+
+
+def test_a_plugin_decision_rule_keeps_the_contract_and_decides_a_sweep(tmp_path, data_cache):
+    """The example's ``sign_closure`` (entry-point group fusion_ray.decision_rules), installed
+    as a user would: fusion_ray.testing's contract passes, ``fusion-ray list`` shows it, and an
+    adaptive sweep that names it decides with it (its parent run and decisions.csv say so)."""
+    site = _install(tmp_path)
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
+    check = subprocess.run(
+        [sys.executable, "-c", "from fusion_ray.testing import check_decision_rule as c; "
+         "c('sign_closure'); print('contract kept')"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert check.returncode == 0 and "contract kept" in check.stdout, check.stderr[-3000:]
+    listed = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "list"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "sign_closure" in listed.stdout and "fusion-ray-example-plugin" in listed.stdout
+    path = tiny_sweep(tmp_path, name="plugin_rule")
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": 2, "max": 3, "rule": "sign_closure"}
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "sweep", str(path), "--no-report"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rule sign_closure" in proc.stdout
+
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker(raw["tracking_uri"], "plugin_rule")
+    parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
+    assert '"rule":"sign_closure"' in parent.data.tags["adaptive_seeds"]
