@@ -19,6 +19,7 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
 from fusion_ray.orchestrate import TRIAL_ERROR
+from fusion_ray.redact import redact
 from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class TrackingCallback(Callback):
     def tracking_failed(self, trial: Any, hook: str, exc: Exception) -> None:
         key = self.key(trial)
         reason = f"tracking error in {hook}: {exc}"
-        log.error("MLflow tracking of %s failed in %s: %s", key, hook, exc)
+        log.error("MLflow tracking of %s failed in %s: %s", key, hook, redact(exc))
         self.failed.setdefault(key, reason)
         run_id = self.run_ids.get(key)
         if run_id is not None:

@@ -396,13 +396,15 @@ def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str 
         log.warning(
             "cell %s: its run names checkpoint %s, outside storage_path %s; the cell starts again",
             cell.cell_id,
-            resume_from,
-            spec.storage_path,
+            redact(resume_from),
+            redact(spec.storage_path),
         )
         return None
     if resume_from and not checkpoint_exists(resume_from, spec.storage_path):
         log.warning(
-            "cell %s: checkpoint %s is gone; the cell starts again", cell.cell_id, resume_from
+            "cell %s: checkpoint %s is gone; the cell starts again",
+            cell.cell_id,
+            redact(resume_from),
         )
         resume_from = prior.checkpoint_path = None
     return resume_from
