@@ -40,7 +40,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from analysis.rules import log_e  # noqa: E402
-from analysis.sequential import FUTILE_AFTER, FUTILE_BELOW, replay_adaptive  # noqa: E402
+from analysis.sequential import (  # noqa: E402
+    FUTILE_AFTER,
+    FUTILE_BELOW,
+    family_evidence,
+    replay_adaptive,
+)
 from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 
 ALPHA, FIRST, CAP, THETA = 0.05, 6, 20, 1.5
@@ -470,13 +475,37 @@ def replay(path: Path, first: int, caps: list[int]) -> None:
             agree = sum(
                 (states[n][-1] in ("better", "worse")) == (fixed[n] <= ALPHA) for n in names
             )
-            print(
-                f"  cap {cap}, {rule}: "
-                + "; ".join(f"{states[n][-1]} at {len(states[n])}" for n in names)
-            )
+            ran = {n: deltas[n][: len(states[n])] for n in names}
+            evidence = family_evidence(ran, alpha=ALPHA, max_seeds=cap, first=first, rule=rule)
+            print(f"  cap {cap}, rule {rule}:")
+            for n in names:
+                last = evidence[n][-1]
+                print(
+                    f"    {n}: {last.state} after {len(states[n])} seeds, "
+                    f"CS ({last.cs_low:+.2f}, {last.cs_high:+.2f})"
+                )
             print(
                 f"    comparison-seeds {used} of {seeds * len(names)}; agrees with fixed-{seeds} on {agree} of {len(names)}"
             )
+
+
+def interval_widths(deltas: dict[str, list[float | None]], at: tuple[int, ...] = (10, 14, 20)):
+    """Each rule's confidence sequence (at alpha / m) after the same number of seeds."""
+    from analysis.rules import build_rule
+
+    level = ALPHA / len(deltas)
+    print(
+        f"  confidence sequences after the same seeds (alpha / m = {level:.4g}), width in points:"
+    )
+    for n in at:
+        widths = {r: [] for r in RULES}
+        for row in deltas.values():
+            for rule in RULES:
+                low, high = build_rule(rule).interval(row[:n], level=level, first=FIRST)
+                widths[rule].append(high - low)
+        text = "; ".join(f"{r} " + ", ".join(f"{w:.1f}" for w in widths[r]) for r in RULES)
+        narrower = sum(a < b for a, b in zip(widths["magnitude"], widths["sign"], strict=True))
+        print(f"    {n} seeds: {text} (magnitude narrower in {narrower} of {len(deltas)})")
 
 
 def main() -> None:
@@ -495,6 +524,7 @@ def main() -> None:
         return
     if args.replay:
         replay(args.csv, args.first, args.caps)
+        interval_widths(read_replay(args.csv))
         return
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)

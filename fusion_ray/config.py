@@ -217,7 +217,8 @@ class AdaptiveSeeds(Strict):
     max: int = Field(20, ge=2, le=10_000)
     """The most seeds a comparison gets; undecided at this many, it is reported as undecided."""
     alpha: float = Field(0.05, gt=0, lt=1)
-    """Family-wise error level of the decisions (Holm over the sweep's comparisons, at every look)."""
+    """The error level of every decision the sweep prints, over all its comparisons at every look
+    (one budget for better, worse and equivalent with the magnitude rule)."""
     margin: float | None = Field(None, gt=0, le=100)
     """Equivalence margin in accuracy points: a comparison whose effect is shown to lie inside
     (-margin, +margin) is decided "equivalent"; None decides only better / worse / futile."""
