@@ -283,3 +283,28 @@ def test_the_magnitude_rule_uses_the_sizes_the_sign_rule_ignores():
     family = {"a": row, "b": [-d for d in row]}
     assert {s[-1] for s in run_family(family, max_seeds=14).values()} == {"better", "worse"}
     assert run_family(family, max_seeds=14, rule="sign")["a"][-1] in ("open", "futile")
+
+
+def test_the_shipped_replay_runs_without_a_store_and_the_default_rule_agrees_with_fixed_20():
+    """bench/adaptive.py --replay on the quickstart's 20 logged seeds (a CSV in the repository):
+    the magnitude rule at the quickstart's cap reaches every conclusion of 20 fixed seeds with
+    exact Wilcoxon + Holm, with fewer comparison-seeds than the sign rule."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / "adaptive.py"), "--replay", "--caps", "14"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    blocks = proc.stdout.split("  cap 14, rule ")
+    seeds = {}
+    for block in blocks[1:]:
+        rule = block.split(":", 1)[0]
+        line = next(x for x in block.splitlines() if "comparison-seeds" in x)
+        seeds[rule] = int(line.split("comparison-seeds ")[1].split()[0])
+        if rule == "magnitude":
+            assert "agrees with fixed-20 on 6 of 6" in line
+    assert seeds["magnitude"] < seeds["sign"]
