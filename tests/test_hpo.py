@@ -395,7 +395,12 @@ def test_the_fragment_is_consumed_by_the_quickstart(tmp_path):
     _assert_tuned(cells, "short")
     assert {c.fusion for c in cells if c.dataset == "short"} == set(raw["grid"]["fusions"])
     untouched = [c for c in cells if c.dataset != "short"]
-    assert untouched and all(c.trial.train.lr == raw["defaults"]["train"]["lr"] for c in untouched)
+
+    def own_lr(dataset: str) -> float:  # the preset's own, else the defaults'
+        preset = raw["datasets"][dataset].get("train", {})
+        return preset.get("lr", raw["defaults"]["train"]["lr"])
+
+    assert untouched and all(c.trial.train.lr == own_lr(c.dataset) for c in untouched)
 
 
 def test_the_fragment_overrides_the_study_presets_when_listed_after_them(tmp_path, monkeypatch):
