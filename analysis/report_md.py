@@ -141,7 +141,9 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
             "futile": "undecidable within the cap (futile)",
             "open": "undecided at the cap",
         }[state]
-        return f"**{words}** after {seeds} seeds (anytime p family {decided['p_family']:.3g})"
+        if state in ("better", "worse"):
+            return f"**{words}** after {seeds} seeds (anytime p family {decided['p_family']:.3g})"
+        return f"**{words}** after {seeds} seeds"
     alpha = ctx.options.settings.alpha
     if bool(row.get("significant")):
         side = "better" if row["mean_delta"] > 0 else "worse"
@@ -158,6 +160,8 @@ def _anytime_effect(row: pd.Series, decided: dict[str, Any]) -> str:
         f"{int(row['n_pairs'])} seeds won; anytime-valid interval "
     )
     decided_now = decided["state"] in ("better", "worse")
+    if math.isnan(low) or math.isnan(high):
+        return text + "empty (no effect value is consistent with every look: deltas that disagree)"
     if math.isinf(low) or math.isinf(high):
         text += f"{low:+.2f} to {high:+.2f}"
         if math.isinf(low) and math.isinf(high):

@@ -107,7 +107,8 @@ def _predictable_sd(values: list[float], fallback: float) -> float:
     if len(values) < 2:
         return fallback
     sd = float(np.std(values, ddof=1))
-    return sd if sd > 0 else fallback
+    # equal deltas that differ only by float round-off (accuracies subtracted) count as equal
+    return sd if sd > 1e-9 * max(1.0, max(abs(v) for v in values)) else fallback
 
 
 def _equivalence_bets(row: Row, margin: float) -> tuple[tuple[float, ...], tuple[float, ...]]:

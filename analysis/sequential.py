@@ -43,8 +43,9 @@ outranks equivalence (both can hold: a small real effect); decided states persis
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from analysis.rules import (
     DEFAULT_RULE,
@@ -181,12 +182,21 @@ class _Family:
         ev = self.evidence[name]
         return ev.equivalent(min(look, len(ev.better) - 1)) if ev.better else math.nan
 
-    def family_p(self) -> list[dict[str, tuple[float, float]]]:
+    def family_p(self, stopped: Callable[[str, int, tuple[float, float]], bool]) -> list[Any]:
         """Per look: each comparison's adjusted anytime p of (no effect, |effect| >= margin),
-        running minima over the looks (rejections are permanent)."""
+        running minima over the looks (rejections are permanent).
+
+        A row shorter than the look either stopped there (``stopped(name, its last seed, its p
+        there)``: decided, futile, at the cap), and keeps its last value, or is still running and
+        its next result has not arrived (a sweep in progress). Such a lagging comparison counts
+        as 0 in the others' closed tests (its value to come is at least 0, and the test only
+        rejects more as the others' values grow): a decision taken now stays taken when the
+        missing result arrives. Holm on running maxima is monotone the same way."""
         out, best = [], {n: (1.0, 1.0) for n in self.names}
         e_maxes = {n: 1.0 for n in self.names}
+        done: set[str] = set()
         for look in range(self.longest):
+            lagging = {n for n in self.names if n not in done and len(self.deltas[n]) <= look}
             started = look + 1 >= self.s.first
             if self.rule.family == "holm":
                 for n in self.names:
@@ -194,19 +204,25 @@ class _Family:
                 p = _holm([1.0 / e_maxes[n] for n in self.names])
                 now = {n: (p[i], 1.0) for i, n in enumerate(self.names)}
             elif started:
-                now = self._closure(look)
+                now = self._closure(look, lagging)
             else:
                 now = {n: (1.0, 1.0) for n in self.names}
             best = {n: (min(best[n][0], now[n][0]), min(best[n][1], now[n][1])) for n in self.names}
             out.append(dict(best))
+            ending = [n for n in self.names if n not in done and len(self.deltas[n]) == look + 1]
+            done |= {n for n in ending if stopped(n, look, best[n])}
         return out
 
-    def _closure(self, look: int) -> dict[str, tuple[float, float]]:
+    def _closure(self, look: int, lagging: set[str]) -> dict[str, tuple[float, float]]:
         e = {n: self.e_two_sided(n, look) for n in self.names}
         q = {n: self.e_equivalent(n, look) for n in self.names}
         floor = {n: e[n] if math.isnan(q[n]) else min(e[n], q[n]) for n in self.names}
+        floor.update(dict.fromkeys(lagging, 0.0))
         now = {}
         for n in self.names:
+            if n in lagging:
+                now[n] = (1.0, 1.0)  # no value of its own at this look
+                continue
             others = [floor[o] for o in self.names if o != n]
             p_q = 1.0 if math.isnan(q[n]) else closure_p(q[n], others)
             now[n] = (closure_p(e[n], others), p_q)
@@ -272,8 +288,20 @@ def family_evidence(
     _check(deltas, s)
     the_rule = build_rule(rule)
     family = _Family(deltas, the_rule, s)
-    adjusted = family.family_p()
     level = alpha / family.m
+    need_cs = with_sequences or (margin is not None and the_rule.family == "holm")
+
+    def interval(name: str, seed: int) -> tuple[float, float] | None:
+        row = deltas[name][: seed + 1]
+        return the_rule.interval(row, level=level, first=first) if need_cs else None
+
+    def stopped(name: str, seed: int, p: tuple[float, float]) -> bool:
+        if max_seeds is not None and seed + 1 >= max_seeds:
+            return True
+        ev = family.evidence[name]
+        return _state(family, name, seed, seed, ev, p, interval(name, seed)) != "open"
+
+    adjusted = family.family_p(stopped)
     out: dict[str, list[Look]] = {}
     for name in family.names:
         row, ev = deltas[name], family.evidence[name]
@@ -286,12 +314,12 @@ def family_evidence(
                 n_used += 1
                 wins += d > 0
                 losses += d < 0
+            # the family's decision at this seed's look; at the last seed, with everything known
             look = family.longest - 1 if seed == len(row) - 1 else seed
             p_h, p_k = adjusted[look][name]
             e_now = ev.two_sided(seed)
             e_max = max(e_max, e_now) if seed + 1 >= first or the_rule.family == "holm" else e_max
-            need_cs = with_sequences or (margin is not None and the_rule.family == "holm")
-            cs = the_rule.interval(row[: seed + 1], level=level, first=first) if need_cs else None
+            cs = interval(name, seed)
             state = _state(family, name, seed, look, ev, (p_h, p_k), cs)
             if decided in ("better", "worse") or (decided and state in ("open", "futile")):
                 state = decided  # decided states persist; a rejection may follow equivalence
@@ -408,7 +436,7 @@ def decisions_text(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) ->
     the family, valid however the seeds were stopped)."""
     width = max([len(str(r["comparison"])) for r in rows] + [10])
     lines = [
-        f"{'comparison':<{width}}  {'state':<10} {'seeds':>5} {'decided':>7} {'e':>9} "
+        f"{'comparison':<{width}}  {'state':<10} {'seeds':>5} {'decided':>7} {'e max':>9} "
         f"{'p family':>8}  effect CS (points)"
     ]
     for r in rows:

@@ -70,13 +70,14 @@ def magnitude_bets(d: np.ndarray, first: int = FIRST) -> tuple[np.ndarray, np.nd
 
 
 def equivalence_bets(d: np.ndarray, margin: float) -> np.ndarray:
-    """Q = min(L, U) [F, m, T] with predictable SD scales (margin until two deltas are seen)."""
-    t = np.arange(1, d.shape[2] + 1)
-    mean = np.cumsum(d, axis=2) / t
-    var = (np.cumsum(d**2, axis=2) - t * mean**2) / np.maximum(t - 1, 1)
-    sd = np.sqrt(np.maximum(var, 0.0))
-    prev = np.concatenate([np.full(d.shape[:2] + (2,), margin), sd[:, :, 1:-1]], axis=2)
-    prev = np.where(prev > 1e-12, prev, margin)
+    """Q = min(L, U) [F, m, T] with predictable SD scales (margin until two deltas are seen, and
+    while the deltas seen are all equal), as ``analysis.rules`` computes them."""
+    prev = np.full(d.shape, margin)
+    for t in range(2, d.shape[2]):
+        seen = d[:, :, :t]
+        sd = np.std(seen, axis=2, ddof=1)
+        size = np.maximum(1.0, np.abs(seen).max(axis=2))
+        prev[:, :, t] = np.where(sd > 1e-9 * size, sd, margin)
     low = np.cumprod(1 + np.tanh((margin - d) / prev), axis=2)
     up = np.cumprod(1 + np.tanh((d + margin) / prev), axis=2)
     return np.minimum(low, up)

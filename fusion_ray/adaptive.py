@@ -33,9 +33,16 @@ def group_of(cell: Cell) -> Group:
     return (cell.dataset, cell.position, cell.attention_position, *axes)
 
 
+def _short_axis(level: str) -> str:
+    key, _, value = level.partition("=")
+    return f"{key.rsplit('.', 1)[-1]}={value}"
+
+
 def comparison_name(group: Group, operator: str, baseline: str) -> str:
     """How decisions name a comparison: ``short/sinusoidal/none/scale_embeddings=true: gate_scalar vs add``."""
-    parts = [*group[:3], *(g.rsplit(".", 1)[-1] for g in group[3:])]
+    # an axis key keeps its last part (model.scale_embeddings=true -> scale_embeddings=true);
+    # its value stays whole (train.lr=0.1 and train.lr=1.1 stay apart)
+    parts = [*group[:3], *(_short_axis(g) for g in group[3:])]
     return f"{'/'.join(parts)}: {operator} vs {baseline}"
 
 
@@ -79,7 +86,8 @@ class SeedSchedule:
                     break
                 own = self.accuracy(group, fusion, seed)
                 base = self.accuracy(group, self.baseline, seed)
-                row.append(None if own is None or base is None else 100.0 * (own - base))
+                # rounded as the report's deltas from correct counts are, so both see equal ties
+                row.append(None if own is None or base is None else round(100.0 * (own - base), 9))
             out[name] = row
         return out
 

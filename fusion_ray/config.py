@@ -480,9 +480,9 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
         try:
             fragment_path = (path.parent / fragment).resolve()
             found = fragment_path.is_file()
-        except OSError as exc:  # a name too long, a loop of links, ...
+        except (OSError, RuntimeError) as exc:  # a name too long, a loop of links, ...
             fragment_path, found = Path(shorten(fragment)), False
-            fragment = f"{shorten(fragment)} ({exc.strerror})"
+            fragment = f"{shorten(fragment)} ({getattr(exc, 'strerror', None) or exc})"
         if not found:
             raise SweepFileError(
                 path,

@@ -292,6 +292,7 @@ def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> lis
     if not remote or not tracking_uri.startswith(("http://", "https://")):
         return []
     import base64
+    import http.client
     import urllib.error
     import urllib.request
     from urllib.parse import unquote, urlsplit, urlunsplit
@@ -306,7 +307,7 @@ def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> lis
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return []
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
         return [
             redact(

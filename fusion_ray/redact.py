@@ -18,7 +18,7 @@ MASK = "***"
 _SECRET_NAME = re.compile(
     r"(pass(word|wd)?|secret|token|key|credential|signature|sig|auth)", re.IGNORECASE
 )
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"<>]+")  # a quote may be in a password
 _MIN_SECRET = 6
 """Environment values shorter than this are not masked (they would blank ordinary words)."""
 

@@ -348,9 +348,14 @@ def _live_decisions(callback: Any) -> Any:
         evidence = schedule.evidence()
         new = {name: looks[logged.get(name, 0) :] for name, looks in evidence.items()}
         new = {name: looks for name, looks in new.items() if looks}
-        if new:
+        if not new:
+            return
+        try:
             callback.tracker.log_decision_looks(callback.parent_id, new)
-            logged.update({name: len(looks) for name, looks in evidence.items()})
+        except Exception as exc:  # noqa: BLE001 - a chart is not worth the sweep; said, not raised
+            log.warning("could not log the decisions' evidence to the parent run: %s", redact(exc))
+            return
+        logged.update({name: len(looks) for name, looks in evidence.items()})
 
     return log
 
@@ -369,10 +374,10 @@ def _finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
     """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
     storage) but whose run was never marked FINISHED, because the driver died in between: finish
     their runs from storage instead of training them again."""
-    from fusion_ray.tracking import checkpoint_exists
+    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
 
     for cid, run in todo.existing.items():
-        path = run.checkpoint_path
+        path = stored_checkpoint(run.checkpoint_path or "", spec.storage_path)
         if run.status == "FINISHED" or not run.has_final or not path:
             continue
         if not checkpoint_exists(path, spec.storage_path):
@@ -388,10 +393,12 @@ def _resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str 
     """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists
     and lies under this sweep's storage (a path read from the tracking store is trusted only
     there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""
-    from fusion_ray.tracking import checkpoint_exists
+    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
 
     prior = existing.get(cell.cell_id)
     resume_from = prior.checkpoint_path if prior is not None else None
+    if resume_from:
+        resume_from = stored_checkpoint(resume_from, spec.storage_path)
     if resume_from and not within_storage(resume_from, storage_uri(spec.storage_path)):
         log.warning(
             "cell %s: its run names checkpoint %s, outside storage_path %s; the cell starts again",

@@ -15,6 +15,9 @@ The checks:
   e-value is at most 1 at every seed;
 - with a margin: for deltas symmetric about +margin or -margin (signs fair), the mean of the
   equivalence e-value is at most 1 at every seed;
+- no look-ahead: from the first wave on, the evidence after k seeds does not change when later
+  seeds are added; and, exactly over every sign vector, the two-sided e-value reaches 1 / alpha
+  with probability at most alpha;
 - the evidence has one value per seed, never negative, and is a function of the deltas only
   (the same deltas give the same values: a restarted driver recomputes the same states);
 - a decision, once reached, persists as seeds are added (``analysis.sequential.run_family``).
@@ -68,6 +71,44 @@ def check_null_validity(rule, n: int = 10) -> None:
                 f"vectors is {worst:.6g} > 1 for magnitudes {magnitudes[:n]}: it is not valid "
                 "under the null"
             )
+
+
+def check_no_look_ahead(rule, n: int = 12, first: int = 6) -> None:
+    """From the first wave on, the evidence after k seeds is the same whether or not later seeds
+    exist: a value may not depend on a delta that has not happened yet."""
+    the_rule = _rule(rule)
+    for magnitudes in MAGNITUDE_SETS:
+        row = [a if i % 3 else -a for i, a in enumerate(magnitudes[:n])]
+        full = the_rule.evidence(row, first=first, margin=1.0)
+        for k in range(first, n + 1):
+            part = the_rule.evidence(row[:k], first=first, margin=1.0)
+            for field in ("better", "worse", "below_upper", "above_lower"):
+                a, b = getattr(part, field), getattr(full, field)
+                if a is None and b is None:
+                    continue
+                assert all(
+                    abs(x - y) <= TOLERANCE * max(1.0, abs(y))
+                    for x, y in zip(a, b[:k], strict=True)
+                ), (
+                    f"decision rule {the_rule.name!r}: its '{field}' evidence after {k} seeds "
+                    "changes when later seeds are added: it looks ahead"
+                )
+
+
+def check_anytime_crossing(rule, n: int = 10, alpha: float = 0.1) -> None:
+    """Over every sign vector given the magnitudes, the chance that the two-sided e-value ever
+    reaches 1 / alpha (from the first wave on) is at most alpha: Ville's inequality, exactly."""
+    the_rule = _rule(rule)
+    for magnitudes in MAGNITUDE_SETS:
+        crossing = 0
+        for signs in itertools.product((1.0, -1.0), repeat=n):
+            row = [s * a for s, a in zip(signs, magnitudes[:n], strict=True)]
+            ev = the_rule.evidence(row, first=6, margin=None)
+            crossing += max(ev.two_sided(t) for t in range(5, n)) >= 1 / alpha
+        assert crossing / 2**n <= alpha + TOLERANCE, (
+            f"decision rule {the_rule.name!r}: its e-value reaches 1/{alpha:g} with probability "
+            f"{crossing / 2**n:.4f} > {alpha:g} under sign flips of {magnitudes[:n]}"
+        )
 
 
 def check_equivalence_validity(rule, n: int = 10, margin: float = 1.0) -> None:
@@ -134,6 +175,8 @@ def check_interval(rule) -> None:
 def check_decision_rule(rule) -> None:
     """Every decision-rule check above, for a registered name or an instance."""
     check_null_validity(rule)
+    check_no_look_ahead(rule)
+    check_anytime_crossing(rule)
     check_equivalence_validity(rule)
     check_determinism_and_persistence(rule)
     check_interval(rule)

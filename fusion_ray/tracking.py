@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import tempfile
 import time
 import weakref
 from dataclasses import dataclass
@@ -126,7 +127,8 @@ class Tracker:
         if tracking_uri.startswith("sqlite:///"):
             if not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
                 return None
-        experiment = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(sweep)
+        with access_errors(tracking_uri):
+            experiment = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(sweep)
         if experiment is None or experiment.lifecycle_stage == "deleted":
             return None
         return cls(tracking_uri, sweep)
@@ -208,7 +210,13 @@ class Tracker:
     def parent_run(
         self, sweep_file: str | None = None, params: dict[str, str] | None = None
     ) -> str:
-        """The sweep's parent run (reused across invocations); it carries the sweep file and reports."""
+        """The sweep's parent run (reused across invocations); it carries the sweep file (with
+        any credential in it blanked out) and reports. A server that refuses the write (a user
+        who may only read) is a ``TrackingAccessError``."""
+        with access_errors(self.tracking_uri):
+            return self._parent_run(sweep_file, params)
+
+    def _parent_run(self, sweep_file: str | None, params: dict[str, str] | None) -> str:
         runs = self.client.search_runs(
             [self.experiment_id],
             filter_string=f"tags.{ROLE_TAG} = '{ROLE_SWEEP}'",
@@ -226,7 +234,10 @@ class Tracker:
             )
             run_id = run.info.run_id
         if sweep_file:
-            self.client.log_artifact(run_id, sweep_file)
+            with tempfile.TemporaryDirectory() as tmp:
+                copy = Path(tmp, Path(sweep_file).name)
+                copy.write_text(redact(Path(sweep_file).read_text(encoding="utf-8")))
+                self.client.log_artifact(run_id, str(copy))
         if params:  # tags, not params: they change when the sweep file grows
             tags = [RunTag(k, redact(v)) for k, v in params.items()]
             self.client.log_batch(run_id, tags=tags)
@@ -236,7 +247,6 @@ class Tracker:
         """Record which cells make up the sweep now (the analysis uses only their runs)."""
         import datetime as dt
         import json
-        import tempfile
 
         payload = {
             "sweep": self.sweep,
@@ -252,7 +262,6 @@ class Tracker:
         """An adaptive sweep's decisions on its parent run: DECISIONS_FILE, and one tag per
         state with how many comparisons are in it (the MLflow UI shows them)."""
         import csv
-        import tempfile
         from collections import Counter
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -269,12 +278,16 @@ class Tracker:
     def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
         """Each comparison's evidence at the given looks (``analysis.sequential.Look``) as
         metrics of the parent run, step = seeds so far (``DECISION_METRIC_PREFIX``)."""
+        import hashlib
         import re
 
         stamp = int(time.time() * 1000)
         metrics = []
         for name, rows in looks.items():
             key = DECISION_METRIC_PREFIX + re.sub(r"[^\w\-. /]", "_", name)
+            if len(key) > 200:  # MLflow's keys hold 250 characters: a long name keeps a hash
+                digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+                key = f"{key[:180]}_{digest}"
             for look in rows:
                 values = {
                     "e_value": look.e_value,
@@ -373,7 +386,11 @@ class Tracker:
             self.client.log_batch(parent_id, metrics=metrics)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
-        self.client.set_tag(run_id, CHECKPOINT_TAG, redact(path))
+        # a storage query holding a secret (secret_key=...) is not written into the tag: the
+        # driver puts the sweep's own query back when it reads it (``stored_checkpoint``)
+        self.client.set_tag(
+            run_id, CHECKPOINT_TAG, path.split("?", 1)[0] if redact(path) != path else path
+        )
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
         """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,
@@ -416,15 +433,25 @@ class TrackingAccessError(RuntimeError):
 def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError | None:
     """What ``exc`` from MLflow says about reaching the store, as one message with the fix; None
     when it is something else."""
+    import re
+
     text = str(exc)
     where = redact(tracking_uri)
-    if "401" in text or "403" in text or "UNAUTHENTICATED" in text or "PERMISSION_DENIED" in text:
+    if re.search(r"Max retries exceeded|Connection refused|timed out|Failed to establish", text):
+        return TrackingAccessError(
+            "unreachable",
+            f"no MLflow server answers at {where}: start it (mlflow server ...) or fix "
+            "tracking_uri, then run the same command again",
+        )
+    status = re.search(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b", text)
+    if status:
+        forbidden = "403" in status.group(0) or "PERMISSION" in status.group(0)
         return TrackingAccessError(
             "auth",
             f"the MLflow server at {where} refused this driver's credentials "
-            f"({'403 forbidden' if '403' in text or 'PERMISSION' in text else '401 unauthenticated'}): "
-            "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
-            "for a user that may write to the experiment, then run the same command again",
+            f"({'403 forbidden' if forbidden else '401 unauthenticated'}): set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) for "
+            "a user that may write to the experiment, then run the same command again",
         )
     if "database is locked" in text:
         return TrackingAccessError(
@@ -433,12 +460,6 @@ def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError
             "(another driver or a script writing to the same sqlite file): wait for it to finish "
             "and run the same command again; for stores several processes write, use an MLflow "
             "server (mlflow server --backend-store-uri ...)",
-        )
-    if "Max retries exceeded" in text or "Connection refused" in text or "timed out" in text:
-        return TrackingAccessError(
-            "unreachable",
-            f"no MLflow server answers at {where}: start it (mlflow server ...) or fix "
-            "tracking_uri, then run the same command again",
         )
     return None
 
@@ -555,6 +576,15 @@ def checkpoint_uri(path: str, storage_path: str) -> str:
         return path
     parsed = urlparse(storage_path)
     return f"{parsed.scheme}://{path}" + (f"?{parsed.query}" if parsed.query else "")
+
+
+def stored_checkpoint(tag: str, storage_path: str) -> str:
+    """A checkpoint path read back from its run's tag, with the storage path's query put back
+    where the tag left it out (it held a secret, ``Tracker`` writes no secret into a tag)."""
+    query = urlparse(storage_path).query if "://" in storage_path else ""
+    if query and "://" in tag and "?" not in tag:
+        return f"{tag}?{query}"
+    return tag
 
 
 def checkpoint_exists(uri: str, storage_path: str) -> bool:

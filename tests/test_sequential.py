@@ -308,3 +308,24 @@ def test_the_shipped_replay_runs_without_a_store_and_the_default_rule_agrees_wit
         if rule == "magnitude":
             assert "agrees with fixed-20 on 6 of 6" in line
     assert seeds["magnitude"] < seeds["sign"]
+
+
+@pytest.mark.parametrize("rule", RULE_NAMES)
+def test_a_result_arriving_late_never_undoes_a_decision(rule):
+    """In a running sweep rows grow at different paces (a comparison's next result is still on
+    its way): a decision taken on the rows so far stays taken when any later result arrives."""
+    rng = __import__("random").Random(11)
+    for _ in range(150):
+        rows = {
+            str(i): [rng.gauss(mu, 1.0) for _ in range(rng.randint(6, 12))]
+            for i, mu in enumerate(rng.sample([0.0, 0.0, 0.8, 1.5, -1.2, 2.5], 4))
+        }
+        before = run_family(rows, max_seeds=14, rule=rule)
+        for name, states in before.items():
+            if states[-1] != "open" or len(states) >= 14:
+                continue  # stopped: it gets no more results
+            grown = {**rows, name: [*rows[name], rng.gauss(0.0, 3.0)]}
+            after = run_family(grown, max_seeds=14, rule=rule)
+            for other, was in before.items():
+                if was[-1] in ("better", "worse", "equivalent"):
+                    assert after[other][-1] == was[-1], (rows, name, other)

@@ -271,7 +271,7 @@ def _sweeps_problems(
         try:
             sweep = (path.parent / name).resolve()
             found_file = sweep.is_file()
-        except (OSError, ValueError) as exc:  # a NUL in the name, a name too long, ...
+        except (OSError, ValueError, RuntimeError) as exc:  # a NUL, a name too long, a link loop
             sweep, found_file = Path(name[:80]), False
             name = f"{name[:80]!r} ({exc})"
         if not found_file:
