@@ -93,7 +93,9 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_s
     raw["grid"]["datasets"] = ["short", "diverges"]
     raw["datasets"]["diverges"] = {
         "data": raw["datasets"]["short"]["data"],
-        "train": {"lr": 1e30, "grad_clip": None},
+        # the largest learning rate and decoupled weight decay allowed, unclipped: AdamW scales
+        # every weight by 1 - lr * wd = -99 a step, so the loss overflows within two epochs
+        "train": {"lr": 10, "weight_decay": 10, "optimizer": "adamw", "grad_clip": None},
     }
     path.write_text(yaml.safe_dump(raw))
     spec = load_sweep(path)
