@@ -1,8 +1,9 @@
 """Paired-seed analysis of fusion-ray sweeps, read from MLflow.
 
 The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"), whose names it
-imports from ``fusion_ray.schema`` (standard library only); it imports nothing else of
-``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
+imports from ``fusion_ray.schema`` (standard library only), and the decision code on paired
+seeds from ``fusion_ray.decide`` (numpy and scipy, shared with the adaptive seed policy); it
+imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
 
     from analysis import load_experiment, pair_runs, compare, StatsSettings
     exp = load_experiment("full_grid", "sqlite:///mlflow.db")
@@ -12,8 +13,8 @@ imports from ``fusion_ray.schema`` (standard library only); it imports nothing e
 The paired core: ``load`` (MLflow -> tidy frame of the sweep's cells, metrics checked),
 ``other_settings`` (the runs left out as other settings, described), ``pairing`` (seed pairs
 against the baseline, checked; why nothing can be compared), ``stats`` (the paired statistics
-and their registry), ``sequential`` (anytime-valid decisions on the per-seed deltas in seed
-order: the adaptive-seeds rule, ``run_family``). The report: ``context`` (its options and paired core), ``section`` (the
+and their registry), ``sequential`` and ``rules`` (the names here of ``fusion_ray.decide``:
+anytime-valid decisions on the per-seed deltas in seed order, ``run_family``). The report: ``context`` (its options and paired core), ``section`` (the
 protocol of a report section), ``tables`` (Tables 1-3 and the other DataFrame tables, written
 as Markdown, LaTeX and CSV), ``drawing`` (how each kind of figure is drawn with matplotlib),
 ``figures`` (the core's figures), ``report_md`` (report.md), ``report`` (``SECTIONS``,

@@ -1,5 +1,5 @@
 """The report's "Decisions" section, first after the summary: each comparison's anytime-valid
-decision (``analysis.sequential``) from its per-seed paired deltas in seed order.
+decision (``fusion_ray.decide.sequential``) from its per-seed paired deltas in seed order.
 
 For an adaptive sweep (its parent run carries ``schema.ADAPTIVE_TAG``) this is the primary
 analysis, with the sweep's own rule (alpha, margin, cap): the seeds each comparison got depended
@@ -22,9 +22,9 @@ from analysis.context import ReportContext
 from analysis.drawing import Figure, save
 from analysis.escape import md, md_code
 from analysis.pairing import Pairing
-from analysis.rules import DEFAULT_RULE, DecisionRule, build_rule
 from analysis.section import Drawn, Section, records, write_csv
-from analysis.sequential import FIRST_WAVE, decision_rows, family_evidence
+from fusion_ray.decide.rules import DEFAULT_RULE, DecisionRule, build_rule
+from fusion_ray.decide.sequential import FIRST_WAVE, decision_rows, family_evidence
 from fusion_ray.schema import ADAPTIVE_TAG, DECISIONS_FILE
 
 FIGURE = "decisions_e_process"

@@ -1,4 +1,4 @@
-"""Adaptive seeds measured for every built-in decision rule (``analysis.rules``): are the
+"""Adaptive seeds measured for every built-in decision rule (``fusion_ray.decide.rules``): are the
 decisions valid under optional stopping, and how many correct decisions do they buy per trial
 against 10 fixed seeds with exact tests. Prints rates and ratios; asserts nothing.
 
@@ -22,7 +22,7 @@ score minus the baseline's, so they are correlated).
   with a 1-SD margin against 10 fixed seeds with an exact Wilcoxon TOST + Holm; the geometric
   mean of the 12 ratios last;
 - the skewed-null caveat: median 0, mean 0.31 SD (centred exponential), m = 1;
-- a check that the vectorised simulation takes the decisions of ``analysis.sequential``.
+- a check that the vectorised simulation takes the decisions of ``fusion_ray.decide.sequential``.
 """
 
 from __future__ import annotations
@@ -39,14 +39,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from analysis.rules import log_e  # noqa: E402
-from analysis.sequential import (  # noqa: E402
+from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
+from fusion_ray.decide.rules import log_e  # noqa: E402
+from fusion_ray.decide.sequential import (  # noqa: E402
     FUTILE_AFTER,
     FUTILE_BELOW,
     family_evidence,
     replay_adaptive,
 )
-from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 
 ALPHA, FIRST, CAP, THETA = 0.05, 6, 20, 1.5
 RULES = ("sign", "magnitude")
@@ -71,7 +71,7 @@ def magnitude_bets(d: np.ndarray, first: int = FIRST) -> tuple[np.ndarray, np.nd
 
 def equivalence_bets(d: np.ndarray, margin: float) -> np.ndarray:
     """Q = min(L, U) [F, m, T] with predictable SD scales (margin until two deltas are seen, and
-    while the deltas seen are all equal), as ``analysis.rules`` computes them."""
+    while the deltas seen are all equal), as ``fusion_ray.decide.rules`` computes them."""
     prev = np.full(d.shape, margin)
     for t in range(2, d.shape[2]):
         seen = d[:, :, :t]
@@ -492,7 +492,7 @@ def replay(path: Path, first: int, caps: list[int]) -> None:
 
 def interval_widths(deltas: dict[str, list[float | None]], at: tuple[int, ...] = (10, 14, 20)):
     """Each rule's confidence sequence (at alpha / m) after the same number of seeds."""
-    from analysis.rules import build_rule
+    from fusion_ray.decide.rules import build_rule
 
     level = ALPHA / len(deltas)
     print(

@@ -121,7 +121,7 @@ def run_big_sweep(root: Path, cells: int) -> None:
     from mlflow.tracking import MlflowClient
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
 
     path = sweep_file(root, cells)
     spec = load_sweep(path)

@@ -2,7 +2,7 @@
 
 A comparison is one operator against the sweep's baseline inside one group of cells that share
 every other axis (dataset, position, attention position, setting-axis levels). Its evidence is
-the per-seed paired delta of test accuracy (points), in seed order; ``analysis.sequential``
+the per-seed paired delta of test accuracy (points), in seed order; ``fusion_ray.decide.sequential``
 turns the deltas of all comparisons into one state per seed (open, better, worse, equivalent,
 futile) with the sweep's decision rule, over all the sweep's comparisons at every look.
 
@@ -93,8 +93,8 @@ class SeedSchedule:
 
     def evidence(self, with_sequences: bool = False) -> dict[str, list[Any]]:
         """Each comparison's evidence and state after each of its resolved seeds
-        (``analysis.sequential.family_evidence``)."""
-        from analysis.sequential import family_evidence
+        (``fusion_ray.decide.sequential.family_evidence``)."""
+        from fusion_ray.decide.sequential import family_evidence
 
         return family_evidence(
             self.deltas(),

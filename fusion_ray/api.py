@@ -1,5 +1,5 @@
-"""fusion-ray from Python (notebooks, scripts): what ``fusion-ray sweep`` does, step by step,
-with exceptions instead of exit codes.
+"""fusion-ray from Python (notebooks, scripts): the core the ``fusion-ray`` commands call, with
+exceptions instead of exit codes.
 
     from fusion_ray import api
     spec = api.load("sweeps/quickstart.yaml", ["train.epochs=3"])  # SweepFileError if invalid
@@ -7,8 +7,10 @@ with exceptions instead of exit codes.
     outcome = api.run(spec)                                          # SweepOutcome
     result = api.report(spec, "reports/quickstart")                  # the analysis report
 
-The steps are the CLI's own functions: the same validation, the same cells and ids, the same
-lease, placement check, tracking and report.
+The same validation, cells and ids, driver session (lease, placement check, signals), tracking
+and report as the commands: ``fusion_ray.sweep`` parses the command line and calls these.
+This is the one place where the engine (``fusion_ray.runner``) and the analysis (``analysis``)
+meet.
 """
 
 from __future__ import annotations
@@ -17,12 +19,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusion_ray.config import SweepFileError, SweepSpec, load_sweep
-from fusion_ray.orchestrate import preflight
+from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, smoke_version
+from fusion_ray.console import dry_run_text as _dry_run_text
 from fusion_ray.plan import Plan, plan
-from fusion_ray.sweep import SweepOutcome, dry_run_text, existing_tracker, run_sweep
+from fusion_ray.preflight import preflight
+from fusion_ray.runner import SweepOutcome, run_sweep
 
-__all__ = ["SweepFileError", "check_stores", "dry_run", "dry_run_text", "load", "report", "run"]
+__all__ = [
+    "SweepFileError",
+    "check_stores",
+    "dry_run",
+    "dry_run_text",
+    "load",
+    "report",
+    "run",
+    "smoke_version",
+]
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
@@ -45,8 +57,15 @@ def dry_run(spec: SweepSpec) -> Plan:
     return plan(spec, existing_tracker(spec))
 
 
+def dry_run_text(spec: SweepSpec, todo: Plan | None = None) -> str:
+    """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, and
+    what the seed policy would run."""
+    return _dry_run_text(spec, todo if todo is not None else dry_run(spec))
+
+
 def run(
     spec: SweepSpec,
+    sweep_file: str | None = None,
     *,
     address: str | None = None,
     smoke: bool = False,
@@ -55,13 +74,14 @@ def run(
     verbose: int = 0,
 ) -> SweepOutcome:
     """Run the cells without a FINISHED run on Ray (``smoke``: ``spec`` should be
-    ``config.smoke_version(spec)``; on a Ray without GPUs its GPU trials run on CPUs). Raises
+    ``smoke_version(spec)``; on a Ray without GPUs its GPU trials run on CPUs). Raises
     ``LeaseHeldError`` when another driver runs this sweep and ``PlacementError`` when the
     cluster cannot place its trials. ``overrides`` are only recorded on the parent run: apply
     them with ``load``."""
     check_stores(spec)
     return run_sweep(
         spec,
+        sweep_file,
         address=address,
         verbose=verbose,
         take_over=take_over,
@@ -77,5 +97,17 @@ def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
     from analysis.report import ReportOptions, build_report
 
     out = str(out_dir or Path("reports") / spec.name)
-    options = ReportOptions(baseline=spec.baseline or spec.grid.fusions[0].label, out=out)
-    return build_report(spec.name, spec.tracking_uri, options)
+    return build_report(
+        spec.name, spec.tracking_uri, ReportOptions(baseline=spec.baseline_label, out=out)
+    )
+
+
+def existing_tracker(spec: SweepSpec) -> Any:
+    """The sweep's tracker if its store and experiment exist (None, without importing MLflow,
+    when a local store is not there yet)."""
+    if spec.tracking_uri.startswith("sqlite:///"):
+        if not Path(spec.tracking_uri.removeprefix("sqlite:///")).is_file():
+            return None
+    from fusion_ray.tracking import Tracker
+
+    return Tracker.existing(spec.tracking_uri, spec.name)

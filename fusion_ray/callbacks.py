@@ -91,8 +91,11 @@ class TrackingCallback(Callback):
     (``key``) and fill ``run_ids``.
     """
 
-    def __init__(self, tracker: Tracker) -> None:
+    def __init__(self, tracker: Tracker, lease: SweepLease | None = None) -> None:
         self.tracker = tracker
+        self.lease = lease
+        """The driver's lease: every write is fenced by it (``_holds``), so a driver that lost
+        it (paused past the TTL while another took over) changes no run the new holder owns."""
         self.run_ids: dict[str, str] = {}
         self.failed: dict[str, str] = {}
         self.store_lost: str | None = None
@@ -106,6 +109,11 @@ class TrackingCallback(Callback):
 
     def key(self, trial: Any) -> str:
         raise NotImplementedError
+
+    def _holds(self) -> bool:
+        """Whether this driver may still write to its trials' runs: the lease read from the
+        store just before (one read per write; a lost lease stays lost)."""
+        return self.lease is None or self.lease.holds()
 
     def tracking_failed(self, trial: Any, hook: str, exc: Exception) -> None:
         key = self.key(trial)
@@ -131,10 +139,7 @@ class MLflowSweepCallback(TrackingCallback):
         at_most: bool = False,
         lease: SweepLease | None = None,
     ) -> None:
-        super().__init__(tracker)
-        self.lease = lease
-        """The driver's lease: every write is fenced by it (``_holds``), so a driver that lost
-        it (paused past the TTL while another took over) changes no run the new holder owns."""
+        super().__init__(tracker, lease)
         self.cells, self.existing = cells, existing
         self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
@@ -161,11 +166,6 @@ class MLflowSweepCallback(TrackingCallback):
 
     def key(self, trial: Any) -> str:
         return trial.config.get("cell_id", "?")
-
-    def _holds(self) -> bool:
-        """Whether this driver may still write to its trials' runs: the lease read from the
-        store just before (one read per write; a lost lease stays lost)."""
-        return self.lease is None or self.lease.holds()
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
@@ -292,8 +292,9 @@ class MLflowTuningCallback(TrackingCallback):
         parent_id: str,
         epochs: int,
         metric: str,
+        lease: SweepLease | None = None,
     ) -> None:
-        super().__init__(tracker)
+        super().__init__(tracker, lease)
         self.cell_for, self.parent_id, self.epochs, self.metric = (
             cell_for,
             parent_id,
@@ -308,7 +309,7 @@ class MLflowTuningCallback(TrackingCallback):
         return trial.trial_id
 
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if trial.trial_id in self.run_ids:  # a retry
+        if trial.trial_id in self.run_ids or not self._holds():  # a retry, or fenced off
             return
         self.configs[trial.trial_id] = dict(trial.config)
         cell = self.cell_for(self.configs[trial.trial_id])
@@ -320,9 +321,12 @@ class MLflowTuningCallback(TrackingCallback):
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
         self.last[trial.trial_id] = result
-        self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
+        if trial.trial_id in self.run_ids and self._holds():
+            self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if trial.trial_id not in self.run_ids or not self._holds():
+            return  # fenced off: the driver that took over tunes again
         run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
         self.tracker.log_final(run_id, result)
         self.tracker.finish(run_id)
@@ -341,6 +345,8 @@ class MLflowTuningCallback(TrackingCallback):
         )
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if not self._holds():
+            return
         if trial.trial_id not in self.run_ids:
             self.on_trial_start(iteration, trials, trial)
         reason = trial_error_text(trial)
@@ -368,7 +374,7 @@ class DriverStopper(Stopper):
     """Stops every trial of the Tune run once the driver cannot go on: its lease lost to
     another driver, or its tracking store gone."""
 
-    def __init__(self, callback: MLflowSweepCallback) -> None:
+    def __init__(self, callback: TrackingCallback) -> None:
         self.callback = callback
 
     def __getstate__(self) -> dict:

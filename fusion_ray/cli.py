@@ -20,12 +20,15 @@ import argparse
 import importlib
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 #: subcommand -> (module whose ``main(argv)`` runs it, one line of help)
 COMMANDS = {
     "sweep": ("fusion_ray.sweep", "run a sweep file's cells on Ray (or --dry-run / --smoke)"),
-    "hpo": ("fusion_ray.hpo", "tune a sweep's shared settings with Optuna on Ray Tune"),
+    "hpo": ("fusion_ray.hpo.cli", "tune a sweep's shared settings with Optuna on Ray Tune"),
     "report": ("analysis.report", "the paired-statistics report of a sweep's MLflow runs"),
     "train": ("fusion_ray.train.__main__", "train one trial config locally (no Ray)"),
     "cluster": ("fusion_ray.cluster", "render or check the cluster files"),
@@ -53,7 +56,34 @@ def common_options() -> argparse.ArgumentParser:
         help="Ray Tune's own output and the libraries' start-up lines (0: one line per "
         "finished trial)",
     )
+    common.add_argument(
+        "--take-over",
+        action="store_true",
+        help="run even though another driver holds this file's lease (only when that driver is "
+        "gone)",
+    )
     return common
+
+
+def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
+    """``run()`` for a command that drives trials (``sweep``, ``hpo``): its value, or, when the
+    driver stopped, the exit code of ``fusion_ray.driver.EXIT_CODES`` after one message saying
+    why and what to do (``stopped(signal name)`` when a signal stopped it)."""
+    from fusion_ray.driver import DriverInterrupted, exit_code
+    from fusion_ray.redact import redact
+
+    try:
+        return run()
+    except BaseException as exc:
+        code = exit_code(exc)
+        if code is None:
+            raise
+        if isinstance(exc, KeyboardInterrupt):
+            name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
+            print(stopped(name), file=sys.stderr)
+        else:
+            print(f"error: {redact(exc)}", file=sys.stderr)
+        return code
 
 
 def registries() -> dict[str, object]:
@@ -89,7 +119,7 @@ def list_entries() -> str:
             lines.append(
                 f"  {name:<20} [{registry.origin(name)}]{extra}  options: {options or 'none'}"
             )
-    from analysis.rules import RULES
+    from fusion_ray.decide.rules import RULES
 
     lines.append(f"decision rules (entry-point group {RULES.group}; seeds: {{rule: NAME}}):")
     for name in RULES.names():

@@ -206,7 +206,7 @@ class DatasetPreset(Strict):
 class AdaptiveSeeds(Strict):
     """Seeds decided by the evidence (``seeds: {adaptive: true, first: 6, max: 20}``): every cell
     runs seeds 0 .. first-1; after that a comparison's operator gets its next seed only while
-    that comparison is undecided, up to ``max`` seeds (``analysis.sequential`` decides with the
+    that comparison is undecided, up to ``max`` seeds (``fusion_ray.decide.sequential`` decides with the
     chosen rule, anytime-valid over the sweep's comparisons). Seeds are taken in the order 0, 1,
     2, ..., so cell ids and the pairing are those of a fixed list of the same seeds."""
 
@@ -234,7 +234,7 @@ class AdaptiveSeeds(Strict):
             raise ValueError(
                 f"first ({self.first}) is more than max ({self.max}); lower first or raise max"
             )
-        from analysis.rules import RULES  # the decision-rule registry (plug-ins included)
+        from fusion_ray.decide.rules import RULES  # the decision-rule registry (plug-ins included)
 
         problems = RULES.check(self.rule, self.rule_options)
         if problems:
@@ -242,8 +242,8 @@ class AdaptiveSeeds(Strict):
         return self
 
     def decision_rule(self) -> Any:
-        """The rule instance with its options (``analysis.rules``)."""
-        from analysis.rules import build_rule
+        """The rule instance with its options (``fusion_ray.decide.rules``)."""
+        from fusion_ray.decide.rules import build_rule
 
         return build_rule(self.rule, **self.rule_options)
 
@@ -292,6 +292,11 @@ class SweepSpec(SharedSettings):
     """Operator the report compares against; None takes the first of grid.fusions."""
 
     _points: tuple[str, list[GridPoint]] | None = PrivateAttr(default=None)
+
+    @property
+    def baseline_label(self) -> str:
+        """The operator every comparison is against: ``baseline``, else the grid's first."""
+        return self.baseline or self.grid.fusions[0].label
 
     def keep_points(self, points: list[GridPoint] | None) -> None:
         """Remember the grid points validation built for exactly these settings."""

@@ -276,7 +276,7 @@ class Tracker:
         self.client.log_batch(parent_id, tags=tags)
 
     def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
-        """Each comparison's evidence at the given looks (``analysis.sequential.Look``) as
+        """Each comparison's evidence at the given looks (``fusion_ray.decide.sequential.Look``) as
         metrics of the parent run, step = seeds so far (``DECISION_METRIC_PREFIX``)."""
         import hashlib
         import re

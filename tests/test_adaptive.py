@@ -99,7 +99,8 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     twice, and the schedule rebuilt from the tracking store agrees with what ran."""
     from fusion_ray.adaptive import finished_results
     from fusion_ray.plan import plan
-    from fusion_ray.sweep import adaptive_schedule, run_sweep
+    from fusion_ray.runner import run_sweep
+    from fusion_ray.seed_policy import AdaptiveSeedPolicy
     from fusion_ray.tracking import Tracker
 
     # Two entries that build the same model (gate_mlp's hidden width defaults to d_model = 16):
@@ -122,7 +123,7 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert len(ids) == len(set(ids)) == len(outcome.finished)  # no cell twice
     # the schedule rebuilt from the store needs nothing more, and every finished cell was needed
     todo = plan(spec, tracker)
-    schedule = adaptive_schedule(spec, todo)
+    schedule = AdaptiveSeedPolicy(spec, todo).schedule
     assert schedule.needed() == []
     replay = SeedSchedule(todo.cells, "add", spec.adaptive)
     by_id = {c.cell_id: c for c in todo.cells}

@@ -1,7 +1,9 @@
 """The house rules, checked on the source: every module imports on its own, no import cycles, no
 private names borrowed across modules, no function longer than a screenful, and the rooms of
 DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
-fusion_ray but the shared schema, which itself imports only the standard library)."""
+fusion_ray but the shared schema, which itself imports only the standard library, and the
+decision code below both), and layers that point one way (the engine reaches the analysis only
+through the application layer, and the API does not import the command line)."""
 
 from __future__ import annotations
 
@@ -176,9 +178,14 @@ def test_no_function_is_longer_than_a_screenful():
                 "fusion_ray.schema",
                 "fusion_ray.registry",  # the registry class (standard library only), as the schema
                 "fusion_ray.redact",  # credentials out of every text (standard library only)
+                "fusion_ray.decide",  # the decision code on paired seeds, below both packages
             },
         ),
         ("fusion_ray.schema", set()),
+        (
+            "fusion_ray.decide",
+            {"numpy", "scipy", "annotated_types", "fusion_ray.decide", "fusion_ray.registry"},
+        ),
     ],
 )
 def test_rooms_import_only_what_they_may(room, allowed):
@@ -260,3 +267,34 @@ def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
         if module.split(".")[0] == "mlflow"
     ]
     assert not importers, "mlflow imported outside fusion_ray.tracking:\n" + "\n".join(importers)
+
+
+APPLICATION = {"fusion_ray.api", "fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
+"""The application layer: the Python API and the commands. Only it joins the engine (trials on
+Ray, MLflow) and the analysis (the report); ``fusion_ray.testing``, the plug-in authors' kit,
+checks both packages' registries."""
+COMMAND_LINE = {"fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
+"""The commands; ``python -m`` entry points (``__main__`` modules) run them."""
+
+
+def test_the_engine_reaches_the_analysis_only_through_the_application_layer():
+    reaching = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
+        for name in MODULES
+        if name.startswith("fusion_ray") and name not in APPLICATION | {"fusion_ray.testing"}
+        for module, _, line in _imports(MODULES[name])
+        if module.split(".")[0] == "analysis"
+    ]
+    assert not reaching, "the engine imports the analysis:\n" + "\n".join(reaching)
+
+
+def test_the_api_is_the_core_the_command_line_calls_not_the_other_way_round():
+    below_cli = [name for name in MODULES if name.startswith("fusion_ray")]
+    calling_up = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
+        for name in below_cli
+        if name not in COMMAND_LINE and not name.endswith("__main__")
+        for module, _, line in _imports(MODULES[name])
+        if module in COMMAND_LINE
+    ]
+    assert not calling_up, "modules below the command line import it:\n" + "\n".join(calling_up)

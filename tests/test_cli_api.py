@@ -93,7 +93,7 @@ def test_options_may_follow_the_file_and_precede_overrides(tmp_path, monkeypatch
 
 def test_sweep_and_hpo_share_the_common_options(capsys):
     """--dry-run, --address and --verbose come from one parser (fusion_ray.cli.common_options)."""
-    from fusion_ray.hpo import main as hpo_main
+    from fusion_ray.hpo.cli import main as hpo_main
     from fusion_ray.sweep import main as sweep_main
 
     helps = []

@@ -375,7 +375,7 @@ def test_every_command_of_the_readme_walkthrough_exists(capsys):
     import click
     from ray.scripts.scripts import cli
 
-    from fusion_ray.hpo import main as hpo_main
+    from fusion_ray.hpo.cli import main as hpo_main
     from fusion_ray.sweep import main as sweep_main
 
     commands = _shell_commands(_readme_cluster_section())

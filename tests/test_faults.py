@@ -42,7 +42,7 @@ def die_at_first_finish(sweep_file: str) -> None:
     """Subprocess entry point: run the sweep, but die (as kill -9 would) the moment the first
     trial's run would be marked FINISHED: its trial has ended and its final metrics are logged."""
     from fusion_ray.config import load_sweep
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
     from fusion_ray.tracking import Tracker
 
     def die(self, run_id, lease_token=None):
@@ -208,7 +208,7 @@ def lose_a_node(workdir: str) -> None:
     from ray.cluster_utils import Cluster
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
 
     work = Path(workdir)
     cluster = Cluster(
@@ -337,7 +337,7 @@ def lose_a_ranks_node(workdir: str) -> None:
     from ray.cluster_utils import Cluster
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
 
     work = Path(workdir)
     cluster = Cluster(

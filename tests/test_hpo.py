@@ -23,7 +23,7 @@ from fusion_ray.hpo import (
     load_hpo,
     rank_settings,
 )
-from fusion_ray.hpo import main as hpo_main
+from fusion_ray.hpo.cli import main as hpo_main
 from tests.conftest import ROOT
 
 HPO_FILES = sorted((ROOT / "sweeps" / "hpo").glob("*.yaml"))

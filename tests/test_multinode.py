@@ -60,7 +60,7 @@ def run_scenario(workdir: str) -> None:
     from ray.cluster_utils import Cluster
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
 
     work = Path(workdir)
     cluster = Cluster(

@@ -76,7 +76,7 @@ def _gpu_sweep(tmp_path, name):
 
 
 def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_session, data_cache):
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
     from fusion_ray.tracking import Tracker
 
     spec = _gpu_sweep(tmp_path, "gpu_here")
@@ -91,8 +91,8 @@ def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_sessio
 
 def test_smoke_rehearses_gpu_trials_on_cpus(tmp_path, ray_session, data_cache):
     from fusion_ray.config import smoke_version
+    from fusion_ray.runner import run_sweep
     from fusion_ray.schema import CPU_REHEARSAL_TAG
-    from fusion_ray.sweep import run_sweep
     from fusion_ray.tracking import Tracker
 
     spec = smoke_version(_gpu_sweep(tmp_path, "gpu_smoke"))
@@ -108,7 +108,7 @@ def test_smoke_rehearses_gpu_trials_on_cpus(tmp_path, ray_session, data_cache):
 def test_waiting_for_a_node_type_gives_up_after_the_timeout(
     tmp_path, ray_session, data_cache, monkeypatch, capsys
 ):
-    from fusion_ray.sweep import run_sweep
+    from fusion_ray.runner import run_sweep
 
     config = tmp_path / "bootstrap.yaml"
     config.write_text(
@@ -129,7 +129,7 @@ def test_an_hpo_whose_trials_fit_no_node_fails_in_seconds(
 ):
     """The HPO command checks placement too: trials asking more CPUs than any node has are an
     error before any run is created."""
-    from fusion_ray.hpo import main as hpo_main
+    from fusion_ray.hpo.cli import main as hpo_main
 
     quick = yaml.safe_load((ROOT / "sweeps" / "hpo" / "quick.yaml").read_text())
     quick["sweeps"] = [str(ROOT / "sweeps" / "quickstart.yaml")]

@@ -4,7 +4,7 @@ pre-flight messages that name a storage path or tracking URI say what is wrong w
 
 from __future__ import annotations
 
-from fusion_ray.orchestrate import preflight
+from fusion_ray.preflight import preflight
 from fusion_ray.redact import redact, redact_uri
 
 

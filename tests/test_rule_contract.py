@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.rules import RULES, DecisionRule, Evidence
+from fusion_ray.decide.rules import RULES, DecisionRule, Evidence
 from fusion_ray.testing import check_decision_rule, check_no_look_ahead, check_null_validity
 
 

@@ -1,4 +1,4 @@
-"""The adaptive-seeds decisions (analysis.sequential, analysis.rules): the sign rule's exact
+"""The adaptive-seeds decisions (fusion_ray.decide: sequential and rules): the sign rule's exact
 validity by enumeration of every sign sequence, known values, futility and equivalence; the
 magnitude rule's closed test against a brute force over every intersection; persistence and
 determinism for every registered rule (the contract itself is in fusion_ray.testing)."""
@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from analysis.rules import RULES, MagnitudeRule
-from analysis.sequential import (
+from fusion_ray.decide.rules import RULES, MagnitudeRule
+from fusion_ray.decide.sequential import (
     confidence_sequence,
     decisions,
     family_evidence,
@@ -174,7 +174,7 @@ def test_bad_inputs_say_what_to_fix(kwargs, message):
 
 
 def test_a_replay_stops_each_comparison_where_the_schedule_would():
-    from analysis.sequential import replay_adaptive
+    from fusion_ray.decide.sequential import replay_adaptive
 
     logged = {"clear": [2.0] * 20, "null": [1.0, -1.0] * 10, "late": [-1.0] * 4 + [1.0] * 16}
     states = replay_adaptive(logged, first=6, max_seeds=20, rule="sign")
@@ -237,7 +237,7 @@ def _brute_force_closure(e: list[float], q: list[float] | None, i: int, kind: st
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])
 def test_the_closed_test_shortcut_equals_a_brute_force_over_every_intersection(m):
-    from analysis.sequential import closure_p
+    from fusion_ray.decide.sequential import closure_p
 
     rng = __import__("random").Random(m)
     for _ in range(200):

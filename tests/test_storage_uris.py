@@ -13,7 +13,7 @@ from fusion_ray.config import load_sweep
 from fusion_ray.grid import expand
 from fusion_ray.orchestrate import within_storage
 from fusion_ray.plan import Plan
-from fusion_ray.sweep import _finish_ended_trials, _resume_point
+from fusion_ray.runner import finish_ended_trials, resume_point
 from fusion_ray.tracking import CellRun, _directory_exists, checkpoint_exists
 from tests.conftest import tiny_sweep
 
@@ -62,9 +62,9 @@ def test_a_planted_endpoint_in_a_checkpoint_tag_reaches_no_host(tmp_path, monkey
         )
         assert not within_storage(planted, spec.storage_path)
         existing = {cell.cell_id: CellRun("run-1", "FAILED", planted, has_final=True)}
-        assert _resume_point(spec, cell, existing) is None
+        assert resume_point(spec, cell, existing) is None
         todo = Plan([cell], existing)
-        _finish_ended_trials(spec, None, todo)  # would need the tracker only past the guard
+        finish_ended_trials(spec, None, todo)  # would need the tracker only past the guard
         assert todo.done == set()
         assert listener.connections == 0
         # the check itself holds the guard: it does not connect either

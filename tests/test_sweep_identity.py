@@ -14,9 +14,10 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.config import load_sweep
+from fusion_ray.console import summary_table
 from fusion_ray.lease import LEASE_PREFIX
+from fusion_ray.runner import run_sweep
 from fusion_ray.sweep import main as sweep_main
-from fusion_ray.sweep import run_sweep, summary_table
 from tests.conftest import ROOT, tiny_sweep
 
 pytestmark = pytest.mark.slow
@@ -66,7 +67,7 @@ def test_a_changed_sweep_file_never_mixes_its_runs(tmp_path, ray_session, data_c
 def test_a_crash_of_the_driver_marks_the_parent_run_failed_and_frees_the_lease(
     tmp_path, ray_session, data_cache, monkeypatch
 ):
-    import fusion_ray.sweep as sweep_module
+    import fusion_ray.runner as sweep_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated driver bug")
@@ -141,7 +142,7 @@ def test_a_checkpoint_path_from_the_tracking_store_is_trusted_only_under_storage
 
 def test_a_run_naming_a_checkpoint_outside_storage_starts_again(tmp_path, caplog):
     from fusion_ray.grid import expand
-    from fusion_ray.sweep import _resume_point
+    from fusion_ray.runner import resume_point
     from fusion_ray.tracking import CellRun
 
     spec = load_sweep(tiny_sweep(tmp_path))
@@ -149,9 +150,9 @@ def test_a_run_naming_a_checkpoint_outside_storage_starts_again(tmp_path, caplog
     outside = tmp_path / "planted"
     (outside / "checkpoint").mkdir(parents=True)
     existing = {cell.cell_id: CellRun("run", "KILLED", str(outside / "checkpoint"))}
-    assert _resume_point(spec, cell, existing) is None
+    assert resume_point(spec, cell, existing) is None
     assert "outside storage_path" in caplog.text
     inside = tmp_path / "ray_results" / "run" / "checkpoint"
     inside.mkdir(parents=True)
     existing = {cell.cell_id: CellRun("run", "KILLED", str(inside))}
-    assert _resume_point(spec, cell, existing) == str(inside)
+    assert resume_point(spec, cell, existing) == str(inside)

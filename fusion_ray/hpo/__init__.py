@@ -32,10 +32,11 @@ validated as a whole, with every problem reported at once, before Ray starts.
 
 The package: ``spec`` (the file, its validation and the plan), ``ranking`` (the pure choice by
 mean validation rank), ``run`` (the Tune trials and the study per dataset), ``fragment`` (the
-YAML written) and ``cli`` (``python -m fusion_ray.hpo``).
+YAML written) and ``cli`` (``python -m fusion_ray.hpo``, ``fusion-ray hpo``; the package does not
+import it: the command line sits above the rest). ``run`` drives its trials in the same driver
+session as a sweep (``fusion_ray.driver``).
 """
 
-from fusion_ray.hpo.cli import main, print_plan
 from fusion_ray.hpo.fragment import fragment_text
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.run import OPERATOR_INDEX, run_hpo, tune_dataset
@@ -63,8 +64,6 @@ __all__ = [
     "TuneSection",
     "fragment_text",
     "load_hpo",
-    "main",
-    "print_plan",
     "rank_settings",
     "run_hpo",
     "smoke_plan",

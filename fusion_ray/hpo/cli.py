@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 
-from fusion_ray.cli import common_options
+from fusion_ray.cli import common_options, run_command
 from fusion_ray.config import resources_for
+from fusion_ray.driver import quiet_console
 from fusion_ray.grid import Cell, expand
 from fusion_ray.hpo.fragment import short
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
-from fusion_ray.orchestrate import quiet_console
+from fusion_ray.preflight import preflight
 
 
 def print_plan(plan: HpoPlan) -> None:
@@ -95,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         plan = smoke_plan(plan)
     if args.output:
         plan.output = Path(args.output).resolve()
-    from fusion_ray.orchestrate import preflight
-
     problems = preflight(plan.spec.storage_path, plan.spec.tracking_uri, remote=not args.dry_run)
     if problems:
         print(HpoFileError(plan.path, problems), file=sys.stderr)
@@ -113,26 +111,21 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     print_plan(plan)
-    from fusion_ray.placement import PlacementError
-
     try:
-        best = run_hpo(plan, address=args.address, verbose=args.verbose)
-    except PlacementError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as exc:
-        from fusion_ray.orchestrate import DriverInterrupted
-
-        name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
-        print(
-            f"\nhpo {plan.spec.name}: stopped by {name}; the HPO parent run is marked KILLED and "
-            "no fragment was written. Run the same command again to tune from the start.",
-            file=sys.stderr,
+        best = run_command(
+            lambda: run_hpo(
+                plan, address=args.address, verbose=args.verbose, take_over=args.take_over
+            ),
+            stopped=lambda name: (
+                f"\nhpo {plan.spec.name}: stopped by {name}; the HPO parent run is marked KILLED "
+                "and no fragment was written. Run the same command again to tune from the start."
+            ),
         )
-        return 128 + getattr(signal, name, signal.SIGINT)
-    except RuntimeError as exc:
+    except RuntimeError as exc:  # nothing finished: the parent run says so too
         print(exc, file=sys.stderr)
         return 1
+    if isinstance(best, int):
+        return best
     print_found(plan, best)
     return 0
 

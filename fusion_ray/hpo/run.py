@@ -25,7 +25,7 @@ from fusion_ray.train.spec import TrialConfig
 
 if TYPE_CHECKING:
     from fusion_ray.callbacks import Best, MLflowTuningCallback
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver import DriverSession
 
 OPERATOR_INDEX = "__trial_index__"
 """The key Ray Tune's ``Repeater`` adds to each repeat's config (``ray.tune.search.repeater.
@@ -99,7 +99,7 @@ def scored_settings(callback: MLflowTuningCallback, operators: list[str]) -> lis
 
 
 def tune_dataset(
-    plan: HpoPlan, cells: list[Cell], tracker: Tracker, parent_id: str, verbose: int = 0
+    plan: HpoPlan, cells: list[Cell], session: DriverSession, verbose: int = 0
 ) -> Best | Ranking | None:
     """One Optuna study (through Ray Tune) over the shared settings of one dataset; ``cells`` are
     the dataset's cells, one per tuned operator. One operator: ASHA stops trials early and the best
@@ -113,15 +113,21 @@ def tune_dataset(
     from ray.tune.search import Repeater
     from ray.tune.search.optuna import OptunaSearch
 
-    from fusion_ray.callbacks import MLflowTuningCallback
-    from fusion_ray.orchestrate import storage_uri, trial_resources, tune_output
+    from fusion_ray.callbacks import DriverStopper, MLflowTuningCallback
+    from fusion_ray.driver import tune_output
+    from fusion_ray.orchestrate import storage_uri, trial_resources
 
     spec, settings = plan.spec, plan.tune
     dataset, operators = cells[0].dataset, [c.fusion for c in cells]
     res = resources_for(spec, dataset)
     epochs = cells[0].trial.train.epochs
     callback = MLflowTuningCallback(
-        tracker, functools.partial(sample_cell, cells), parent_id, epochs, METRIC
+        session.tracker,
+        functools.partial(sample_cell, cells),
+        session.parent_id,
+        epochs,
+        METRIC,
+        lease=session.lease,
     )
     trainable = tune.with_parameters(
         tuning_trial,
@@ -154,13 +160,17 @@ def tune_dataset(
         run_config=tune.RunConfig(
             name=f"{spec.name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}",
             storage_path=storage,
+            stop=DriverStopper(callback),
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             verbose=verbose,
         ),
     )
-    with tune_output(verbose):
+    with session.tune_run(lambda: callback.ended), tune_output(verbose):
         tuner.fit()
+    session.after_tune(
+        failed=bool(callback.failed), store_lost=callback.store_lost, finished_now=callback.ended
+    )
     if len(cells) == 1:
         return callback.best()
     ranked = rank_settings(scored_settings(callback, operators))
@@ -168,69 +178,89 @@ def tune_dataset(
 
 
 def run_hpo(
-    plan: HpoPlan, *, address: str | None = None, verbose: int = 0
+    plan: HpoPlan, *, address: str | None = None, verbose: int = 0, take_over: bool = False
 ) -> dict[str, Best | Ranking]:
     """Tune every dataset of the plan, write the fragment, and log it to the HPO parent run.
 
-    Before any run is created, the cluster must be able to place the trials
-    (``placement.PlacementError`` otherwise: never an endless wait); a smoke plan on a Ray
+    Inside one ``DriverSession``, as a sweep: one driver per HPO file (``LeaseHeldError`` for a
+    second; one paused past the lease's TTL stops with ``LeaseLostError`` and writes nothing
+    more), the parent run KILLED or FAILED with the reason, a lost Ray head and a full storage
+    path each one message. Before any run is created, the cluster must be able to place the
+    trials (``placement.PlacementError`` otherwise: never an endless wait); a smoke plan on a Ray
     without GPUs rehearses GPU trials on CPUs."""
-    import tempfile
-
     from fusion_ray import placement
-    from fusion_ray.orchestrate import DriverInterrupted, init_ray, stop_on_signals
-    from fusion_ray.tracking import Tracker, git_sha, log_report_artifacts
+    from fusion_ray.driver import DriverSession
 
+    spec = plan.spec
+    with DriverSession(
+        "HPO",
+        spec.name,
+        spec.tracking_uri,
+        spec.storage_path,
+        take_over=take_over,
+        resume="it tunes from the start",
+    ) as session:
+        session.start_ray(address or spec.address)
+        spec, rehearsed, _ = placement.fit(spec, plan.tune.datasets, smoke=plan.smoke)
+        plan = dataclasses.replace(plan, spec=spec)
+        session.open_parent(str(plan.path), _parent_params(plan, rehearsed))
+        with session.driving():
+            best = {
+                dataset: _tune_one(plan, dataset, session, verbose)
+                for dataset in plan.tune.datasets
+            }
+            _write_fragment(plan, best, session)
+        return best
+
+
+def _parent_params(plan: HpoPlan, rehearsed: bool) -> dict[str, str]:
     t = plan.tune
-    operators = [op.label for op in t.operators]
-    init_ray(address or plan.spec.address)
-    spec, rehearsed, _ = placement.fit(plan.spec, t.datasets, smoke=plan.smoke)
-    plan = dataclasses.replace(plan, spec=spec)
     params = {
         "datasets": ",".join(t.datasets),
         "num_samples": str(t.num_samples),
-        "fusion": ",".join(operators),
+        "fusion": ",".join(op.label for op in t.operators),
         "seed": str(t.seed),
     }
     if plan.overrides:
         params[OVERRIDES_TAG] = json.dumps(list(plan.overrides))
     if rehearsed:
         params[CPU_REHEARSAL_TAG] = "true"
-    tracker = Tracker(spec.tracking_uri, spec.name)
-    parent_id = tracker.parent_run(str(plan.path), params=params)
-    cells = expand(spec)
-    best: dict[str, Best | Ranking] = {}
-    signals: list[str] = []
-    try:
-        with stop_on_signals(signals):
-            for dataset in t.datasets:
-                mine = [c for c in cells if c.dataset == dataset]  # one per operator, in tune order
-                print(
-                    f"tuning {dataset}: {t.num_samples} settings x {', '.join(operators)}, seed {t.seed}, "
-                    f"up to {mine[0].trial.train.epochs} epochs",
-                    flush=True,
-                )
-                found = tune_dataset(plan, mine, tracker, parent_id, verbose)
-                if found is None:
-                    what = (
-                        f"tuning trial of dataset {dataset} finished"
-                        if len(mine) == 1
-                        else f"sampled setting of dataset {dataset} finished on every operator"
-                    )
-                    tracker.fail(parent_id, f"no {what}")
-                    raise RuntimeError(
-                        f"no {what}; see the FAILED runs of MLflow experiment {spec.name} for why"
-                    )
-                best[dataset] = found
-    except KeyboardInterrupt as exc:
-        name = signals[0] if signals else "SIGINT"
-        tracker.fail(parent_id, f"the HPO driver was stopped by {name}", status="KILLED")
-        raise DriverInterrupted(name) from exc
+    return params
+
+
+def _tune_one(plan: HpoPlan, dataset: str, session: DriverSession, verbose: int) -> Best | Ranking:
+    """One dataset's study; raises ``RuntimeError`` (the parent run FAILED) when nothing
+    finished."""
+    t = plan.tune
+    mine = [c for c in expand(plan.spec) if c.dataset == dataset]  # one per operator, tune order
+    print(
+        f"tuning {dataset}: {t.num_samples} settings x {', '.join(op.label for op in t.operators)}, "
+        f"seed {t.seed}, up to {mine[0].trial.train.epochs} epochs",
+        flush=True,
+    )
+    found = tune_dataset(plan, mine, session, verbose)
+    if found is None:
+        what = (
+            f"tuning trial of dataset {dataset} finished"
+            if len(mine) == 1
+            else f"sampled setting of dataset {dataset} finished on every operator"
+        )
+        raise RuntimeError(
+            f"no {what}; see the FAILED runs of MLflow experiment {plan.spec.name} for why"
+        )
+    return found
+
+
+def _write_fragment(plan: HpoPlan, best: dict[str, Best | Ranking], session: DriverSession) -> None:
+    """The fragment written to its path and logged to the parent run, which then ends."""
+    import tempfile
+
+    from fusion_ray.tracking import git_sha, log_report_artifacts
+
     text = fragment_text(plan, best, git_sha())
     plan.output.parent.mkdir(parents=True, exist_ok=True)
     plan.output.write_text(text)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, plan.output.name).write_text(text)
-        log_report_artifacts(tracker, parent_id, tmp)
-    tracker.end_parent(parent_id, {k: v for d, b in best.items() for k, v in summary(d, b).items()})
-    return best
+        log_report_artifacts(session.tracker, session.parent_id, tmp)
+    session.end({k: v for d, b in best.items() for k, v in summary(d, b).items()})

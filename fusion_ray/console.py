@@ -1,0 +1,89 @@
+"""What a sweep says on the console: the dry run's cells, the outcome, the summary table.
+
+Pure text from values (a spec, a plan, an outcome) and, for the summary table, the sweep's
+FINISHED runs; the commands print it (``fusion_ray.sweep``) and the Python API returns it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fusion_ray.config import SweepSpec
+from fusion_ray.grid import axis_counts, expand
+from fusion_ray.plan import Plan
+from fusion_ray.redact import redact
+from fusion_ray.runner import SweepOutcome
+from fusion_ray.seed_policy import policy_for
+
+
+def dry_run_text(spec: SweepSpec, todo: Plan) -> str:
+    """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, and
+    for an adaptive sweep its first wave, cap and worst case."""
+    cells, done = todo.cells, todo.done
+    out = [
+        f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {redact(spec.tracking_uri)})"
+    ]
+    out += policy_for(spec, todo).plan_lines()
+    for axis, counts in axis_counts(cells).items():
+        out.append(f"  {axis:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    note = todo.other_settings_note(spec.name)
+    if note:
+        out.append(f"  note: {note}")
+    axes = list(spec.grid.settings)
+    columns = ", ".join(["seed", "dataset", "position", "attention_position", "fusion", *axes])
+    out.append(f"  {'seed-major order':<19} ({columns}, status, cell_id):")
+    for cell in cells:
+        status = "FINISHED" if cell.cell_id in done else "pending"
+        settings = "".join(f"{text:<8} " for _, text in cell.axes)
+        out.append(
+            f"    {cell.seed:>4}  {cell.dataset:<12} {cell.position:<16} {cell.attention_position:<12} {cell.fusion:<22} {settings}{status:<8} {cell.cell_id}"
+        )
+    return "\n".join(out)
+
+
+def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> None:
+    """What the sweep did; ``note``: also what the experiment holds beyond its cells (the
+    report says it too, so the CLI leaves it to the report when there is one)."""
+    print()
+    print(
+        f"sweep {spec.name}: {outcome.cells} cells; {outcome.already_finished} were already finished, "
+        f"{len(outcome.finished)} finished now, {len(outcome.failed)} failed, {len(outcome.interrupted)} interrupted"
+    )
+    if note and outcome.other_settings:
+        print(f"  note: {outcome.other_settings}")
+    for cid, reason in outcome.failed.items():
+        print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
+    if outcome.failed or outcome.interrupted:
+        print(
+            "  re-run the same command to retry failed cells and resume interrupted ones from their checkpoints"
+        )
+    print()
+
+
+def summary_table(spec: SweepSpec) -> str:
+    """Mean test accuracy and finished seeds per grid point (dataset, position, attention
+    position, fusion and setting-axis values), over this sweep's cells only (runs of other
+    settings in the experiment are left out)."""
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker.existing(spec.tracking_uri, spec.name)
+    if tracker is None:
+        return "no runs yet"
+    cells = {c.cell_id: c for c in expand(spec)}
+    accuracies: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    for run in tracker.trial_runs():
+        cell = cells.get(run.data.tags.get("cell_id", ""))
+        if cell is None or run.info.status != "FINISHED" or "test_acc" not in run.data.metrics:
+            continue
+        key = (cell.dataset, cell.position, cell.attention_position, cell.fusion)
+        accuracies[key + tuple(text for _, text in cell.axes)].append(run.data.metrics["test_acc"])
+    axes = [key.rsplit(".", 1)[-1] for key in spec.grid.settings]
+    head = f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} "
+    lines = [head + "".join(f"{a:<17} " for a in axes) + f"{'seeds':>5} {'test_acc':>9}"]
+    for key in sorted(accuracies):
+        accs = accuracies[key]
+        settings = "".join(f"{text:<17} " for text in key[4:])
+        lines.append(
+            f"{key[0]:<12} {key[1]:<16} {key[2]:<12} {key[3]:<22} {settings}{len(accs):>5} {100 * sum(accs) / len(accs):>8.2f}%"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,419 @@
+"""One driver session for every command that drives trials: ``sweep``, ``hpo`` and the Python API.
+
+A ``DriverSession`` owns what a driver must get right whatever it runs, so each command gets
+every protection:
+
+- the lease (``lease.SweepLease``): one driver per sweep or HPO file; a second is refused
+  (``LeaseHeldError``), and one whose lease was taken over while it was paused stops writing
+  (``LeaseLostError``);
+- Ray: the cluster joined, or a local instance of its own started (``init_ray``);
+- the parent run that records the invocation: KILLED with the signal's name when stopped,
+  FAILED with the reason on any error, never left RUNNING;
+- signals: the first SIGINT or SIGTERM stops the trials at once (``stop_on_signals``);
+- the head watch: a Ray head that stops answering ends the driver with one message and exit 7
+  (``HEAD_LOST_EXIT``) before Ray's own exit, which cleans nothing;
+- what ends a Tune run early: a full storage path (``StorageFullError``), a vanished tracking
+  store (``TrackingStoreLostError``), the lease lost (``after_tune``).
+
+``EXIT_CODES`` gives each of these the exit code every command uses (the CLIs print the message
+and return it: ``fusion_ray.cli.run_command``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fusion_ray.redact import redact
+
+if TYPE_CHECKING:
+    from fusion_ray.lease import SweepLease
+    from fusion_ray.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+
+def init_ray(address: str | None) -> None:
+    """Join the cluster at ``address`` (or $RAY_ADDRESS); with neither, start a Ray of our own.
+
+    Our own means ``address="local"``: a new instance even when another Ray runs on the machine
+    (never someone else's cluster), on the loopback address, without a dashboard. Ray's token
+    authentication stays as Ray sets it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        log.info("connecting to the Ray cluster at %s", address)
+        ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    else:
+        log.info("no cluster given (address / RAY_ADDRESS): starting a local Ray instance")
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+
+
+#: Libraries' start-up lines a user does not act on, hidden at the default verbosity: MLflow
+#: creating its tables, Ray's note that token authentication is on (it stays on), matplotlib
+#: building its font cache.
+_CHATTY_LOGGERS = (
+    "mlflow.store.db.utils",
+    "alembic.runtime.migration",
+    "ray._private.authentication.authentication_token_setup",
+    "matplotlib.font_manager",
+)
+
+
+def quiet_console(verbose: int) -> None:
+    """The CLIs' console: our own lines, and the libraries' warnings that matter; with
+    ``verbose`` > 0 everything the libraries say."""
+    if verbose > 0:
+        return
+    for name in _CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+@contextlib.contextmanager
+def tune_output(verbose: int) -> Iterator[None]:
+    """Ray Tune's console output while a Tuner runs: at verbosity 0 none at all (Tune's new
+    output engine prints its experiment table and result paths whatever the verbosity; the
+    legacy engine at 0 prints nothing), else Tune's own tables."""
+    if verbose > 0:
+        yield
+        return
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
+class DriverInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM reached the driver: it stops its trials and marks its open runs and
+    its parent run KILLED; the finished cells stay finished and a re-run resumes the rest."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextlib.contextmanager
+def stop_on_signals(received: list[str]) -> Iterator[None]:
+    """While a driver runs its trials: the first SIGINT or SIGTERM (Ctrl+C, a scheduler's or
+    ``ray down``'s stop) raises ``DriverInterrupted`` in the main thread at once. Ray Tune's own
+    SIGINT handler (end the run after one more save of Tune's experiment state, which this
+    driver never reads) and Ray's SIGTERM handler (exit with status 1, no cleanup) are off
+    meanwhile. A second signal while the driver cleans up and exits (it stays handled after an
+    interruption) is reported and ignored; a third ends the process at once. Outside the main
+    thread nothing changes. ``received`` gets the signals' names (libraries may re-raise the
+    interruption as a plain KeyboardInterrupt)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        received.append(name)
+        if len(received) == 1:
+            raise DriverInterrupted(name)
+        if len(received) == 2:
+            print(
+                f"{name}: already stopping (stopping the trials, marking their runs KILLED); "
+                "send it once more to exit at once, without that",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        os._exit(128 + signum)
+
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, handler) for s in signals}
+    tune_handler = os.environ.get(_TUNE_SIGINT_ENV)
+    os.environ[_TUNE_SIGINT_ENV] = "1"
+    try:
+        yield
+    finally:
+        if not received:  # else this handler stays: a second signal must not cut the clean-up
+            for s, old in previous.items():
+                signal.signal(s, old)
+        if tune_handler is None:
+            os.environ.pop(_TUNE_SIGINT_ENV, None)
+        else:
+            os.environ[_TUNE_SIGINT_ENV] = tune_handler
+
+
+_TUNE_SIGINT_ENV = "TUNE_DISABLE_SIGINT_HANDLER"
+
+
+HEAD_TIMEOUT_ENV = "FUSION_RAY_HEAD_TIMEOUT_S"
+"""Seconds the Ray head may stay unreachable before the driver gives up (default 30; Ray's own
+driver exits without clean-up after 60)."""
+HEAD_LOST_EXIT = 7
+
+
+@contextlib.contextmanager
+def watch_head(on_lost: Callable[[str], None]) -> Iterator[None]:
+    """While the body runs, a daemon thread connects to the Ray head's GCS port every 2 s; when
+    it has refused or timed out for ``$FUSION_RAY_HEAD_TIMEOUT_S`` seconds, ``on_lost`` gets one
+    sentence saying so (it should record it and end the process: Ray's driver would otherwise
+    exit on its own a little later, with no clean-up)."""
+    import ray
+
+    host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
+    timeout_s = float(os.environ.get(HEAD_TIMEOUT_ENV, "30"))
+    done = threading.Event()
+
+    def reachable() -> bool:
+        try:
+            with socket.create_connection((host, int(port)), timeout=2):
+                return True
+        except OSError:
+            return False
+
+    def watch() -> None:
+        since = None
+        while not done.wait(2.0):
+            if reachable():
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since >= timeout_s:
+                on_lost(
+                    f"the Ray head at {host}:{port} has not answered for {timeout_s:g} s (its GCS "
+                    "is gone: the head node stopped, crashed or was shut down)"
+                )
+                return
+
+    thread = threading.Thread(target=watch, name="fusion-ray-head-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+class StorageFullError(RuntimeError):
+    """The sweep's local storage_path has no space left: trials cannot write checkpoints."""
+
+
+def storage_full(storage_path: str) -> str | None:
+    """Why the local ``storage_path`` cannot take a checkpoint now (no space left), or None (a
+    URI, or space left)."""
+    if "://" in storage_path:
+        return None
+    path = Path(storage_path).resolve()
+    try:
+        free = shutil.disk_usage(path).free
+        with tempfile.TemporaryFile(dir=path) as probe:
+            probe.write(b"\0" * 65536)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            return None
+        free = 0
+    if free >= 1 << 20:
+        return None
+    return f"the storage at {path} is full ({free // 1024} KiB free)"
+
+
+def storage_full_message(why: str, finished_now: int) -> str:
+    return (
+        f"{why}: trials could not write their checkpoints and results. "
+        f"The {finished_now} cell(s) finished by this run, and every cell finished before, "
+        "stay FINISHED in the tracking store; cells whose trial failed for want of space are "
+        "marked FAILED. Free space there (or set storage_path to a larger disk) and run the "
+        "same command again: it runs only what is missing."
+    )
+
+
+class DriverSession:
+    """The lease, Ray, the parent run, signals, the head watch and the early ends of one driver.
+
+    ::
+
+        with DriverSession("sweep", spec.name, spec.tracking_uri, spec.storage_path) as session:
+            session.start_ray(address)                    # when there is anything to run
+            session.open_parent(sweep_file, params)
+            with session.driving():                       # signals, head watch, FAILED/KILLED
+                with session.tune_run(lambda: finished):  # a full disk named as such
+                    tuner.fit()
+                session.after_tune(failed=..., store_lost=..., finished_now=...)
+            session.end({"cells_finished": ...})
+
+    ``what`` names the driver in messages ("sweep", "HPO"); ``resume`` says what running the same
+    command again does (printed when the Ray head is lost)."""
+
+    def __init__(
+        self,
+        what: str,
+        name: str,
+        tracking_uri: str,
+        storage_path: str,
+        *,
+        take_over: bool = False,
+        resume: str = "it resumes without running a finished cell again",
+    ) -> None:
+        self.what, self.name, self.resume = what, name, resume
+        self.tracking_uri, self.storage_path, self.take_over = tracking_uri, storage_path, take_over
+        self.parent_id: str | None = None
+        self.signals: list[str] = []
+
+    def __enter__(self) -> DriverSession:
+        from fusion_ray.lease import SweepLease
+        from fusion_ray.tracking import Tracker
+
+        self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
+        self.lease: SweepLease = SweepLease(
+            self.tracker.lease_store(), self.name, take_over=self.take_over
+        )
+        self.lease.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lease.__exit__(*exc)
+
+    def start_ray(self, address: str | None) -> None:
+        init_ray(address)
+
+    def open_parent(self, source_file: str | None, params: dict[str, str]) -> str:
+        """The parent run of this invocation (its params: what was run and how)."""
+        self.parent_id = self.tracker.parent_run(source_file, params=params)
+        return self.parent_id
+
+    @contextlib.contextmanager
+    def driving(self) -> Iterator[None]:
+        """While trials run: signals stop them (``DriverInterrupted``, the parent run KILLED),
+        a lost Ray head ends the process (exit 7), and any error marks the parent run FAILED with
+        the reason (unless the tracking store itself is gone: then nothing can be marked, and the
+        lease is left to expire)."""
+        try:
+            with stop_on_signals(self.signals), self._head_watch():
+                yield
+        except KeyboardInterrupt as exc:
+            name = self.signals[0] if self.signals else "SIGINT"
+            self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
+            raise DriverInterrupted(name) from exc
+        except BaseException as exc:
+            if self.tracker.store_problem() is not None:
+                self.lease.abandon()
+            else:
+                self._mark(f"the {self.what} driver failed: {type(exc).__name__}: {exc}")
+            raise
+
+    def _mark(self, reason: str, status: str = "FAILED") -> None:
+        if self.parent_id is not None:
+            self.tracker.fail(self.parent_id, reason, status=status)
+
+    @contextlib.contextmanager
+    def _head_watch(self) -> Iterator[None]:
+        import ray
+
+        if not ray.is_initialized():
+            yield
+            return
+
+        def lost(why: str) -> None:
+            message = (
+                f"{why}. The {self.what} cannot go on: its parent run is marked FAILED; finished "
+                "runs stay FINISHED and interrupted trials keep their checkpoints under "
+                f"{redact(self.storage_path)}. Start the head again (ray up cluster.yaml, or ray "
+                f"start --head) and run the same command: {self.resume}."
+            )
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            try:
+                self._mark(message)
+            finally:
+                os._exit(HEAD_LOST_EXIT)
+
+        with watch_head(lost):
+            yield
+
+    @contextlib.contextmanager
+    def tune_run(self, finished_now: Callable[[], int]) -> Iterator[None]:
+        """Around ``Tuner.fit``: Tune itself fails on a full disk; that is said as such."""
+        try:
+            yield
+        except Exception as exc:
+            full = storage_full(self.storage_path)
+            if full is None:
+                raise
+            raise StorageFullError(storage_full_message(full, finished_now())) from exc
+
+    def after_tune(self, *, failed: bool, store_lost: str | None, finished_now: int) -> None:
+        """After a Tune run: raises what ended it early (a full storage path behind its failed
+        trials, a vanished tracking store, the lease taken over by another driver)."""
+        from fusion_ray.lease import LeaseLostError
+        from fusion_ray.tracking import TrackingStoreLostError, store_lost_message
+
+        full = storage_full(self.storage_path) if failed else None
+        if full is not None:
+            raise StorageFullError(storage_full_message(full, finished_now))
+        if store_lost:
+            message = store_lost_message(store_lost, finished_now, self.storage_path)
+            raise TrackingStoreLostError(message)
+        if not self.lease.holds():
+            raise LeaseLostError(self.lease.lost_message())
+
+    def end(self, summary: dict[str, float]) -> None:
+        """The parent run FINISHED with its summary metrics."""
+        assert self.parent_id is not None, "open_parent first"
+        self.tracker.end_parent(self.parent_id, summary)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code of a driver stopped by ``exc`` (None: not one of the driver's stops)."""
+    from fusion_ray.lease import LeaseHeldError, LeaseLostError
+    from fusion_ray.placement import PlacementError
+    from fusion_ray.tracking import TrackingAccessError, TrackingStoreLostError
+
+    if isinstance(exc, KeyboardInterrupt):
+        name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
+        return 128 + getattr(signal, name, signal.SIGINT)
+    if isinstance(exc, TrackingAccessError):
+        return ACCESS_EXIT_CODES[exc.kind]
+    codes = {
+        PlacementError: 2,
+        LeaseHeldError: 3,
+        LeaseLostError: 4,
+        TrackingStoreLostError: 5,
+        StorageFullError: 6,
+    }
+    return next((code for cls, code in codes.items() if isinstance(exc, cls)), None)
+
+
+EXIT_CODES = {
+    2: "the file is invalid, a store cannot be reached, or the trials cannot be placed",
+    3: "another driver runs this sweep (it holds the lease)",
+    4: "another driver took this sweep over while this one ran (--take-over, or a lapsed lease)",
+    5: "the tracking store vanished while the driver ran",
+    6: "the storage path is full",
+    7: "the Ray head stopped answering",
+    8: "the tracking server refused the credentials (401/403)",
+    9: "the tracking store stayed locked by another process past MLflow's wait",
+    10: "the tracking server did not answer",
+}
+"""Every command that drives trials stops with these codes (128 + N: stopped by signal N)."""
+ACCESS_EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10}
+"""Exit codes of a tracking store that refused or did not answer (``TrackingAccessError``)."""

@@ -1,0 +1,341 @@
+"""The sweep driver: a sweep's cells run as Ray Tune trials, recorded in MLflow.
+
+Validate (done by loading) -> plan the cells against the tracking store (``plan``) -> ask the
+seed policy what runs now (``seed_policy``) -> inside one driver session (``driver``: the
+lease, Ray, the parent run, signals, the lost head, full storage) run the policy's Tune runs, one
+trial per cell (a multi-worker trial is a Ray Train TorchTrainer with DDP), each recorded by the
+tracking callback -> the policy's end (an adaptive sweep's decisions) -> ``SweepOutcome``.
+
+Nothing here prints the report or parses a command line: that is the application layer
+(``fusion_ray.api``, ``fusion_ray.sweep``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fusion_ray.config import SweepSpec, axis_text, resources_for
+from fusion_ray.driver import DriverSession
+from fusion_ray.grid import Cell
+from fusion_ray.job import OperatorRef, TrialJob
+from fusion_ray.orchestrate import run_cell, storage_uri, trial_resources, within_storage
+from fusion_ray.plan import Plan, plan
+from fusion_ray.redact import redact
+from fusion_ray.schema import CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG
+from fusion_ray.seed_policy import SeedPolicy, TuneRun, policy_for
+
+log = logging.getLogger("fusion_ray.sweep")
+
+
+@dataclasses.dataclass
+class SweepOutcome:
+    cells: int
+    already_finished: int
+    ran: int
+    finished: list[str]
+    failed: dict[str, str]
+    interrupted: list[str]
+    other_settings: str | None = None
+    """What the experiment holds beyond this sweep's cells (``Plan.other_settings_note``)."""
+    decisions: list[dict[str, Any]] | None = None
+    """An adaptive sweep's decisions (``fusion_ray.decide.sequential.decision_rows``) at its end."""
+    closing: list[str] = dataclasses.field(default_factory=list)
+    """What the seed policy says after the sweep (an adaptive sweep's decisions, as text)."""
+
+
+def run_sweep(
+    spec: SweepSpec,
+    sweep_file: str | None = None,
+    *,
+    address: str | None = None,
+    verbose: int = 0,
+    take_over: bool = False,
+    smoke: bool = False,
+    overrides: Sequence[str] = (),
+) -> SweepOutcome:
+    """Run what the sweep's seed policy needs of the cells without a FINISHED MLflow run.
+
+    Inside one ``DriverSession``: one driver per sweep (a second one is refused with
+    ``LeaseHeldError``); the parent run is marked FAILED with the reason if the driver fails
+    (KILLED when interrupted), never left RUNNING. Before Tune starts, the cluster must be able
+    to place every pending trial (``PlacementError`` otherwise); ``smoke`` on a Ray without GPUs
+    rehearses GPU trials on CPUs."""
+    with DriverSession(
+        "sweep", spec.name, spec.tracking_uri, spec.storage_path, take_over=take_over
+    ) as session:
+        todo = plan(spec, session.tracker)
+        rehearsal = False
+        if policy_for(spec, todo).needed():
+            session.start_ray(address or spec.address)
+            spec, rehearsal = _placed(spec, todo, smoke)
+        policy = policy_for(spec, todo)
+        session.open_parent(sweep_file, _parent_params(spec, todo, policy, rehearsal, overrides))
+        session.tracker.log_cells(session.parent_id, [c.cell_id for c in todo.cells])
+        with session.driving():
+            outcome = _run_cells(spec, session, todo, policy, verbose)
+            outcome.decisions = policy.finish(session.tracker, session.parent_id)
+            ran = outcome.already_finished + len(outcome.finished)
+            outcome.closing = policy.closing_lines(outcome.decisions, ran, outcome.cells)
+        return outcome
+
+
+def _parent_params(
+    spec: SweepSpec, todo: Plan, policy: SeedPolicy, rehearsal: bool, overrides: Sequence[str]
+) -> dict[str, str]:
+    """What the parent run records of this invocation."""
+    params = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+    if rehearsal:
+        params[CPU_REHEARSAL_TAG] = "true"
+    if overrides:
+        params[OVERRIDES_TAG] = json.dumps(list(overrides))
+    params.update(policy.parent_params())
+    params[GRID_AXES_TAG] = json.dumps(
+        {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
+    )
+    return params
+
+
+def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
+    """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
+    from fusion_ray import placement
+
+    spec, rehearse, check = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
+    for dataset, request in check.later.items():
+        pending = sum(c.dataset == dataset for c in todo.pending)
+        print(
+            f"waiting for the autoscaler to add a node for {dataset} ({request}); {pending} "
+            f"trials pending (gives up after {placement.placement_timeout_s():g} s, "
+            f"${placement.PLACEMENT_TIMEOUT_ENV})"
+        )
+    return spec, rehearse
+
+
+def _run_cells(
+    spec: SweepSpec, session: DriverSession, todo: Plan, policy: SeedPolicy, verbose: int
+) -> SweepOutcome:
+    from fusion_ray.callbacks import MLflowSweepCallback
+
+    tracker, parent_id = session.tracker, session.parent_id
+    finish_ended_trials(spec, tracker, todo)
+    cells, done = todo.cells, todo.done
+    note = todo.other_settings_note(spec.name)
+    if not policy.needed():
+        print(f"sweep {spec.name}: {policy.nothing_to_do()}; nothing to do")
+        session.end({"cells_finished": len(done)})
+        return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
+    callback = MLflowSweepCallback(
+        tracker,
+        {c.cell_id: c for c in todo.pending},
+        todo.existing,
+        parent_id,
+        storage_uri(spec.storage_path),
+        at_most=policy.at_most,
+        lease=session.lease,
+    )
+    try:
+        with session.tune_run(lambda: len(callback.finished)):
+            ran = _run_policy(spec, todo, policy, callback, session, verbose)
+    finally:
+        interrupted = callback.close_unfinished()
+    session.after_tune(
+        failed=bool(callback.failed),
+        store_lost=callback.store_lost,
+        finished_now=len(callback.finished),
+    )
+    session.end(
+        {
+            "cells": len(cells),
+            "cells_finished": len(done) + len(callback.finished),
+            "cells_failed": len(callback.failed),
+        }
+    )
+    return SweepOutcome(
+        len(cells),
+        len(done),
+        ran,
+        sorted(callback.finished),
+        callback.failed,
+        interrupted,
+        note,
+    )
+
+
+def _run_policy(
+    spec: SweepSpec,
+    todo: Plan,
+    policy: SeedPolicy,
+    callback: Any,
+    session: DriverSession,
+    verbose: int,
+) -> int:
+    """The policy's Tune runs, one after the other (none once the lease is lost); the number of
+    trials they started."""
+    from fusion_ray.driver import tune_output
+
+    ran = 0
+    for run in policy.tune_runs(f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", callback):
+        if session.lease.lost.is_set():
+            break
+        jobs = [_job(spec, c, resume_point(spec, c, todo.existing), run.name) for c in run.cells]
+        with tune_output(verbose):
+            _tuner(spec, run, jobs, callback, verbose).fit()
+        ran += len(run.searcher.started) if run.searcher is not None else len(run.cells)
+    return ran
+
+
+def _job(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> TrialJob:
+    storage = storage_uri(spec.storage_path)
+    return TrialJob(
+        cell_id=cell.cell_id,
+        sweep=spec.name,
+        tune_run=tune_run,
+        trial=cell.trial,
+        resources=resources_for(spec, cell.dataset),
+        train_storage=f"{storage.rstrip('/')}/{spec.name}-train",
+        resume_from=resume_from,
+        latency_baseline=_latency_baseline(spec),
+    )
+
+
+def _latency_baseline(spec: SweepSpec) -> OperatorRef:
+    """The operator every trial times itself against (the report's baseline)."""
+    label = spec.baseline_label
+    entries = [spec.grid.fusions, *(sub.fusions or [] for sub in spec.include)]
+    entry = next(e for group in entries for e in group if label in (e.name, e.label))
+    return OperatorRef(entry.name, entry.kwargs)
+
+
+def finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
+    """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
+    storage) but whose run was never marked FINISHED, because the driver died in between: finish
+    their runs from storage instead of training them again."""
+    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
+
+    for cid, run in todo.existing.items():
+        path = stored_checkpoint(run.checkpoint_path or "", spec.storage_path)
+        if run.status == "FINISHED" or not run.has_final or not path:
+            continue
+        if not checkpoint_exists(path, spec.storage_path):
+            continue
+        if tracker.log_predictions(run.run_id, path):
+            tracker.finish(run.run_id)
+            run.status = "FINISHED"
+            todo.done.add(cid)
+            log.info("cell %s: its trial had ended; its run is finished from storage", cid)
+
+
+def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str | None:
+    """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists
+    and lies under this sweep's storage (a path read from the tracking store is trusted only
+    there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""
+    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
+
+    prior = existing.get(cell.cell_id)
+    resume_from = prior.checkpoint_path if prior is not None else None
+    if resume_from:
+        resume_from = stored_checkpoint(resume_from, spec.storage_path)
+    if resume_from and not within_storage(resume_from, storage_uri(spec.storage_path)):
+        log.warning(
+            "cell %s: its run names checkpoint %s, outside storage_path %s; the cell starts again",
+            cell.cell_id,
+            redact(resume_from),
+            redact(spec.storage_path),
+        )
+        return None
+    if resume_from and not checkpoint_exists(resume_from, spec.storage_path):
+        log.warning(
+            "cell %s: checkpoint %s is gone; the cell starts again",
+            cell.cell_id,
+            redact(resume_from),
+        )
+        resume_from = prior.checkpoint_path = None
+    return resume_from
+
+
+def _tuner(spec: SweepSpec, run: TuneRun, jobs: list[TrialJob], callback: Any, verbose: int) -> Any:
+    """The Ray Tune run of a policy's cells: one trial per cell, each with its dataset's
+    resources; all of them (a grid), or those the run's searcher suggests."""
+    from ray import tune
+    from ray.tune import PlacementGroupFactory
+
+    from fusion_ray.callbacks import DriverStopper
+
+    searcher, tune_run = run.searcher, run.name
+    by_id = {c.cell_id: c for c in run.cells}
+    resources_by_id = {
+        c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))])
+        for c in run.cells
+    }
+    # The jobs go to the object store once (with_parameters); each trial picks its own by id.
+    trainable = tune.with_parameters(_run_by_id, jobs={j.cell_id: j for j in jobs})
+    return tune.Tuner(
+        tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
+        param_space={} if searcher else {"cell_id": tune.grid_search([j.cell_id for j in jobs])},
+        tune_config=tune.TuneConfig(
+            search_alg=searcher,
+            num_samples=-1 if searcher else 1,
+            max_concurrent_trials=spec.resources.max_concurrent_trials,
+            # Start each trial in a warm actor when resources match: no new Python process per
+            # trial. The loop sets every seed and RNG state itself, so nothing leaks between trials.
+            reuse_actors=True,
+            trial_name_creator=lambda t: _trial_name(by_id[t.config["cell_id"]]),
+            trial_dirname_creator=lambda t: t.config["cell_id"],
+        ),
+        run_config=tune.RunConfig(
+            name=tune_run,
+            storage_path=storage_uri(spec.storage_path),
+            stop=DriverStopper(callback),
+            callbacks=[callback, _placement_callback()],
+            failure_config=tune.FailureConfig(max_failures=spec.retries),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            verbose=verbose,
+        ),
+    )
+
+
+class PlacementWatch:
+    """Ends the sweep with ``PlacementError`` when trials stay pending while none runs for longer
+    than the placement timeout (an autoscaler that never adds the node they need)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s, self.since = timeout_s, time.monotonic()
+
+    def __call__(self, trials: list) -> None:
+        from fusion_ray.placement import PlacementError
+
+        statuses = {t.status for t in trials}
+        if "RUNNING" in statuses or "PENDING" not in statuses:
+            self.since = time.monotonic()
+        elif time.monotonic() - self.since > self.timeout_s:
+            raise PlacementError(
+                f"no trial could be placed for {self.timeout_s:g} s: the cluster never offered "
+                "the resources the pending trials ask for; check the autoscaler (ray status), "
+                "ask for less under resources:, or raise $FUSION_RAY_PLACEMENT_TIMEOUT_S"
+            )
+
+
+def _placement_callback() -> Any:
+    from ray.tune import Callback
+
+    from fusion_ray.placement import placement_timeout_s
+
+    watch = PlacementWatch(placement_timeout_s())
+
+    class _Watch(Callback):
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            watch(trials)
+
+    return _Watch()
+
+
+def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob]) -> None:
+    run_cell(jobs[config["cell_id"]])
+
+
+def _trial_name(cell: Cell) -> str:
+    return f"{cell.dataset}-{cell.fusion}-{cell.position}-s{cell.seed}-{cell.cell_id[:6]}"

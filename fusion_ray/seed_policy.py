@@ -1,0 +1,234 @@
+"""Seed policies: which cells of a sweep run, in which Tune runs, and what is written at the end.
+
+A sweep's seeds are one of two policies behind one small interface (``SeedPolicy``), chosen in
+one place (``policy_for``) from the sweep file's ``seeds:``:
+
+- ``FixedSeedPolicy``: every cell of every listed seed, in consecutive Tune runs of at most
+  ``TUNE_RUN_CELLS`` cells, seed-major;
+- ``AdaptiveSeedPolicy``: the first wave, then the next seed of each comparison still open, up to
+  the cap, suggested by a Tune searcher as results arrive (one Tune run); each comparison is
+  decided by the sweep's decision rule (``fusion_ray.decide.rules``, a registry), its evidence
+  logged on the parent run at every look and its decisions at the end.
+
+The driver (``fusion_ray.runner``) asks the policy and never which policy it has. A new stopping
+rule is a new entry of the decision-rule registry; a new policy is a class here and a line in
+``policy_for``. Both policies are functions of the finished runs in the tracking store, so a
+restarted driver makes the same choices.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fusion_ray.adaptive import SeedSchedule, finished_results
+from fusion_ray.config import SweepSpec
+from fusion_ray.grid import Cell
+from fusion_ray.plan import Plan
+from fusion_ray.redact import redact
+
+if TYPE_CHECKING:
+    from fusion_ray.callbacks import MLflowSweepCallback
+    from fusion_ray.tracking import Tracker
+
+log = logging.getLogger(__name__)
+
+TUNE_RUN_CELLS = 200
+"""Cells per Ray Tune run of fixed seeds. Tune's bookkeeping grows with the trials of one run (it
+rewrites its experiment state after checkpoints and keeps every trial in memory), so a large
+sweep runs as consecutive Tune runs of at most this many cells, seed-major as always: the
+driver's per-trial overhead and memory stay flat (bench/scale.py, bench/RESULTS.md)."""
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """One Ray Tune run of a sweep: its name, the cells it may run, and the searcher that
+    suggests them (None: all of them, as a grid)."""
+
+    name: str
+    cells: list[Cell]
+    searcher: Any = None
+
+
+class SeedPolicy(Protocol):
+    """What the driver asks of a sweep's seeds."""
+
+    at_most: bool
+    """Whether the sweep's cell count is a worst case (the progress line says "at most")."""
+
+    def needed(self) -> list[Cell]:
+        """The cells this invocation would run now (empty: nothing to do)."""
+
+    def nothing_to_do(self) -> str:
+        """Why nothing runs, when ``needed`` is empty."""
+
+    def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
+        """The Tune runs that run the needed cells, one after the other."""
+
+    def plan_lines(self) -> list[str]:
+        """What ``--dry-run`` says of the policy beyond the cells."""
+
+    def parent_params(self) -> dict[str, str]:
+        """What the parent run records of the policy."""
+
+    def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]] | None:
+        """What is written to the parent run at the end (an adaptive sweep's decisions)."""
+
+    def closing_lines(
+        self, decisions: list[dict[str, Any]] | None, ran: int, cells: int
+    ) -> list[str]:
+        """What the console says of the policy after a sweep that has ``ran`` of its ``cells``
+        trials (``decisions``: what ``finish`` returned)."""
+
+
+class FixedSeedPolicy:
+    """Every cell of every listed seed."""
+
+    at_most = False
+
+    def __init__(self, spec: SweepSpec, todo: Plan) -> None:
+        self.spec, self.todo = spec, todo
+
+    def needed(self) -> list[Cell]:
+        return self.todo.pending
+
+    def nothing_to_do(self) -> str:
+        return f"all {len(self.todo.cells)} cells already have a FINISHED run"
+
+    def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
+        pending = self.todo.pending
+        parts = [pending[i : i + TUNE_RUN_CELLS] for i in range(0, len(pending), TUNE_RUN_CELLS)]
+        for number, part in enumerate(parts, start=1):
+            yield TuneRun(name if len(parts) == 1 else f"{name}-part{number}", part)
+
+    def plan_lines(self) -> list[str]:
+        return []
+
+    def parent_params(self) -> dict[str, str]:
+        return {}
+
+    def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]] | None:
+        return None
+
+    def closing_lines(
+        self, decisions: list[dict[str, Any]] | None, ran: int, cells: int
+    ) -> list[str]:
+        return []
+
+
+class AdaptiveSeedPolicy:
+    """The seeds each comparison's evidence needs, decided by the sweep's decision rule."""
+
+    at_most = True
+
+    def __init__(self, spec: SweepSpec, todo: Plan) -> None:
+        assert spec.adaptive is not None, "an adaptive policy for a sweep with fixed seeds"
+        self.spec, self.todo, self.rule = spec, todo, spec.adaptive
+        self.schedule = SeedSchedule(
+            todo.cells,
+            spec.baseline_label,
+            spec.adaptive,
+            finished_results(todo.cells, todo.existing),
+        )
+
+    def needed(self) -> list[Cell]:
+        return self.schedule.needed()
+
+    def nothing_to_do(self) -> str:
+        return "every comparison is decided or at its cap"
+
+    def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
+        from fusion_ray.searcher import AdaptiveSeedSearcher
+
+        schedule = self.schedule
+        cells = [c for c in self.todo.cells if c.cell_id not in schedule.results]
+        searcher = AdaptiveSeedSearcher(schedule, live_decisions(callback))
+        searcher.on_change(schedule)  # what the finished runs already say
+        yield TuneRun(name, cells, searcher)
+
+    def plan_lines(self) -> list[str]:
+        rule, schedule = self.rule, self.schedule
+        first = len(schedule.first_wave())
+        return [
+            f"  adaptive seeds: first wave seeds 0-{rule.first - 1} ({first} cells), then the next "
+            f"seed of each undecided comparison up to {rule.max} seeds; "
+            f"{len(schedule.comparisons)} comparisons vs {schedule.baseline}, alpha {rule.alpha} "
+            f"for every decision (rule {rule.decision_rule().describe()})"
+            + (f", equivalence margin +-{rule.margin} points" if rule.margin else ""),
+            f"  worst case {schedule.worst_case()} cells (every comparison undecided to seed "
+            f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones",
+        ]
+
+    def parent_params(self) -> dict[str, str]:
+        from fusion_ray.schema import ADAPTIVE_TAG
+
+        return {ADAPTIVE_TAG: self.rule.model_dump_json(exclude={"adaptive"})}
+
+    def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]]:
+        """The decisions, recomputed from the FINISHED runs in the tracking store (as a restarted
+        driver would), logged to the parent run."""
+        from fusion_ray.decide.sequential import decision_rows, family_evidence
+        from fusion_ray.plan import plan
+
+        again = AdaptiveSeedPolicy(self.spec, plan(self.spec, tracker))
+        rule = self.rule
+        evidence = family_evidence(
+            again.schedule.deltas(),
+            alpha=rule.alpha,
+            margin=rule.margin,
+            max_seeds=rule.max,
+            first=rule.first,
+            rule=rule.decision_rule(),
+        )
+        rows = decision_rows(evidence, rule.decision_rule(), rule.margin)
+        tracker.log_decisions(parent_id, rows)
+        return rows
+
+    def closing_lines(
+        self, decisions: list[dict[str, Any]] | None, ran: int, cells: int
+    ) -> list[str]:
+        from fusion_ray.decide.sequential import decisions_text
+
+        rows = decisions
+        if rows is None:
+            return []
+        return [
+            f"\ndecisions (anytime-valid over the {len(rows)} comparisons; "
+            "CS = the effect's confidence sequence, simultaneous):",
+            decisions_text(rows, self.rule.alpha),
+            f"adaptive seeds: {ran} trials of the {cells} this grid has at the cap of "
+            f"{self.rule.max} fixed seeds ({ran / max(cells, 1):.0%}); trial time in the report",
+        ]
+
+
+def policy_for(spec: SweepSpec, todo: Plan) -> SeedPolicy:
+    """The sweep's seed policy over the cells ``todo`` plans."""
+    return (
+        AdaptiveSeedPolicy(spec, todo) if spec.adaptive is not None else FixedSeedPolicy(spec, todo)
+    )
+
+
+def live_decisions(callback: MLflowSweepCallback) -> Callable[[SeedSchedule], None]:
+    """After each result: every comparison's looks not logged yet, as metrics of the parent run
+    (step = seeds so far), so the MLflow UI charts the decisions as they form. Stops writing
+    once the lease is lost (another driver owns the sweep)."""
+    logged: dict[str, int] = {}
+
+    def log_looks(schedule: SeedSchedule) -> None:
+        if callback.lease is not None and callback.lease.lost.is_set():
+            return
+        evidence = schedule.evidence()
+        new = {name: looks[logged.get(name, 0) :] for name, looks in evidence.items()}
+        new = {name: looks for name, looks in new.items() if looks}
+        if not new:
+            return
+        try:
+            callback.tracker.log_decision_looks(callback.parent_id, new)
+        except Exception as exc:  # noqa: BLE001 - a chart is not worth the sweep; said, not raised
+            log.warning("could not log the decisions' evidence to the parent run: %s", redact(exc))
+            return
+        logged.update({name: len(looks) for name, looks in evidence.items()})
+
+    return log_looks
