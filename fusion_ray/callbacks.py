@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
-from fusion_ray.orchestrate import TRIAL_ERROR
+from fusion_ray.job import TrialResult
 from fusion_ray.redact import redact
 from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri
 
@@ -183,11 +183,11 @@ class MLflowSweepCallback(TrackingCallback):
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
     ) -> None:
-        cid = self.key(trial)
-        if TRIAL_ERROR in result or cid not in self.run_ids or not self._holds():
+        cid, reported = self.key(trial), TrialResult.of(result)
+        if reported.error or cid not in self.run_ids or not self._holds():
             return
         run_id = self.run_ids[cid]
-        if result.get("final"):
+        if reported.final:
             prior = self.existing.get(cid)
             if not (prior is not None and prior.run_id == run_id and prior.has_final):
                 # a run that already holds its final metrics (its trial ended before the driver
@@ -197,12 +197,12 @@ class MLflowSweepCallback(TrackingCallback):
             if dataset not in self.references_logged:
                 self.tracker.log_reference(self.parent_id, dataset, result)
                 self.references_logged.add(dataset)
-        elif "epoch" in result and result["epoch"] > self.logged_until[cid]:
+        elif reported.epoch is not None and reported.epoch > self.logged_until[cid]:
             self.tracker.log_epoch(run_id, result)
-            self.logged_until[cid] = int(result["epoch"])
+            self.logged_until[cid] = int(reported.epoch)
         # Only after the epoch's metrics are logged: a resume from this checkpoint logs later epochs.
-        if result.get("checkpoint_path"):  # reported by Ray Train's TuneReportCallback
-            self._remember_checkpoint(trial, result["checkpoint_path"])
+        if reported.checkpoint_path:  # reported by Ray Train's TuneReportCallback
+            self._remember_checkpoint(trial, reported.checkpoint_path)
 
     def on_checkpoint(
         self, iteration: int, trials: list, trial: Any, checkpoint: Any, **info: Any
@@ -227,13 +227,13 @@ class MLflowSweepCallback(TrackingCallback):
         if self.store_lost is not None:
             return  # a FINISHED written into a deleted file would be lost: stop instead
         run_id = self.run_ids[cid]
-        last = trial.last_result or {}
-        if TRIAL_ERROR in last:
-            self.tracker.fail(run_id, last[TRIAL_ERROR])
-            self.failed[cid] = last[TRIAL_ERROR]
-            self._progress(cid, "FAILED: " + last[TRIAL_ERROR].splitlines()[-2])
+        last = TrialResult.of(trial.last_result)
+        if last.error:
+            self.tracker.fail(run_id, last.error)
+            self.failed[cid] = last.error
+            self._progress(cid, "FAILED: " + last.error.splitlines()[-2])
             return
-        if not last.get("final"):
+        if not last.final:
             reason = "the trial ended without reporting final metrics"
             self.tracker.fail(run_id, reason)
             self.failed[cid] = reason
@@ -244,7 +244,7 @@ class MLflowSweepCallback(TrackingCallback):
             log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(cid)
-        self._progress(cid, f"test_acc {100 * trial.last_result['test_acc']:.2f}%")
+        self._progress(cid, f"test_acc {100 * (last.test_acc or 0.0):.2f}%")
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
@@ -329,7 +329,7 @@ class MLflowTuningCallback(TrackingCallback):
             return  # fenced off: the driver that took over tunes again
         run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
         self.tracker.log_final(run_id, result)
-        self.tracker.finish(run_id)
+        self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.ended += 1
         config, cell = self.configs[trial.trial_id], self.cell_for(self.configs[trial.trial_id])
         stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"

@@ -606,15 +606,43 @@ def apply_overrides(
 _DOTTED_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
 
 
+SMOKE_DOCUMENTS = 64
+"""Training documents, and at most validation and test documents, per dataset in a smoke run."""
+
+
+def smoke_trial(trial: TrialConfig) -> TrialConfig:
+    """A built trial shrunk as ``smoke_version`` shrinks its settings: one epoch, no early
+    stopping, at most ``SMOKE_DOCUMENTS`` documents per split."""
+    data = trial.data
+    return dataclasses.replace(
+        trial,
+        data=dataclasses.replace(
+            data,
+            max_train_samples=min(data.max_train_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS),
+            max_eval_samples=min(data.max_eval_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS),
+        ),
+        train=dataclasses.replace(trial.train, epochs=1, patience=None),
+    )
+
+
 def smoke_version(spec: SweepSpec) -> SweepSpec:
     """The same sweep shrunk to a minutes-long check of its whole path: one seed, one epoch,
     64 training and at most 64 validation and 64 test documents per dataset, its own
-    experiment name."""
+    experiment name. A new value made from the validated one: its grid points are the built
+    ones shrunk (``smoke_trial``), not built and validated again."""
+    smoke = _smoke_settings(spec)
+    kept = spec.kept_points()
+    if kept is not None:
+        smoke.keep_points([dataclasses.replace(p, trial=smoke_trial(p.trial)) for p in kept])
+    return smoke
+
+
+def _smoke_settings(spec: SweepSpec) -> SweepSpec:
     datasets = {}
     for name, preset in spec.datasets.items():
         data = copy.deepcopy(preset.data)
-        data.max_train_samples = min(data.max_train_samples or 64, 64)
-        data.max_eval_samples = min(data.max_eval_samples or 64, 64)
+        data.max_train_samples = min(data.max_train_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS)
+        data.max_eval_samples = min(data.max_eval_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS)
         train = {**preset.train, "epochs": 1, "patience": None}
         datasets[name] = preset.model_copy(update={"data": data, "train": train})
     defaults = spec.defaults.model_copy(

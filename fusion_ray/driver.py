@@ -286,7 +286,7 @@ class DriverSession:
 
         self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
         self.lease: SweepLease = SweepLease(
-            self.tracker.lease_store(), self.name, take_over=self.take_over
+            self.tracker.lease_store(), self.name, take_over=self.take_over, what=self.what
         )
         self.lease.__enter__()
         return self
@@ -323,7 +323,9 @@ class DriverSession:
             raise
 
     def _mark(self, reason: str, status: str = "FAILED") -> None:
-        if self.parent_id is not None:
+        """The parent run ended with ``reason``; not by a driver that lost its lease: the parent
+        run is the sweep's, and the driver that took over owns it now."""
+        if self.parent_id is not None and not self.lease.lost.is_set():
             self.tracker.fail(self.parent_id, reason, status=status)
 
     @contextlib.contextmanager

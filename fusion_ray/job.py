@@ -1,8 +1,11 @@
-"""The typed job that crosses the Ray boundary: everything one sweep trial needs, built by the
-driver from settings validation already built, and trusted as it is in the trial's process."""
+"""What crosses the Ray boundary: the typed job going out (everything one sweep trial needs, built
+by the driver from settings validation already built, and trusted as it is in the trial's
+process) and the typed result coming back (``TrialResult``, read from what the trial reports to
+Tune, which carries plain mappings)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,3 +43,45 @@ class TrialJob:
     """The checkpoint the cell resumes from (its MLflow run's, inside storage), or None."""
     latency_baseline: OperatorRef | None = None
     """The operator the trial times itself against; None measures no latency ratio."""
+
+
+FINAL = "final"
+"""The key of the result a trial reports once, with its final (test) metrics."""
+TRIAL_ERROR = "trial_error"
+"""The key of the result a trial reports instead of raising an error that would repeat."""
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One result a trial reported, as the driver reads it: an epoch's metrics, the final
+    metrics, or the error that ended it. The one place that knows the result's keys."""
+
+    metrics: Mapping[str, Any]
+
+    @classmethod
+    def of(cls, result: Mapping[str, Any] | None) -> TrialResult:
+        return cls(result or {})
+
+    @property
+    def error(self) -> str | None:
+        """Why the trial ended without results (an error that repeats on every attempt)."""
+        return self.metrics.get(TRIAL_ERROR)
+
+    @property
+    def final(self) -> bool:
+        """Whether these are the trial's final metrics (test accuracy at the best epoch)."""
+        return bool(self.metrics.get(FINAL)) and self.error is None
+
+    @property
+    def epoch(self) -> int | None:
+        return self.metrics.get("epoch")
+
+    @property
+    def test_acc(self) -> float | None:
+        value = self.metrics.get("test_acc")
+        return None if value is None else float(value)
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The checkpoint Ray Train's ``TuneReportCallback`` reported with these metrics."""
+        return self.metrics.get("checkpoint_path")

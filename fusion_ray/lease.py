@@ -93,8 +93,11 @@ class SweepLease:
         ttl_s: float | None = None,
         heartbeat_s: float | None = None,
         take_over: bool = False,
+        what: str = "sweep",
     ) -> None:
         self.store, self.sweep, self.name = store, sweep, LEASE_PREFIX + sweep
+        self.what = what
+        """What the lease is for, in messages ("sweep", "HPO")."""
         self.ttl_s = ttl_s if ttl_s is not None else float(os.environ.get(TTL_ENV, 120.0))
         self.heartbeat_s = (
             heartbeat_s if heartbeat_s is not None else float(os.environ.get(HEARTBEAT_ENV, 10.0))
@@ -118,9 +121,11 @@ class SweepLease:
                 continue  # released between our attempt and the read: try again
             if not (self.take_over or self._is_dead(holder)):
                 raise LeaseHeldError(self._held_message(holder))
-            log.warning("taking over the lease of sweep %s from %s", self.sweep, holder.describe())
+            log.warning(
+                "taking over the lease of %s %s from %s", self.what, self.sweep, holder.describe()
+            )
             self._delete_if(holder.token)
-        raise LeaseHeldError(f"could not take the lease of sweep {self.sweep!r}; try again")
+        raise LeaseHeldError(f"could not take the lease of {self.what} {self.sweep!r}; try again")
 
     def _create(self) -> bool:
         now = time.time()
@@ -147,7 +152,7 @@ class SweepLease:
     def _held_message(self, holder: Holder) -> str:
         age = time.time() - holder.heartbeat
         return (
-            f"sweep {self.sweep!r} is being run by another driver ({holder.describe()}, last "
+            f"{self.what} {self.sweep!r} is being run by another driver ({holder.describe()}, last "
             f"heartbeat {age:.0f} s ago). Two drivers would train every cell twice. Wait for it to "
             f"finish (re-running then does only what is left), or, if that driver is gone for good, "
             f"pass --take-over (a lease with no heartbeat for {self.ttl_s:.0f} s is taken over "
@@ -170,12 +175,16 @@ class SweepLease:
             try:
                 holder = self.holder()
                 if holder is None or holder.token != self.token:
-                    log.error("the lease of sweep %s was taken by another driver", self.sweep)
+                    log.error(
+                        "the lease of %s %s was taken by another driver", self.what, self.sweep
+                    )
                     self.lost.set()
                     return
                 self.store.set_tag(self.name, "heartbeat", repr(time.time()))
             except Exception as exc:  # noqa: BLE001 - a store hiccup: try again next beat
-                log.warning("lease heartbeat of sweep %s failed (%s); retrying", self.sweep, exc)
+                log.warning(
+                    "lease heartbeat of %s %s failed (%s); retrying", self.what, self.sweep, exc
+                )
 
     def holds(self) -> bool:
         """Whether this driver still holds the lease, read from the store now: the fence before
@@ -187,10 +196,10 @@ class SweepLease:
         try:
             holder = self.holder()
         except Exception as exc:  # noqa: BLE001 - a store hiccup is not a lost lease
-            log.warning("could not read the lease of sweep %s (%s)", self.sweep, exc)
+            log.warning("could not read the lease of %s %s (%s)", self.what, self.sweep, exc)
             return True
         if holder is None or holder.token != self.token:
-            log.error("the lease of sweep %s was taken by another driver", self.sweep)
+            log.error("the lease of %s %s was taken by another driver", self.what, self.sweep)
             self.lost.set()
             return False
         return True
@@ -202,7 +211,7 @@ class SweepLease:
             holder = self.holder()
         who = f" ({holder.describe()})" if holder is not None else ""
         return (
-            f"the lease of sweep {self.sweep!r} was taken over by another driver{who} while this "
+            f"the lease of {self.what} {self.sweep!r} was taken over by another driver{who} while this "
             f"one ran: this driver was paused or cut off from the tracking store for longer than "
             f"the lease's {self.ttl_s:.0f} s. It stopped its trials and finished no cell after "
             "that; the other driver runs what is left (its runs resume from their checkpoints)"

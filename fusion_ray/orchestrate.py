@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fusion_ray.config import Resources
-from fusion_ray.job import OperatorRef, TrialJob
+from fusion_ray.job import TRIAL_ERROR, OperatorRef, TrialJob
 from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,19 @@ def within_storage(path: str, storage_path: str) -> bool:
     return ".." not in parts and parts[: len(prefix)] == prefix
 
 
+def worker_resources(res: Resources) -> dict[str, float]:
+    """What one worker of a trial holds: its CPUs, and its GPUs when the sweep asks for them."""
+    out = {"CPU": res.cpus_per_worker}
+    if res.use_gpu:
+        out["GPU"] = res.gpus_per_worker
+    return out
+
+
 def trial_resources(res: Resources) -> dict[str, float]:
     """What the Tune trial itself holds: the worker (direct path), or a token bundle plus one unit of
     ``driver_resource`` when set (TorchTrainer path; the workers hold the CPUs and GPUs)."""
     if res.workers == 1 and not res.force_trainer:
-        out = {"CPU": res.cpus_per_worker}
-        if res.use_gpu:
-            out["GPU"] = res.gpus_per_worker
-        return out
+        return worker_resources(res)
     # The TorchTrainer's workers request their own resources. Tune needs a non-empty bundle for the
     # trial itself; a token 1 KiB of memory keeps it from holding a CPU the workers need. With
     # `driver_resource`, one unit of that custom resource pins the trial (and the Train controller,
@@ -68,6 +73,15 @@ def trial_resources(res: Resources) -> dict[str, float]:
     if res.driver_resource:
         out[res.driver_resource] = 1
     return out
+
+
+def trial_bundles(res: Resources) -> list[dict[str, float]]:
+    """Every resource bundle one trial asks for: the trial's own, then one per TorchTrainer
+    worker (the placement check packs these onto the cluster's nodes)."""
+    own = trial_resources(res)
+    if res.workers == 1 and not res.force_trainer:
+        return [own]
+    return [own] + [worker_resources(res) for _ in range(res.workers)]
 
 
 def trial_device(res: Resources) -> Any:
@@ -144,8 +158,6 @@ REPEATING_ERRORS = (
 )
 """Errors a trial raises because of its config or data (bad values, a non-finite loss at a given
 seed, a missing file, a dataset that cannot be downloaded): retrying would repeat them."""
-TRIAL_ERROR = "trial_error"
-"""The key of the result a trial reports instead of raising one of REPEATING_ERRORS."""
 
 
 def _error_summary(exc: BaseException) -> str:
@@ -163,9 +175,7 @@ def _run_trainer(job: TrialJob) -> None:
     from fusion_ray.train.loop import train_worker
 
     res = job.resources
-    per_worker = {"CPU": res.cpus_per_worker}
-    if res.use_gpu:
-        per_worker["GPU"] = res.gpus_per_worker
+    per_worker = worker_resources(res)
     baseline = job.latency_baseline
     trainer = TorchTrainer(
         train_worker,

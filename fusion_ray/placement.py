@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from fusion_ray.config import Resources, resources_for
+from fusion_ray.orchestrate import trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
 
 AUTOSCALER_CONFIG_ENV = "FUSION_RAY_AUTOSCALER_CONFIG"
@@ -26,15 +27,6 @@ on the head node (~/ray_bootstrap_config.yaml)."""
 PLACEMENT_TIMEOUT_ENV = "FUSION_RAY_PLACEMENT_TIMEOUT_S"
 """Seconds to wait for the autoscaler to add a node a pending trial needs (default 900)."""
 _KEYS = ("CPU", "GPU")
-
-
-def trial_bundles(res: Resources) -> list[dict[str, float]]:
-    """The resource bundles one trial asks for (see ``orchestrate.trial_resources``)."""
-    worker = {"CPU": res.cpus_per_worker, "GPU": res.gpus_per_worker if res.use_gpu else 0.0}
-    if res.workers == 1 and not res.force_trainer:
-        return [worker]
-    token = {"memory": 1024.0, **({res.driver_resource: 1.0} if res.driver_resource else {})}
-    return [token] + [dict(worker) for _ in range(res.workers)]
 
 
 def _fits(bundle: dict[str, float], node: dict[str, float]) -> bool:
@@ -161,14 +153,18 @@ def has_gpus(capacity: Capacity) -> bool:
 
 
 def on_cpus(spec: Any) -> Any:
-    """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker."""
+    """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker: a
+    new value with the grid points validation built (a trial's settings do not depend on where
+    it runs), not built again."""
     datasets = {
         name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
         if preset.resources is not None
         else preset
         for name, preset in spec.datasets.items()
     }
-    return spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
+    moved = spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
+    moved.keep_points(spec.kept_points())
+    return moved
 
 
 def fit(

@@ -10,7 +10,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from fusion_ray.adaptive import SeedSchedule
-from fusion_ray.orchestrate import TRIAL_ERROR
+from fusion_ray.job import TrialResult
 
 
 class AdaptiveSeedSearcher(Searcher):
@@ -41,8 +41,8 @@ class AdaptiveSeedSearcher(Searcher):
         cid = self.running.pop(trial_id, None)
         if cid is None:
             return
-        ok = not error and result and result.get("final") and TRIAL_ERROR not in result
-        self.schedule.results[cid] = float(result["test_acc"]) if ok else None
+        reported = TrialResult.of(result)
+        self.schedule.results[cid] = reported.test_acc if reported.final and not error else None
         if self.on_change is not None:
             self.on_change(self.schedule)
 

@@ -374,3 +374,33 @@ def test_non_ascii_names_are_refused_where_they_name_folders_and_kept_elsewhere(
     assert "name" in msg and "étude" in msg
     path = _write(tmp_path, lambda r: r.update(description="Étude de la fusion, 長さ"))
     assert load_sweep(path).description == "Étude de la fusion, 長さ"
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
+def test_smoke_and_cpu_rehearsal_transform_the_validated_sweep_without_building_it_again(
+    path, monkeypatch
+):
+    """``smoke_version`` and ``placement.on_cpus`` make new values from the validated sweep:
+    their cells are those a fresh validation of the same settings builds, and building them
+    runs no validation step."""
+    import dataclasses
+
+    import fusion_ray.config as config
+    from fusion_ray.config import SweepSpec, smoke_version
+    from fusion_ray.placement import on_cpus
+
+    spec = load_sweep(path)
+    expand(spec)
+
+    def no_second_validation(*args, **kwargs):
+        raise AssertionError("the grid was built and validated again")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(config, "build_points", no_second_validation)
+        smoke = smoke_version(spec)
+        rehearsed = on_cpus(smoke)
+        transformed = [(c.cell_id, dataclasses.asdict(c.trial)) for c in expand(rehearsed)]
+    rebuilt = SweepSpec.model_validate(on_cpus(smoke).model_dump(exclude_unset=True))
+    assert rebuilt.kept_points() is None
+    assert transformed == [(c.cell_id, dataclasses.asdict(c.trial)) for c in expand(rebuilt)]
+    assert {c.trial.train.epochs for c in expand(smoke)} == {1}

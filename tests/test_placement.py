@@ -25,7 +25,7 @@ DDP = Resources(workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8)
 
 
 def test_a_trial_asks_one_bundle_or_a_token_and_one_per_worker():
-    assert trial_bundles(Resources(cpus_per_worker=2)) == [{"CPU": 2.0, "GPU": 0.0}]
+    assert trial_bundles(Resources(cpus_per_worker=2)) == [{"CPU": 2.0}]
     bundles = trial_bundles(DDP.model_copy(update={"driver_resource": "fusion_ray_driver"}))
     assert bundles[0] == {"memory": 1024.0, "fusion_ray_driver": 1.0}
     assert bundles[1:] == [{"CPU": 8.0, "GPU": 1.0}] * 4

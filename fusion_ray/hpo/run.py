@@ -19,6 +19,7 @@ from fusion_ray.grid import Cell, cell_id, expand
 from fusion_ray.hpo.fragment import fragment_text, summary
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.spec import METRIC, HpoPlan
+from fusion_ray.job import TrialResult
 from fusion_ray.schema import CPU_REHEARSAL_TAG, OVERRIDES_TAG
 from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.spec import TrialConfig
@@ -43,7 +44,7 @@ class ValidationReporter(TuneReporter):
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
         from ray import tune
 
-        if metrics.get("final"):
+        if TrialResult.of(metrics).final:
             return
         self.best_val_acc = max(self.best_val_acc, metrics["val_acc"])
         tune.report({**metrics, METRIC: self.best_val_acc, "epochs_run": metrics["epoch"] + 1})

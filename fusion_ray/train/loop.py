@@ -35,6 +35,7 @@ from fusion_ray.data import (
     prepare_data,
 )
 from fusion_ray.data.reference import reference_baselines, reference_metrics
+from fusion_ray.job import FINAL
 from fusion_ray.model import ModelSpec, build_classifier, check_model_spec, count_parameters
 from fusion_ray.model.fusion import GatedFusion
 from fusion_ray.schema import (
@@ -566,7 +567,7 @@ def score_best_model(
     else:
         latency = {"latency_ms_per_sample": 0.0}
     metrics = {
-        "final": True,
+        FINAL: True,
         "test_acc": test["correct"] / max(test["total"], 1),
         "test_correct": test["correct"],
         "test_total": test["total"],
