@@ -162,7 +162,9 @@ def on_cpus(spec: Any) -> Any:
         else preset
         for name, preset in spec.datasets.items()
     }
-    moved = spec.model_copy(update={"resources": without_gpus(spec.resources), "datasets": datasets})
+    moved = spec.model_copy(
+        update={"resources": without_gpus(spec.resources), "datasets": datasets}
+    )
     moved.keep_points(spec.kept_points())
     return moved
 

@@ -19,14 +19,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from fusion_ray.config import SweepSpec, axis_text, resources_for
+from fusion_ray.config import SweepSpec, resources_for
 from fusion_ray.driver import DriverSession
 from fusion_ray.grid import Cell
 from fusion_ray.job import OperatorRef, TrialJob
 from fusion_ray.orchestrate import run_cell, storage_uri, trial_resources, within_storage
 from fusion_ray.plan import Plan, plan
 from fusion_ray.redact import redact
-from fusion_ray.schema import CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG
+from fusion_ray.schema import CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG, axis_text
 from fusion_ray.seed_policy import SeedPolicy, TuneRun, policy_for
 
 log = logging.getLogger("fusion_ray.sweep")

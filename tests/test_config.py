@@ -385,7 +385,7 @@ def test_smoke_and_cpu_rehearsal_transform_the_validated_sweep_without_building_
     runs no validation step."""
     import dataclasses
 
-    import fusion_ray.config as config
+    import fusion_ray.config.rules as config_rules
     from fusion_ray.config import SweepSpec, smoke_version
     from fusion_ray.placement import on_cpus
 
@@ -396,7 +396,7 @@ def test_smoke_and_cpu_rehearsal_transform_the_validated_sweep_without_building_
         raise AssertionError("the grid was built and validated again")
 
     with monkeypatch.context() as patched:
-        patched.setattr(config, "build_points", no_second_validation)
+        patched.setattr(config_rules, "build_points", no_second_validation)
         smoke = smoke_version(spec)
         rehearsed = on_cpus(smoke)
         transformed = [(c.cell_id, dataclasses.asdict(c.trial)) for c in expand(rehearsed)]

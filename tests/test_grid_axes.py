@@ -185,7 +185,7 @@ def test_the_parent_run_records_the_axes_in_file_order(tmp_path):
         _sweep(tmp_path, lambda raw: raw["grid"].update({"model.scale_embeddings": [False, True]}))
     )
     # What the driver writes to the parent run (fusion_ray.sweep): level texts, in file order.
-    from fusion_ray.config import axis_text
+    from fusion_ray.schema import axis_text
 
     tag = json.dumps({k: [axis_text(v) for v in vs] for k, vs in spec.grid.settings.items()})
     assert json.loads(tag) == {"model.scale_embeddings": ["false", "true"]}

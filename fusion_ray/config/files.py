@@ -1,0 +1,350 @@
+"""Sweep files on disk: reading YAML safely (unique keys, size limits, ``${VAR}`` expansion,
+``extends:`` fragments), ``key=value`` overrides as edits of the file, validation as a whole
+(``load_sweep``: every problem at once, before Ray starts) and the smoke version of a sweep.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import copy
+import dataclasses
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ValidationError,
+)
+
+from fusion_ray.checks import shorten, shorten_runs
+from fusion_ray.config.combinations import deep_merge, set_dotted
+from fusion_ray.config.rules import semantic_problems
+from fusion_ray.config.spec import SweepSpec, error_lines
+from fusion_ray.train.spec import TrialConfig
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _expand_env(value: Any) -> Any:
+    """Expand ``${VAR}`` and ``${VAR:-default}`` in strings (for storage paths and URIs)."""
+    if isinstance(value, str):
+
+        def sub(m: re.Match) -> str:
+            if m.group(1) in os.environ:
+                return os.environ[m.group(1)]
+            if m.group(2) is not None:
+                return m.group(2)
+            raise ValueError(f"environment variable {m.group(1)} is not set")
+
+        return _ENV.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand_env(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v) for v in value]
+    return value
+
+
+class SweepFileError(ValueError):
+    """A sweep file with problems; the message lists every one as ``file: field: problem``."""
+
+    def __init__(self, path: str | Path, problems: list[str]) -> None:
+        self.path, self.problems = str(path), [shorten_runs(p) for p in problems]
+        lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
+        super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
+
+
+MAX_FILE_BYTES = 1 << 20
+"""A sweep file or fragment larger than this is refused (real ones are a few kilobytes)."""
+MAX_VALUES = 100_000
+"""The most values a file may hold once YAML aliases are expanded (an alias bomb has billions)."""
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key written twice in one mapping (YAML would silently keep
+    the last, so an edited value could be overridden by a forgotten one further down)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, collections.abc.Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} appears twice in one mapping, on lines {seen[key]} and {line}; "
+                    "keep one of them",
+                    key_node.start_mark,
+                )
+            if isinstance(key, collections.abc.Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one problem, with the fix for the usual causes."""
+    text = str(exc)
+    if "character '\\t'" in text:
+        text += "\n(indent with spaces: YAML does not allow tabs for indentation)"
+    return f"not valid YAML: {text}"
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"sweep file {path} does not exist; see sweeps/ for examples")
+    data = path.read_bytes()
+    if len(data) > MAX_FILE_BYTES:
+        raise SweepFileError(
+            path, [f"the file is {len(data):,} bytes; a sweep file has at most {MAX_FILE_BYTES:,}"]
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SweepFileError(
+            path,
+            [
+                f"not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); save it as UTF-8"
+            ],
+        ) from None
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        raise SweepFileError(path, [_yaml_problem(exc)]) from exc
+    except RecursionError:
+        raise SweepFileError(path, ["the YAML is nested too deeply"]) from None
+    problem = _size_problem(raw)
+    if problem:
+        raise SweepFileError(path, [problem])
+    if not isinstance(raw, dict):
+        raise SweepFileError(path, ["top level must be a mapping with name, seeds, grid, datasets"])
+    return raw
+
+
+def _size_problem(value: Any) -> str | None:
+    """Why a loaded YAML value cannot be used: it contains itself (a self-referencing alias), or
+    it expands to more than MAX_VALUES values (aliases repeating large blocks)."""
+    count, on_path = 0, set()
+
+    def walk(node: Any) -> str | None:
+        nonlocal count
+        count += 1
+        if count > MAX_VALUES:
+            return f"the file expands to more than {MAX_VALUES:,} values (YAML aliases repeating large blocks); write the values out"
+        if not isinstance(node, (dict, list)):
+            return None
+        if id(node) in on_path:
+            return "a YAML alias refers to a block that contains it; a sweep file must be a tree"
+        on_path.add(id(node))
+        children = list(node.keys()) + list(node.values()) if isinstance(node, dict) else node
+        problem = next((p for p in map(walk, children) if p), None)
+        on_path.discard(id(node))
+        return problem
+
+    return walk(value)
+
+
+def read_sweep_dict(path: str | Path) -> dict[str, Any]:
+    """The sweep file with its ``extends:`` fragments merged under it and ``${VAR}`` expanded."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    merged: dict[str, Any] = {}
+    fragments = raw.get("extends", []) or []
+    if not isinstance(fragments, list) or not all(
+        isinstance(f, str) and f and "\0" not in f for f in fragments
+    ):
+        raise SweepFileError(
+            path,
+            [
+                f"extends: {shorten(repr(fragments))} is not a list of file paths; write "
+                "extends: [tuned/shared.yaml, ...] (paths relative to this file)"
+            ],
+        )
+    for fragment in fragments:
+        try:
+            fragment_path = (path.parent / fragment).resolve()
+            found = fragment_path.is_file()
+        except (OSError, RuntimeError) as exc:  # a name too long, a loop of links, ...
+            fragment_path, found = Path(shorten(fragment)), False
+            fragment = f"{shorten(fragment)} ({getattr(exc, 'strerror', None) or exc})"
+        if not found:
+            raise SweepFileError(
+                path,
+                [
+                    f"extends: fragment {shorten(repr(fragment))} not found at "
+                    f"{shorten(str(fragment_path))}; fix the path or run the phase that writes it"
+                ],
+            )
+        merged = deep_merge(merged, _read_yaml(fragment_path))
+    merged = deep_merge(merged, raw)
+    try:
+        return _expand_env(merged)
+    except ValueError as exc:
+        raise SweepFileError(
+            path, [f"{exc}; export it or give a default as ${{VAR:-default}}"]
+        ) from exc
+
+
+def validate_collecting(model: type[BaseModel], raw: dict[str, Any]) -> tuple[Any, list[str]]:
+    """``raw`` validated as ``model``, collecting every schema problem: after each failed attempt
+    the offending values are dropped (their defaults apply) and the rest is validated again, so
+    one bad value does not hide the others. Returns (the model or None, the problems)."""
+    problems: list[str] = []
+    reported: set[tuple] = set()  # a dropped bad value is then "missing": say it once
+    attempt = copy.deepcopy(raw)
+    for _ in range(8):
+        try:
+            return model.model_validate(attempt), problems
+        except ValidationError as exc:
+            fresh = [
+                e for e in exc.errors() if not (e["type"] == "missing" and e["loc"] in reported)
+            ]
+            reported |= {e["loc"] for e in exc.errors()}
+            problems += [p for p in error_lines(fresh) if p not in problems]
+            if not _drop_invalid(attempt, exc):
+                break
+    return None, problems
+
+
+def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
+    """Schema, then semantics, of a sweep-shaped mapping: the spec (None if the schema never
+    validates) and every problem found."""
+    spec, problems = validate_collecting(SweepSpec, raw)
+    if spec is not None:
+        problems += semantic_problems(spec)
+    return spec, problems
+
+
+def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
+    """Read and fully validate a sweep file, with command-line ``overrides`` (``key=value``)
+    applied as edits of the file; raises ``SweepFileError`` listing every problem."""
+    raw = apply_overrides(read_sweep_dict(path), overrides, path)
+    spec, problems = validate_sweep_dict(raw)
+    if problems or spec is None:
+        raise SweepFileError(path, problems)
+    return spec
+
+
+#: Sections that a ``data.X=``, ``model.X=`` or ``train.X=`` override sets in every dataset preset.
+PRESET_SECTIONS = ("data", "model", "train")
+
+
+def apply_overrides(
+    raw: dict[str, Any], overrides: Sequence[str], path: str | Path
+) -> dict[str, Any]:
+    """The sweep file's mapping with each ``key=value`` override applied as an edit of the file:
+    ``key`` is a dotted path into the file (``seeds=[0,1]``, ``resources.workers=2``,
+    ``datasets.short.data.max_length=64``), and ``data.X``, ``model.X``, ``train.X`` set X in
+    every dataset's preset (as editing each preset would); ``value`` is read as YAML."""
+    out = copy.deepcopy(raw)
+    problems = []
+    for override in overrides:
+        key, sep, text = override.partition("=")
+        if not sep or not _DOTTED_KEY.fullmatch(key):
+            problems.append(
+                f"override {override!r}: write key=value with a dotted key, e.g. train.epochs=3"
+            )
+            continue
+        try:
+            value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        except yaml.YAMLError as exc:
+            problems.append(f"override {override!r}: the value is not valid YAML ({exc})")
+            continue
+        section = key.split(".", 1)[0]
+        if section in PRESET_SECTIONS and "." in key:
+            for preset in (out.get("datasets") or {}).values():
+                if isinstance(preset, dict):
+                    set_dotted(preset, key, value)
+        else:
+            set_dotted(out, key, value)
+    if problems:
+        raise SweepFileError(path, problems)
+    return out
+
+
+_DOTTED_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*")
+
+
+SMOKE_DOCUMENTS = 64
+"""Training documents, and at most validation and test documents, per dataset in a smoke run."""
+
+
+def smoke_trial(trial: TrialConfig) -> TrialConfig:
+    """A built trial shrunk as ``smoke_version`` shrinks its settings: one epoch, no early
+    stopping, at most ``SMOKE_DOCUMENTS`` documents per split."""
+    data = trial.data
+    return dataclasses.replace(
+        trial,
+        data=dataclasses.replace(
+            data,
+            max_train_samples=min(data.max_train_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS),
+            max_eval_samples=min(data.max_eval_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS),
+        ),
+        train=dataclasses.replace(trial.train, epochs=1, patience=None),
+    )
+
+
+def smoke_version(spec: SweepSpec) -> SweepSpec:
+    """The same sweep shrunk to a minutes-long check of its whole path: one seed, one epoch,
+    64 training and at most 64 validation and 64 test documents per dataset, its own
+    experiment name. A new value made from the validated one: its grid points are the built
+    ones shrunk (``smoke_trial``), not built and validated again."""
+    smoke = _smoke_settings(spec)
+    kept = spec.kept_points()
+    if kept is not None:
+        smoke.keep_points([dataclasses.replace(p, trial=smoke_trial(p.trial)) for p in kept])
+    return smoke
+
+
+def _smoke_settings(spec: SweepSpec) -> SweepSpec:
+    datasets = {}
+    for name, preset in spec.datasets.items():
+        data = copy.deepcopy(preset.data)
+        data.max_train_samples = min(data.max_train_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS)
+        data.max_eval_samples = min(data.max_eval_samples or SMOKE_DOCUMENTS, SMOKE_DOCUMENTS)
+        train = {**preset.train, "epochs": 1, "patience": None}
+        datasets[name] = preset.model_copy(update={"data": data, "train": train})
+    defaults = spec.defaults.model_copy(
+        update={"train": {**spec.defaults.train, "epochs": 1, "patience": None}}
+    )
+    return spec.model_copy(
+        update={
+            "name": f"{spec.name}-smoke",
+            "seeds": spec.seeds[:1],
+            "adaptive": None,
+            "datasets": datasets,
+            "defaults": defaults,
+        }
+    )
+
+
+def _drop_invalid(raw: dict[str, Any], exc: ValidationError) -> bool:
+    """Remove each invalid value from ``raw`` (its default then applies); False when that cannot help."""
+    changed = False
+    for err in sorted(exc.errors(), key=lambda e: [str(x) for x in e["loc"]], reverse=True):
+        loc = list(err["loc"])
+        if err["type"] == "missing" or not loc:
+            return False
+        if loc == ["seeds"] and isinstance(raw.get("seeds"), list):
+            valid = sorted({s for s in raw["seeds"] if isinstance(s, int) and s >= 0})
+            raw["seeds"] = valid or [0]
+            changed = True
+            continue
+        container: Any = raw
+        for key in loc[:-1]:
+            try:
+                container = container[key]
+            except (KeyError, IndexError, TypeError):
+                container = None
+                break
+        if isinstance(container, dict) and loc[-1] in container:
+            del container[loc[-1]]
+            changed = True
+        elif isinstance(container, list) and isinstance(loc[-1], int) and loc[-1] < len(container):
+            del container[loc[-1]]
+            changed = True
+    return changed
