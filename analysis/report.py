@@ -95,7 +95,7 @@ SECTIONS: list[Section] = [
 
 def stats_columns(axes: Sequence[str] = ()) -> list[str]:
     """stats.csv leads with these: the comparison (with a column per extra grid axis), then the
-    registered statistics' headline columns (``analysis.stats.STATISTICS``); every other
+    registered statistics' headline columns (``analysis.stats.statistics()``); every other
     column follows."""
     return [*GROUP_KEYS, *axes, "operator", "baseline", *headline_columns()]
 

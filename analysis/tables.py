@@ -572,7 +572,7 @@ def stats_table(
     axes: Sequence[str] = (),
 ) -> Table:
     """The paired statistics, compact, for report.md (every column is in stats.csv); the cells
-    come from the statistic registry (``analysis.stats.STATISTICS``)."""
+    come from the statistic registry (``analysis.stats.statistics()``)."""
     rows = [
         {
             **{column_label(k, axes): r[k] for k in keys},

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
-T = TypeVar("T", bound=Callable[..., Any])
+T = TypeVar("T")
 
 BUILT_IN = "fusion-ray"
 """The origin of the entries registered by this package itself."""
@@ -30,8 +30,20 @@ BUILT_IN = "fusion-ray"
 class Registry(Generic[T]):
     """Maps names to constructors of one family, with helpful errors for unknown names."""
 
-    def __init__(self, family: str, group: str | None = None) -> None:
+    def __init__(
+        self,
+        family: str,
+        group: str | None = None,
+        *,
+        accept: Callable[[Any, str], T] | None = None,
+        named: Callable[[T], str] | None = None,
+    ) -> None:
+        """``group``: the entry-point group plug-ins declare entries in. ``accept(loaded,
+        origin)`` turns what an entry point loads into an entry, or raises saying why it cannot
+        be one (default: as loaded); ``named(entry)`` is an entry's name when the entry carries
+        its own (default: the entry point's name)."""
         self.family, self.group = family, group
+        self.accept, self.named = accept, named
         self._entries: dict[str, T] = {}
         self._same_as: dict[str, str] = {}
         self._origin: dict[str, str] = {}
@@ -67,13 +79,29 @@ class Registry(Generic[T]):
         self._plugins_loaded = True
         for point in sorted(metadata.entry_points(group=self.group), key=lambda p: p.name):
             origin = point.dist.name if point.dist is not None else point.value
-            if point.name in self._entries:
+            entry = point.load()
+            if self.accept is not None:
+                entry = self.accept(entry, origin)
+            name = self.named(entry) if self.named is not None else point.name
+            if name in self._entries:
                 raise ValueError(
-                    f"{self.family} {point.name!r} is registered twice: by "
-                    f"{self._origin[point.name]} and by {origin} (entry point {point.value} in "
-                    f"group {self.group}); rename one of them"
+                    f"{self.family} {name!r} is registered twice: by {self._origin[name]} and "
+                    f"by {origin} (entry point {point.value} in group {self.group}); rename one "
+                    "of them"
                 )
-            self.register(point.name, origin=origin)(point.load())
+            self.register(name, origin=origin)(entry)
+
+    def unregister(self, name: str) -> T:
+        """Remove the entry ``name`` and return it."""
+        self.load_plugins()
+        if name not in self._entries:
+            raise KeyError(
+                f"no {self.family} named {name!r} is registered; registered: "
+                + ", ".join(self._entries)
+            )
+        self._origin.pop(name)
+        self._same_as.pop(name, None)
+        return self._entries.pop(name)
 
     def origin(self, name: str) -> str:
         """The package an entry comes from (``fusion-ray`` for the built-ins)."""

@@ -198,6 +198,7 @@ def test_a_plugin_statistic_clashing_with_a_built_in_names_both(tmp_path):
     site = _install_statistic(tmp_path / "site", "fusion-stat-shadow", "wilcoxon", shadow)
     proc = _run("from analysis.stats import statistics; statistics()", site)
     assert proc.returncode != 0
-    assert "'wilcoxon' of fusion-stat-shadow clashes with the one of analysis (built in)" in (
-        proc.stderr
+    assert (
+        "statistic 'wilcoxon' is registered twice: by analysis (built in) and by "
+        "fusion-stat-shadow" in proc.stderr
     )
