@@ -61,16 +61,10 @@ from study_data import study_specs  # noqa: E402
 
 from fusion_ray.data import LengthGroupedSampler, collate, prepare_data  # noqa: E402
 from fusion_ray.model import build_classifier  # noqa: E402
-from fusion_ray.train.loop import (  # noqa: E402
-    derive_seed,
-    device_batch,
-    evaluate,
-    graphed_steps,
-    lr_lambda,
-    make_optimizer,
-    precision_context,
-    state_dict_copy,
-)
+from fusion_ray.seeds import derive_seed  # noqa: E402
+from fusion_ray.train.checkpoint import state_dict_copy  # noqa: E402
+from fusion_ray.train.evaluate import device_batch, evaluate, precision_context  # noqa: E402
+from fusion_ray.train.loop import graphed_steps, lr_lambda, make_optimizer  # noqa: E402
 
 VARIANTS = ("baseline", "cublas", "nosync", "bucket", "lean", "compile", "graphs")
 PHASES = ("host_batch", "h2d", "forward", "backward", "optimizer")

@@ -24,7 +24,7 @@ from fusion_ray.schema import (
     PREDICTIONS_FILE,
 )
 from fusion_ray.train import TrainSpec, TrialConfig, run_local
-from fusion_ray.train.loop import evaluate_lengths
+from fusion_ray.train.evaluate import evaluate_lengths
 from fusion_ray.train.report import Reporter, load_checkpoint_dir
 from tests.conftest import tiny_sweep
 

@@ -29,14 +29,14 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
 )
 from fusion_ray.train import TrainSpec, run_local
-from fusion_ray.train.loop import (
+from fusion_ray.train.evaluate import (
     gate_bucket_edges,
     gate_by_position,
-    initial_scales,
     latency_baseline_spec,
     latency_metrics,
     measure_latency,
 )
+from fusion_ray.train.loop import initial_scales
 from fusion_ray.train.report import load_checkpoint_dir
 from tests.test_train_loop import tiny_trial
 

@@ -20,7 +20,7 @@ from fusion_ray.model.attention import (
     build_attention_mask,
     t5_bucket,
 )
-from fusion_ray.train.loop import device_batch
+from fusion_ray.train.evaluate import device_batch
 
 D, HEADS, L = 16, 4, 7
 DH = D // HEADS

@@ -126,7 +126,7 @@ def test_rounding_batch_lengths_up_does_not_change_evaluation(data_cache):
     """pad_to_multiple only adds masked padding: the same loss and predictions."""
     from fusion_ray.data import prepare_data
     from fusion_ray.model import build_classifier
-    from fusion_ray.train.loop import evaluate
+    from fusion_ray.train.evaluate import evaluate
 
     trial = tiny_trial(data_cache)
     data = prepare_data(trial.data)
