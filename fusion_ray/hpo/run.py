@@ -190,9 +190,13 @@ def run_hpo(
     trials (``placement.PlacementError`` otherwise: never an endless wait); a smoke plan on a Ray
     without GPUs rehearses GPU trials on CPUs."""
     from fusion_ray import placement
-    from fusion_ray.driver import DriverSession
+    from fusion_ray.driver import DriverSession, init_ray
 
-    spec = plan.spec
+    # every trial of an HPO file is known before it starts: placement is checked before the
+    # session creates anything in the tracking store
+    init_ray(address or plan.spec.address)
+    spec, rehearsed, _ = placement.fit(plan.spec, plan.tune.datasets, smoke=plan.smoke)
+    plan = dataclasses.replace(plan, spec=spec)
     with DriverSession(
         "HPO",
         spec.name,
@@ -201,9 +205,6 @@ def run_hpo(
         take_over=take_over,
         resume="it tunes from the start",
     ) as session:
-        session.start_ray(address or spec.address)
-        spec, rehearsed, _ = placement.fit(spec, plan.tune.datasets, smoke=plan.smoke)
-        plan = dataclasses.replace(plan, spec=spec)
         session.open_parent(str(plan.path), _parent_params(plan, rehearsed))
         with session.driving():
             best = {
