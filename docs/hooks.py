@@ -18,7 +18,9 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     def generated(match: re.Match) -> str:
         name = match.group(1)
         if name not in GENERATORS:
-            raise KeyError(f"{page.file.src_path}: no generator {name!r}; known: {list(GENERATORS)}")
+            raise KeyError(
+                f"{page.file.src_path}: no generator {name!r}; known: {list(GENERATORS)}"
+            )
         return GENERATORS[name]()
 
     return MARKER.sub(generated, markdown)

@@ -104,7 +104,7 @@ def _defaults(cls: type) -> dict[str, Any]:
     return out
 
 
-def _nested_classes(cls: type, seen: dict[str, type]) -> dict[str, type]:
+def nested_classes(cls: type, seen: dict[str, type]) -> dict[str, type]:
     """``cls`` and every model or dataclass its fields' annotations name, by class name."""
     if cls.__name__ in seen:
         return seen
@@ -118,7 +118,7 @@ def _nested_classes(cls: type, seen: dict[str, type]) -> dict[str, type]:
             if inspect.isclass(hint) and (
                 hasattr(hint, "model_fields") or dataclasses.is_dataclass(hint)
             ):
-                _nested_classes(hint, seen)
+                nested_classes(hint, seen)
             stack += list(typing.get_args(hint))
     return seen
 
@@ -166,7 +166,7 @@ def models_reference(root: type, where: str, skip: tuple[str, ...] = ()) -> str:
     """``root``'s fields, then one section per model it nests (in order of first mention);
     each section's heading is the class name, so ``[Name](#name)`` links to it."""
     schema = _schema(root)
-    classes = _nested_classes(root, {})
+    classes = nested_classes(root, {})
     intro = f"{where}. {_first_paragraph(root)}"
     parts = [f"### {root.__name__}", "", intro, "", model_table(schema, root)]
     for name, sub in schema.get("$defs", {}).items():
