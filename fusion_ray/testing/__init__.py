@@ -5,15 +5,14 @@ check on one entry, by its registered name (so the check goes through the same r
 the same entry-point loading, as a sweep), and raises ``AssertionError`` naming the entry and
 the check that failed:
 
-=====================================  =========================================================
-``check_fusion(name, options)``        a fusion operator (``fusion_ray.fusions``)
-``check_position(name, options)``      an input-level position signal (``fusion_ray.positions``)
-``check_attention_position(...)``      an attention-level position (``fusion_ray.attention_positions``)
-``check_source(name, options, data)``  a data source (``fusion_ray.sources``)
-``check_tokenizer(name, options)``     a tokenizer (``fusion_ray.tokenizers``)
-``check_statistic(name)``              a report statistic (``fusion_ray.statistics``)
-``check_decision_rule(name)``          a decision rule (``fusion_ray.decision_rules``)
-=====================================  =========================================================
+- ``check_fusion(name, options)``: a fusion operator (group ``fusion_ray.fusions``);
+- ``check_position(name, options)``: an input-level position (``fusion_ray.positions``);
+- ``check_attention_position(name, options)``: an attention-level position
+  (``fusion_ray.attention_positions``);
+- ``check_source(name, options, data)``: a data source (``fusion_ray.sources``);
+- ``check_tokenizer(name, options)``: a tokenizer (``fusion_ray.tokenizers``);
+- ``check_statistic(name)``: a report statistic (``fusion_ray.statistics``);
+- ``check_decision_rule(name)``: a decision rule (``fusion_ray.decision_rules``).
 
 ``options`` are the entry's keyword options as a sweep file writes them (``fusion_kwargs``,
 ``source_kwargs``, ...). A plug-in's test file needs a few lines::
