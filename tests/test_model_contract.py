@@ -144,14 +144,6 @@ def test_longer_than_max_len_is_a_clear_error() -> None:
         model(torch.ones(1, MAX_LEN + 1, dtype=torch.long))
 
 
-def test_learned_and_relative_table_start_identical() -> None:
-    """The study's 'Relative' row is an absolute learned table: for one seed it is initialised
-    exactly like 'learned' (README says so)."""
-    a = build_classifier(tiny(position="learned"), VOCAB, CLASSES, seed=0)
-    b = build_classifier(tiny(position="relative_table"), VOCAB, CLASSES, seed=0)
-    assert torch.equal(a.position.table.weight, b.position.table)
-
-
 def test_count_parameters_and_flops() -> None:
     spec = ModelSpec(d_model=128, n_heads=8, n_layers=2, d_ff=256, max_len=4096)
     model = build_classifier(spec, vocab_size=1000, num_classes=11, seed=0)
