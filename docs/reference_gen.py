@@ -25,6 +25,7 @@ import dataclasses
 import importlib
 import inspect
 import io
+import json
 import os
 import typing
 from collections.abc import Callable
@@ -78,7 +79,9 @@ def _yaml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return value if value else '""'
-    return repr(value) if not isinstance(value, (dict, list)) else str(value)
+    if isinstance(value, (dict, list, tuple)):  # YAML flow style (JSON is valid YAML)
+        return json.dumps(value, default=str)
+    return repr(value)
 
 
 def _constraints(schema: dict[str, Any]) -> str:
@@ -132,7 +135,18 @@ def _default_text(defaults: dict[str, Any], name: str, required: bool) -> str:
     return f"`{_yaml(value)}`"
 
 
-def model_table(schema: dict[str, Any], cls: type | None) -> str:
+def _description(field: dict[str, Any], classes: dict[str, type]) -> str:
+    """The field's docstring; for a field without one that holds a model, the model's."""
+    if field.get("description"):
+        return field["description"]
+    refs = [field, *field.get("anyOf", []), field.get("items", {})]
+    for ref in (r["$ref"].rsplit("/", 1)[-1] for r in refs if "$ref" in r):
+        if ref in classes:
+            return _first_paragraph(classes[ref])
+    return ""
+
+
+def model_table(schema: dict[str, Any], cls: type | None, classes: dict[str, type]) -> str:
     """One Markdown table: field, type, default, constraints, description."""
     defaults = _defaults(cls) if cls is not None else {}
     required = set(schema.get("required", []))
@@ -146,7 +160,7 @@ def model_table(schema: dict[str, Any], cls: type | None) -> str:
                     _cell(_type_text(field)),
                     _cell(_default_text(defaults, name, name in required)),
                     _cell(_constraints(field)),
-                    _cell(field.get("description", "")),
+                    _cell(_description(field, classes)),
                 ]
             )
             + " |"
@@ -168,13 +182,13 @@ def models_reference(root: type, where: str, skip: tuple[str, ...] = ()) -> str:
     schema = _schema(root)
     classes = nested_classes(root, {})
     intro = f"{where}. {_first_paragraph(root)}"
-    parts = [f"### {root.__name__}", "", intro, "", model_table(schema, root)]
+    parts = [f"### {root.__name__}", "", intro, "", model_table(schema, root, classes)]
     for name, sub in schema.get("$defs", {}).items():
         if name in skip:
             continue
         cls = classes.get(name)
         doc = _first_paragraph(cls) if cls is not None else sub.get("description", "")
-        parts += ["", f"### {name}", "", doc, "", model_table(sub, cls)]
+        parts += ["", f"### {name}", "", doc, "", model_table(sub, cls, classes)]
     return "\n".join(parts) + "\n"
 
 
