@@ -1,8 +1,8 @@
 """MLflow -> a tidy frame of an experiment's trial runs.
 
 This module reads only the MLflow schema (``fusion_ray.schema``, the one module of names both
-sides share, repeated in the README's Analysis section); of fusion_ray it imports nothing else,
-so it can analyse runs logged by anything that follows the schema.
+sides share, listed on the docs' MLflow schema page); of fusion_ray it imports nothing else, so
+it can analyse runs logged by anything that follows the schema.
 
 Loading fetches all runs of the experiment with a few large ``search_runs`` pages (never one
 client call per run), or, for a sqlite store, with a handful of SQL queries over MLflow's own

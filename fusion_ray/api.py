@@ -92,7 +92,7 @@ def run(
 
 def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
     """The analysis report of the sweep's runs, written to ``out_dir`` (default
-    reports/<name>) and logged to the sweep's parent run; raises ``analysis.AnalysisError``
+    ``reports/<name>``) and logged to the sweep's parent run; raises ``analysis.AnalysisError``
     when there is nothing to analyse."""
     from analysis.report import ReportOptions, build_report
 

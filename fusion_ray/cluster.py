@@ -245,7 +245,7 @@ _AWS_IMAGE = (
 )
 
 _AWS = f"""\
-# fusion-ray on AWS with the Ray cluster launcher: `ray up cluster.yaml` (README: "Running on a
+# fusion-ray on AWS with the Ray cluster launcher: `ray up cluster.yaml` (docs: "Run on a
 # cluster"). Rendered by `python -m fusion_ray.cluster aws > cluster.yaml` from
 # fusion_ray/cluster.py, which renders the files for a lab's own machines from the same node
 # setup: edit that, not this file.

@@ -1,7 +1,7 @@
 """cluster.yaml and the lab file cluster-onprem.yaml, offline: both are what fusion_ray.cluster
 renders, Ray's own launcher validation accepts them, every trial of the study fits a node type,
 fractional-GPU packing reaches Ray's resource request, the rendered shell commands do what they
-say, and the README walkthrough's commands exist."""
+say, and the commands of the cluster walkthrough in docs/ exist."""
 
 from __future__ import annotations
 
@@ -336,11 +336,11 @@ def test_driver_resource_must_be_a_custom_resource():
     assert trial_resources(Resources(driver_resource=DRIVER)) == {"CPU": 1.0}
 
 
-def _readme_cluster_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    match = re.search(r"<!-- cluster:begin -->(.*)<!-- cluster:end -->", text, re.S)
-    assert match, "README.md has no cluster section"
-    return match.group(1)
+def _cluster_walkthrough() -> str:
+    """The cluster walkthrough and the tuning page of the documentation (once the README's
+    cluster section)."""
+    pages = [ROOT / "docs" / "how-to" / "cluster.md", ROOT / "docs" / "how-to" / "hpo.md"]
+    return "\n".join(page.read_text() for page in pages)
 
 
 def _split(line: str) -> list[list[str]]:
@@ -378,7 +378,7 @@ def test_every_command_of_the_readme_walkthrough_exists(capsys):
     from fusion_ray.hpo.cli import main as hpo_main
     from fusion_ray.sweep import main as sweep_main
 
-    commands = _shell_commands(_readme_cluster_section())
+    commands = _shell_commands(_cluster_walkthrough())
     ray_commands = [c for c in commands if c[0] == "ray"]
     used = {c[1] for c in ray_commands}
     assert {

@@ -30,22 +30,40 @@ def _install(tmp_path) -> str:
     return str(site)
 
 
-def test_the_registry_contract_tests_cover_the_plugin_operator(tmp_path):
-    """tests/test_model_contract.py runs over every registered entry: with the example installed,
-    its operator goes through the same contract as the built-in ones."""
-    site = _install(tmp_path)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        + [str(ROOT / "tests" / "test_model_contract.py"), "-k", "position_gate"],
+def _pytest(site: str, *paths: str, select: str | None = None) -> subprocess.CompletedProcess:
+    """pytest in a fresh process with the installed example on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths]
+        + (["-k", select] if select else []),
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": f"{site}:{ROOT}"},
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def _passed(proc: subprocess.CompletedProcess) -> int:
+    return int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+
+
+def test_the_plugin_own_tests_pass_through_the_contract_kit(tmp_path):
+    """examples/plugin/tests, the plug-in's own pytest, checks each of its entries with
+    fusion_ray.testing (fusion, data source, decision rule), by name, as installed."""
+    proc = _pytest(_install(tmp_path), str(ROOT / "examples" / "plugin" / "tests"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    passed = int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
-    assert passed >= 3, proc.stdout[-2000:]
+    assert _passed(proc) == 4, proc.stdout[-2000:]
+
+
+def test_the_registry_contract_tests_cover_the_plugin_entries(tmp_path):
+    """fusion-ray's own contract tests run over every registered entry: with the example
+    installed, its operator, source and rule go through them like the built-in ones."""
+    tests = ["test_model_contract.py", "test_data_contract.py", "test_rule_contract.py"]
+    paths = [str(ROOT / "tests" / t) for t in tests]
+    select = "position_gate or keywords or sign_closure"
+    proc = _pytest(_install(tmp_path), *paths, select=select)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _passed(proc) >= 6, proc.stdout[-2000:]
 
 
 def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
@@ -85,18 +103,12 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, dat
     assert tags == {("add", "false"), ("position_gate", "true")}
 
 
-def test_a_plugin_decision_rule_keeps_the_contract_and_decides_a_sweep(tmp_path, data_cache):
+def test_a_plugin_decision_rule_decides_a_sweep(tmp_path, data_cache):
     """The example's ``sign_closure`` (entry-point group fusion_ray.decision_rules), installed
-    as a user would: fusion_ray.testing's contract passes, ``fusion-ray list`` shows it, and an
-    adaptive sweep that names it decides with it (its parent run and decisions.csv say so)."""
+    as a user would (its contract is in the plug-in's own tests): ``fusion-ray list`` shows it,
+    and an adaptive sweep that names it decides with it (its parent run says so)."""
     site = _install(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
-    check = subprocess.run(
-        [sys.executable, "-c", "from fusion_ray.testing import check_decision_rule as c; "
-         "c('sign_closure'); print('contract kept')"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert check.returncode == 0 and "contract kept" in check.stdout, check.stderr[-3000:]
     listed = subprocess.run(
         [sys.executable, "-m", "fusion_ray.cli", "list"],
         env=env, capture_output=True, text=True, timeout=300,

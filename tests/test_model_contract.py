@@ -3,7 +3,6 @@ remembering to (shapes, gradient flow, determinism, paired initialisation, valid
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -20,43 +19,15 @@ from fusion_ray.model import (
     count_parameters,
     flops_per_token,
 )
+from fusion_ray.testing import model as contract
 
-VOCAB, CLASSES, MAX_LEN = 50, 3, 16
+VOCAB, CLASSES, MAX_LEN = contract.VOCAB, contract.CLASSES, contract.MAX_LEN
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny(**overrides: object) -> ModelSpec:
-    settings: dict = dict(d_model=8, n_heads=2, n_layers=2, d_ff=16, dropout=0.1, max_len=MAX_LEN)
-    settings.update(overrides)
-    return ModelSpec(**settings)
-
-
-def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two documents of lengths 10 and 6, right-padded with 0 to 10."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (2, 10), generator=g)
-    mask = torch.ones(2, 10, dtype=torch.bool)
-    mask[1, 6:] = False
-    ids[~mask] = 0
-    return ids, mask
-
-
-def shared_parameters(model: nn.Module, exclude: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    return {n: p.detach() for n, p in model.named_parameters() if not n.startswith(exclude)}
-
-
-def assert_byte_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for name in a:
-        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
-        assert a[name].numpy().tobytes() == b[name].numpy().tobytes(), name
+    with contract.one_thread():
+        yield
 
 
 AXES = [("fusion", n) for n in FUSIONS.names()]
@@ -64,51 +35,36 @@ AXES += [("position", n) for n in POSITIONS.names()]
 AXES += [("attention_position", n) for n in ATTENTION_POSITIONS.names()]
 
 
+def tiny(**overrides: object) -> ModelSpec:
+    return contract.tiny_spec(model=overrides)
+
+
+def batch(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    return contract.tiny_batch(seed)
+
+
 @pytest.mark.parametrize(("axis", "name"), AXES)
 def test_shapes_and_gradients_reach_every_parameter(axis: str, name: str) -> None:
-    spec = tiny(**{axis: name})
-    model = build_classifier(spec, VOCAB, CLASSES, seed=0)
-    ids, mask = batch()
-    logits = model(ids, mask)
-    assert logits.shape == (2, CLASSES)
-    assert model.fusion.__class__ is FUSIONS.get(spec.fusion)
-    logits.square().sum().backward()
-    for pname, p in model.named_parameters():
-        assert p.grad is not None, f"{pname} gets no gradient"
-        assert torch.isfinite(p.grad).all(), pname
-        assert p.grad.abs().sum() > 0, f"{pname} has an all-zero gradient"
+    contract.check_gradients(axis, name)
+    assert build_classifier(tiny(**{axis: name}), VOCAB, CLASSES, 0).fusion.__class__ is (
+        FUSIONS.get(name if axis == "fusion" else "add")
+    )
 
 
 @pytest.mark.parametrize("name", FUSIONS.names())
 def test_fusion_maps_e_and_p_to_h(name: str) -> None:
-    fusion = FUSIONS.build(name, 8)
-    E = torch.randn(3, 5, 8)
-    for P in (torch.randn(5, 8), torch.randn(3, 5, 8)):
-        assert fusion(E, P).shape == (3, 5, 8)
+    contract.check_fusion_shapes(name)
 
 
 @pytest.mark.parametrize("name", POSITIONS.names())
 def test_position_signal_shape(name: str) -> None:
-    position = POSITIONS.build(name, 8, MAX_LEN)
-    assert position(5, torch.device("cpu")).shape == (5, 8)
-    assert position(MAX_LEN, torch.device("cpu")).shape == (MAX_LEN, 8)
+    contract.check_position_shapes(name)
 
 
 @pytest.mark.parametrize(("axis", "name"), AXES)
 def test_cpu_determinism(axis: str, name: str) -> None:
     """Same seed twice: identical parameters, outputs (dropout on) and one optimiser step."""
-    results = []
-    for _ in range(2):
-        model = build_classifier(tiny(**{axis: name}), VOCAB, CLASSES, seed=3)
-        optimiser = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        ids, mask = batch()
-        torch.manual_seed(11)  # dropout
-        logits = model(ids, mask)
-        logits.logsumexp(-1).sum().backward()
-        optimiser.step()
-        results.append((logits.detach(), {k: v.clone() for k, v in model.state_dict().items()}))
-    assert torch.equal(results[0][0], results[1][0])
-    assert_byte_identical(results[0][1], results[1][1])
+    contract.check_determinism(axis, name)
 
 
 def test_seeds_differ() -> None:
@@ -126,57 +82,45 @@ def test_building_does_not_touch_the_global_rng() -> None:
     assert torch.equal(torch.rand(3), expected)
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_paired_init_across_fusion_operators(seed: int) -> None:
-    """Everything outside .fusion is byte-identical across every registered operator."""
-    for position, attention in [("sinusoidal", "none"), ("learned", "t5_bias")]:
-        models = {
-            name: build_classifier(
-                tiny(fusion=name, position=position, attention_position=attention),
-                VOCAB,
-                CLASSES,
-                seed=seed,
-            )
-            for name in FUSIONS.names()
-        }
-        reference = shared_parameters(models["add"], exclude=("fusion.",))
-        reference_modules = outside_fusion(models["add"])
-        for name, model in models.items():
-            assert_byte_identical(reference, shared_parameters(model, exclude=("fusion.",)))
-            # nothing of the operator lives outside .fusion: the same submodules everywhere else
-            assert outside_fusion(model) == reference_modules, name
+@pytest.mark.parametrize(("axis", "name"), AXES)
+def test_paired_init(axis: str, name: str) -> None:
+    """For seeds 0 and 1, everything outside the entry's own submodule is byte-identical to the
+    default model: across every fusion operator (two position settings), and across input-level
+    and attention-level position choices (each with every entry of the other axis)."""
+    contract.check_paired_init(axis, name)
 
 
-def outside_fusion(model: nn.Module) -> list[tuple[str, str]]:
-    return [
-        (n, type(m).__name__)
-        for n, m in model.named_modules()
-        if n and n != "fusion" and not n.startswith("fusion.")
-    ]
-
-
-def test_paired_init_across_position_choices() -> None:
-    """Embedding, encoder blocks and head are byte-identical across input-level and
-    attention-level position choices (and every fusion operator)."""
-    exclude = ("fusion.", "position.", "encoder.attention_position.")
-    reference = shared_parameters(build_classifier(tiny(), VOCAB, CLASSES, seed=0), exclude)
-    for position, attention in itertools.product(POSITIONS.names(), ATTENTION_POSITIONS.names()):
-        model = build_classifier(
-            tiny(position=position, attention_position=attention), VOCAB, CLASSES, seed=0
-        )
-        assert_byte_identical(reference, shared_parameters(model, exclude))
-
-
-def test_every_combination_runs() -> None:
+@pytest.mark.parametrize("name", FUSIONS.names())
+def test_every_combination_runs(name: str) -> None:
     """The full grid of fusion x position x attention position builds and gives finite logits."""
-    ids, mask = batch()
-    for fusion, position, attention in itertools.product(
-        FUSIONS.names(), POSITIONS.names(), ATTENTION_POSITIONS.names()
-    ):
-        spec = tiny(fusion=fusion, position=position, attention_position=attention, n_layers=1)
-        model = build_classifier(spec, VOCAB, CLASSES, seed=0).eval()
-        with torch.no_grad():
-            assert torch.isfinite(model(ids, mask)).all(), (fusion, position, attention)
+    contract.check_every_combination("fusion", name)
+
+
+@pytest.mark.parametrize(("axis", "name"), AXES)
+def test_an_entry_registered_as_another_is_that_model(axis: str, name: str) -> None:
+    contract.check_same_as(axis, name)
+
+
+def test_the_kit_catches_a_parameter_without_gradient() -> None:
+    """An operator with a parameter its forward never uses fails the kit, naming it."""
+    from fusion_ray.model.fusion import Fusion
+
+    @FUSIONS.register("unused_parameter_for_test")
+    class UnusedParameter(Fusion):
+        def __init__(self, d_model: int) -> None:
+            super().__init__(d_model)
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, E: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+            return E + P
+
+    try:
+        contract.check_fusion_shapes("unused_parameter_for_test")
+        with pytest.raises(AssertionError, match="fusion.scale gets no gradient"):
+            contract.check_gradients("fusion", "unused_parameter_for_test")
+    finally:  # out of the registry again, for the tests that list it
+        FUSIONS._entries.pop("unused_parameter_for_test")
+        FUSIONS._origin.pop("unused_parameter_for_test")
 
 
 def test_pre_ln_and_gelu() -> None:
@@ -200,14 +144,6 @@ def test_longer_than_max_len_is_a_clear_error() -> None:
         model(torch.ones(1, MAX_LEN + 1, dtype=torch.long))
 
 
-def test_learned_and_relative_table_start_identical() -> None:
-    """The study's 'Relative' row is an absolute learned table: for one seed it is initialised
-    exactly like 'learned' (README says so)."""
-    a = build_classifier(tiny(position="learned"), VOCAB, CLASSES, seed=0)
-    b = build_classifier(tiny(position="relative_table"), VOCAB, CLASSES, seed=0)
-    assert torch.equal(a.position.table.weight, b.position.table)
-
-
 def test_count_parameters_and_flops() -> None:
     spec = ModelSpec(d_model=128, n_heads=8, n_layers=2, d_ff=256, max_len=4096)
     model = build_classifier(spec, vocab_size=1000, num_classes=11, seed=0)
@@ -224,7 +160,7 @@ def test_count_parameters_and_flops() -> None:
 def test_check_model_spec_accepts_defaults_and_every_registered_name() -> None:
     assert check_model_spec(ModelSpec()) == []
     for axis, name in AXES:
-        assert check_model_spec(tiny(**{axis: name})) == [], (axis, name)
+        contract.check_spec_accepted(axis, name)
 
 
 def test_check_model_spec_reports_every_problem() -> None:

@@ -1,13 +1,9 @@
-"""Contract checks a plug-in author runs on their own entries with their own pytest.
+"""Contract checks for decision rules (``analysis.rules``, entry-point group
+``fusion_ray.decision_rules``).
 
-Decision rules (``analysis.rules``): ``check_decision_rule(rule)`` runs every check below and
-raises ``AssertionError`` naming the first that fails; ``tests/test_rule_contract.py`` runs it over
-every registered rule, plug-ins included. A plug-in's test file needs two lines::
-
-    from fusion_ray.testing import check_decision_rule
-
-    def test_my_rule_keeps_the_contract():
-        check_decision_rule("my_rule")
+``check_decision_rule(rule)`` runs every check below and raises ``AssertionError`` naming the
+first that fails; ``tests/test_rule_contract.py`` runs it over every registered rule, plug-ins
+included.
 
 The checks:
 - validity under the null, exactly: given the magnitudes, the signs of the deltas are fair
