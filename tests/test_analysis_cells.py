@@ -149,7 +149,7 @@ def test_without_the_artifact_every_trial_run_is_the_sweeps(store, tmp_path):
 def test_a_remote_artifact_store_is_read_with_one_download(store, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    import analysis.load
+    import analysis.load.artifacts
 
     downloads = []
     real = MlflowClient.download_artifacts
@@ -161,7 +161,7 @@ def test_a_remote_artifact_store_is_read_with_one_download(store, tmp_path, monk
     monkeypatch.setattr(MlflowClient, "download_artifacts", counted)
     local = load_experiment("changed", store["uri"])
     assert downloads == []  # a local store is read in place
-    monkeypatch.setattr(analysis.load, "local_artifact_path", lambda uri: None)
+    monkeypatch.setattr(analysis.load.artifacts, "local_artifact_path", lambda uri: None)
     options = ReportOptions(out=tmp_path, lengths=False, make_figures=False, log_to_mlflow=False)
     result = build_report("changed", store["uri"], options)
     assert downloads == ["sweep_cells.json"]
