@@ -8,6 +8,10 @@ paired is listed: incomplete blocks, duplicate cells, runs missing a tag or metr
 without a baseline. A position that is another one under a second name (tag
 ``position_alias_of``) is compared once: its comparisons are set aside (``Pairing.aliases``)
 where the position it repeats has the same comparison.
+
+Why one module of this size: pairing and its checks (what cannot be paired, and why nothing
+can be compared) are one decision each run passes through once; apart, a reason could be
+checked in one place and reported in another.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ Every cell is mean +- sd (ddof = 1) over the operator's FINISHED seeds; ``*`` ma
 whose Holm-adjusted paired Wilcoxon p against the baseline is <= alpha, and the footnote names
 the test, the correction, m and n. No cell is bolded as "best": a larger mean without a
 significant paired test is not a finding.
+
+Why one module of this size: each table is written three ways (Markdown, LaTeX, CSV) by one
+``Table`` with one set of formatting rules; the paper's Tables 1-3 and the others share them.
 """
 
 from __future__ import annotations

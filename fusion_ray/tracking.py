@@ -5,6 +5,10 @@ Workers never talk to MLflow: they report to Tune, and the Tune callbacks on the
 DESIGN.md. One run per cell; a resumed or retried cell continues its earlier run, so a cell
 never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
 ``lease_store``.
+
+Why one module of this size: it is the only module of fusion_ray that imports MLflow (an
+architecture test holds that), so every read and write of the tracking store, and every
+translation of the store's errors into the driver's messages, is here.
 """
 
 from __future__ import annotations

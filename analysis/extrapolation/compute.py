@@ -1,6 +1,9 @@
 """Train short, test long, computed: the accuracy curves over evaluation lengths, the operator
 effect at each length, the slope of the effect against log2 of the length, and the truncation
 ladder (``analyse_extrapolation`` -> ``Extrapolation``). Numbers only: nothing is written.
+
+Why one module of this size: the curves, the per-length comparisons, the slopes and the ladder
+are four views of one ``Extrapolation``, computed from the same paired counts.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ tokenise -> cache.
 Everything here depends on the dataset settings and ``split_seed`` only, never on a trial seed or
 a model choice, so every trial of a sweep (and every operator of a paired seed) sees the same
 splits and the same token ids.
+
+Why one module of this size: splitting, fitting the tokenizer, encoding and the cache that
+holds all three are one step keyed by one fingerprint; apart, the key could miss a setting.
 """
 
 from __future__ import annotations

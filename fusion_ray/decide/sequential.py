@@ -38,6 +38,9 @@ States, one per seed of each comparison: "open", "better", "worse", "equivalent"
 comparison's state at its seed j is the family's decision at look j (every comparison's first
 j + 1 seeds, or all it has); its last state is the decision with everything known. A rejection
 outranks equivalence (both can hold: a small real effect); decided states persist.
+
+Why one module of this size: the closure, futility, equivalence and the confidence sequences
+together make the one guarantee stated above; apart, a change to one could break it unseen.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ Score biases and score terms stay in float32 under bf16 autocast: they are built
 off, and an attention call with a float bias runs in float32 (see ``biased_attention``). In
 bf16, ALiBi's smallest slope at L = 4096 would map the distances 1000..4095 to only 263 distinct
 values.
+
+Why one module of this size: the attention block and the attention-level position methods it
+calls (rotary, ALiBi, T5 buckets and the rest of the registry) share the score computation and
+its precision rules; apart, each method would re-state them.
 """
 
 from __future__ import annotations
