@@ -16,6 +16,10 @@ change to the setup is made here once and both files are rendered again:
 A lab's file is rendered rather than written with placeholders because Ray's cluster YAML
 expands no environment variables, and its ``local`` provider takes no node types: the addresses,
 and the head's resources as ``ray start`` flags, have to be in the file itself.
+
+Why one module of this size: both launcher files are rendered from one ``NodeSetup`` whose
+setup and start commands they share; apart, a change to how a node is made ready could reach
+one file and not the other.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Contract checks for decision rules (``analysis.rules``, entry-point group
+"""Contract checks for decision rules (``fusion_ray.decide.rules``, entry-point group
 ``fusion_ray.decision_rules``).
 
 ``check_decision_rule(rule)`` runs every check below and raises ``AssertionError`` naming the
@@ -16,7 +16,7 @@ The checks:
   with probability at most alpha;
 - the evidence has one value per seed, never negative, and is a function of the deltas only
   (the same deltas give the same values: a restarted driver recomputes the same states);
-- a decision, once reached, persists as seeds are added (``analysis.sequential.run_family``).
+- a decision, once reached, persists as seeds are added (``fusion_ray.decide.sequential.run_family``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ TOLERANCE = 1e-9
 
 
 def _rule(rule):
-    from analysis.rules import build_rule
+    from fusion_ray.decide.rules import build_rule
 
     return build_rule(rule)
 
@@ -124,7 +124,7 @@ def check_equivalence_validity(rule, n: int = 10, margin: float = 1.0) -> None:
 
 def check_determinism_and_persistence(rule) -> None:
     """Same deltas, same evidence and states; decisions persist as seeds are added."""
-    from analysis.sequential import run_family
+    from fusion_ray.decide.sequential import run_family
 
     the_rule = _rule(rule)
     full = {
