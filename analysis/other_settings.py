@@ -6,7 +6,8 @@ name by another version of the sweep file (another number of epochs, a dataset d
 They are never counted, paired or analysed. This module says how many there are and what they
 differ in: each is compared with the sweep's run of the same dataset, position, attention
 position, fusion and seed (and the same level of each extra grid axis the left-out run has),
-and the most common param differences come first.
+and the most common param differences come first (worded by ``fusion_ray.other_settings``, which
+the driver's note uses too).
 """
 
 from __future__ import annotations
@@ -19,21 +20,13 @@ import pandas as pd
 
 from analysis.load import FINISHED, Experiment
 from analysis.pairing import param_columns, param_name
+from fusion_ray.other_settings import UNSET, describe_differences, plural
 
 #: Columns that find a left-out run's counterpart among the sweep's runs.
 MATCH_COLUMNS = ("dataset", "position", "attention_position", "operator", "seed")
 #: The same, as the tags are called.
 MATCH_WORDS = "dataset, position, attention_position, fusion and seed"
-#: How many param differences the sentence names before it only counts the rest.
-SHOWN_DIFFERENCES = 4
 ADVICE = "give the changed sweep a new name, or make the setting a grid axis"
-#: How an absent param is shown.
-UNSET = "unset"
-
-
-def plural(n: int, noun: str) -> str:
-    """``plural(1, "run")`` -> "1 run", ``plural(9, "run")`` -> "9 runs"."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -162,18 +155,3 @@ def compare_with_counterparts(
         )
     without = len(left_out) - len(merged)
     return describe_differences(found), without, int((~differing_runs).sum())
-
-
-def describe_differences(found: Counter[tuple[str, str, str]]) -> list[str]:
-    """'key theirs in n runs vs ours in the sweep's runs', keys differing in most runs first."""
-    per_key: Counter[str] = Counter()
-    for (key, _, _), n in found.items():
-        per_key[key] += n
-    ranked = sorted(found.items(), key=lambda kv: (-per_key[kv[0][0]], -kv[1], kv[0]))
-    lines = [
-        f"{key} {theirs} in {plural(n, 'run')} vs {ours} in the sweep's runs"
-        for (key, theirs, ours), n in ranked[:SHOWN_DIFFERENCES]
-    ]
-    if len(ranked) > SHOWN_DIFFERENCES:
-        lines.append(f"{plural(len(ranked) - SHOWN_DIFFERENCES, 'other difference')}")
-    return lines

@@ -8,12 +8,12 @@ sweep; ``Plan.other_settings`` says what differs, so the user can separate them.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import SweepSpec
 from fusion_ray.grid import Cell, expand
+from fusion_ray.other_settings import describe_differences, param_differences
 
 # MLflow keeps at most this many characters of a param value (the tracker truncates to it).
 PARAM_CHARS = 6000
@@ -62,32 +62,22 @@ def plan(spec: SweepSpec, tracker: Any | None) -> Plan:
     foreign = [
         r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("cell_id") not in ids
     ]
-    return Plan(cells, existing, done, len(foreign), describe_differences(cells, foreign))
+    return Plan(cells, existing, done, len(foreign), other_settings_lines(cells, foreign))
 
 
-def describe_differences(cells: list[Cell], runs: list[Any], most: int = 4) -> list[str]:
+def other_settings_lines(cells: list[Cell], runs: list[Any]) -> list[str]:
     """What ``runs`` (matching no cell) differ in from the cells with their dataset, position,
-    operator and seed: the most common param differences first."""
+    operator and seed, worded as the report words it (``fusion_ray.other_settings``)."""
     by_key = {tuple(str(getattr(c, t)) for t in _MATCH_TAGS): c for c in cells}
-    params_of: dict[str, dict[str, str]] = {}
-    differences: Counter[tuple[str, str, str]] = Counter()
-    unmatched = 0
+    pairs, unmatched = [], 0
     for run in runs:
         cell = by_key.get(tuple(run.data.tags.get(t, "") for t in _MATCH_TAGS))
         if cell is None:
             unmatched += 1
             continue
-        mine = params_of.setdefault(
-            cell.cell_id, {k: v[:PARAM_CHARS] for k, v in cell.params().items()}
-        )
-        theirs = run.data.params
-        for key in sorted(set(mine) | set(theirs)):
-            if mine.get(key) != theirs.get(key):
-                differences[(key, theirs.get(key, "unset"), mine.get(key, "unset"))] += 1
-    lines = [
-        f"{key} {theirs} in {n} run(s) vs {mine} in this file"
-        for (key, theirs, mine), n in differences.most_common(most)
-    ]
+        mine = {k: v[:PARAM_CHARS] for k, v in cell.params().items()}
+        pairs.append((run.data.params, mine))
+    lines = describe_differences(param_differences(pairs))
     if unmatched:
         lines.append(f"{unmatched} run(s) of a {'/'.join(_MATCH_TAGS)} this file does not have")
     return lines

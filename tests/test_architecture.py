@@ -179,6 +179,7 @@ def test_no_function_is_longer_than_a_screenful():
                 "fusion_ray.registry",  # the registry class (standard library only), as the schema
                 "fusion_ray.redact",  # credentials out of every text (standard library only)
                 "fusion_ray.decide",  # the decision code on paired seeds, below both packages
+                "fusion_ray.other_settings",  # runs of other settings, worded once (stdlib only)
             },
         ),
         ("fusion_ray.schema", set()),

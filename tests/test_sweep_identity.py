@@ -47,7 +47,7 @@ def test_a_changed_sweep_file_never_mixes_its_runs(tmp_path, ray_session, data_c
     second = run_sweep(spec, str(path))
     assert second.already_finished == 0 and len(second.finished) == 2
     assert "2 FINISHED run(s)" in second.other_settings
-    assert "train.epochs 1 in 2 run(s) vs 2 in this file" in second.other_settings
+    assert "train.epochs 1 in 2 runs vs 2 in the sweep's runs" in second.other_settings
 
     # the summary counts one seed per operator (this file's cells), not both settings
     table = summary_table(spec)
