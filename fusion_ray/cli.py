@@ -65,6 +65,21 @@ def common_options() -> argparse.ArgumentParser:
     return common
 
 
+def add_file_arguments(
+    parser: argparse.ArgumentParser, name: str, file_help: str, example: str, recorded: str
+) -> None:
+    """The file a command runs and its ``key=value`` overrides, as ``sweep`` and ``hpo`` both
+    take them (``recorded``: what becomes of the overrides)."""
+    parser.add_argument(name, help=file_help)
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help=f"edits of the file, e.g. {example} (data.X, model.X and train.X set X in every "
+        f"dataset's preset); checked like the file, {recorded}",
+    )
+
+
 def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
     """``run()`` for a command that drives trials (``sweep``, ``hpo``): its value, or, when the
     driver stopped, the exit code of ``fusion_ray.driver.EXIT_CODES`` after one message saying

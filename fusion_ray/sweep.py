@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from fusion_ray import api
-from fusion_ray.cli import common_options, run_command
+from fusion_ray.cli import add_file_arguments, common_options, run_command
 from fusion_ray.config import SweepFileError, SweepSpec
 from fusion_ray.console import print_outcome, summary_table
 from fusion_ray.driver import quiet_console
@@ -30,14 +30,12 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__.splitlines()[0],
         parents=[common_options()],
     )
-    parser.add_argument("sweep_file", help="a sweep YAML, e.g. sweeps/quickstart.yaml")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="edits of the file, e.g. train.epochs=3 seeds=[0,1] resources.workers=2 (data.X, "
-        "model.X and train.X set X in every dataset's preset); checked like the file, recorded "
-        "on the parent run, and part of the cells' configs",
+    add_file_arguments(
+        parser,
+        "sweep_file",
+        "a sweep YAML, e.g. sweeps/quickstart.yaml",
+        "train.epochs=3 seeds=[0,1] resources.workers=2",
+        "recorded on the parent run, and part of the cells' configs",
     )
     parser.add_argument(
         "--report-dir",

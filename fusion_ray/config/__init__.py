@@ -13,7 +13,6 @@ rules between fields, ``semantic_problems``) and ``files`` (YAML on disk, overri
 """
 
 from fusion_ray.config.build import (
-    SECTIONS,
     GridPoint,
     build_points,
     build_trial,
@@ -28,7 +27,6 @@ from fusion_ray.config.combinations import (
     combinations,
     deep_merge,
     grid_namer,
-    matches,
     resolve_specs,
     set_dotted,
 )
@@ -48,7 +46,6 @@ from fusion_ray.config.files import (
 )
 from fusion_ray.config.rules import (
     semantic_problems,
-    setting_axis_problems,
 )
 from fusion_ray.config.spec import (
     AXES,
@@ -66,7 +63,6 @@ from fusion_ray.config.spec import (
     SubGrid,
     SweepSpec,
     bare_names,
-    error_lines,
     pydantic_problems,
     resources_for,
 )
@@ -89,7 +85,6 @@ __all__ = [
     "PRESET_SECTIONS",
     "Resources",
     "Rule",
-    "SECTIONS",
     "SMOKE_DOCUMENTS",
     "SharedSettings",
     "Strict",
@@ -104,17 +99,14 @@ __all__ = [
     "combination_settings",
     "combinations",
     "deep_merge",
-    "error_lines",
     "grid_namer",
     "load_sweep",
-    "matches",
     "pydantic_problems",
     "read_sweep_dict",
     "resolve_specs",
     "resources_for",
     "semantic_problems",
     "set_dotted",
-    "setting_axis_problems",
     "smoke_trial",
     "smoke_version",
     "validate_as",

@@ -7,7 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
-from fusion_ray.cli import common_options, run_command
+from fusion_ray.cli import add_file_arguments, common_options, run_command
 from fusion_ray.config import resources_for
 from fusion_ray.driver import quiet_console
 from fusion_ray.grid import Cell, expand
@@ -64,14 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Tune the shared settings before the paired grid (Optuna on Ray Tune).",
         parents=[common_options()],
     )
-    parser.add_argument("hpo_file", help="an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml")
-    parser.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="KEY=VALUE",
-        help="edits of the file, e.g. tune.num_samples=8 train.epochs=3 (data.X, model.X and "
-        "train.X set X in every dataset's preset); checked like the file and recorded on the "
-        "parent run",
+    add_file_arguments(
+        parser,
+        "hpo_file",
+        "an HPO YAML, e.g. sweeps/hpo/fusion_matters.yaml",
+        "tune.num_samples=8 train.epochs=3",
+        "and recorded on the parent run",
     )
     parser.add_argument(
         "--output", default=None, help="write the fragment here instead of the file's output:"
