@@ -43,12 +43,13 @@ def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
     return load_sweep(path, overrides)
 
 
-def check_stores(spec: SweepSpec, *, remote: bool = True) -> None:
+def check_stores(spec: SweepSpec, *, remote: bool = True, source: str | Path | None = None) -> None:
     """Raises ``SweepFileError`` when the storage path cannot be written or the tracking store
-    cannot be reached (what would fail only after Ray starts)."""
+    cannot be reached (what would fail only after Ray starts); ``source``: the sweep file the
+    message names (default: the sweep's name)."""
     problems = preflight(spec.storage_path, spec.tracking_uri, remote=remote)
     if problems:
-        raise SweepFileError(f"sweep {spec.name}", problems)
+        raise SweepFileError(source or f"sweep {spec.name}", problems)
 
 
 def dry_run(spec: SweepSpec) -> Plan:

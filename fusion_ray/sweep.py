@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = api.load(args.sweep_file, args.overrides)
         if args.smoke:
             spec = api.smoke_version(spec)
-        api.check_stores(spec, remote=not args.dry_run)
+        api.check_stores(spec, remote=not args.dry_run, source=args.sweep_file)
     except (SweepFileError, FileNotFoundError) as exc:
         print(redact(exc), file=sys.stderr)
         return 2
