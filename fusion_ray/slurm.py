@@ -321,15 +321,26 @@ python -m fusion_ray.slurm wait-for-nodes --address "$address" --nodes ${#nodes[
 [ -z "$stopped_by" ] || exit $((128 + $(kill -l "$stopped_by")))
 
 log "every node joined; the sweep starts"
-python -m fusion_ray.sweep @SWEEP@ --address "$address"@DRIVER_ARGS@ &
-driver=$!
-while :; do
+for attempt in 1 2; do
+    python -m fusion_ray.sweep @SWEEP@ --address "$address"@DRIVER_ARGS@ &
+    driver=$!
+    while :; do
+        wait "$driver"
+        status=$?
+        kill -0 "$driver" 2> /dev/null || break  # a trapped signal interrupted the wait
+    done
+    driver=""
+    log "the sweep driver exited with status $status"
+    # 3: the sweep's lease is held, e.g. by this job's previous run, killed before it could
+    # release it on another node: it expires after the lease's time to live
+    [ "$status" -eq 3 ] && [ "$attempt" -eq 1 ] && [ -z "$stopped_by" ] || break
+    wait_s=$((${FUSION_RAY_LEASE_TTL_S:-120} + 15))
+    log "waiting ${wait_s} s for the lease to expire, then trying once more"
+    sleep "$wait_s" & driver=$!
     wait "$driver"
-    status=$?
-    kill -0 "$driver" 2> /dev/null || break  # a trapped signal interrupted the wait
+    driver=""
+    [ -z "$stopped_by" ] || break
 done
-driver=""
-log "the sweep driver exited with status $status"
 if [ "$stopped_by" = USR1 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt @REQUEUES@ ]; then
     stop_ray
     log "requeueing job $SLURM_JOB_ID to go on (run $((${SLURM_RESTART_COUNT:-0} + 1)) of" \

@@ -41,8 +41,9 @@ SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/lo
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "srun", "sinfo")
 NODE_IP = "127.0.0.2"
-#: Epochs of the time-limit test's cells: four of them take longer than the warning's 90 s.
-EPOCHS = 100
+#: Epochs of the time-limit test's cells (800 training documents): seven of its eight cells take
+#: longer than the 90 s the warning may take.
+EPOCHS = 60
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -323,13 +324,16 @@ def slurm() -> Iterator[Slurm]:
             shutil.rmtree(left, ignore_errors=True)
 
 
-def _sweep(tmp_path: Path, name: str, epochs: int, concurrent: int) -> Path:
+def _sweep(
+    tmp_path: Path, name: str, epochs: int, concurrent: int, seeds: int = 2, n_train: int = 160
+) -> Path:
     path = tiny_sweep(
-        tmp_path, name=name,
+        tmp_path, name=name, seeds=list(range(seeds)),
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": concurrent},
     )  # fmt: skip
     raw = yaml.safe_load(path.read_text())
     raw["defaults"]["train"]["epochs"] = epochs
+    raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = n_train
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
@@ -376,10 +380,10 @@ def _wait_for_line(log: Path, pattern: str, job: tuple[Slurm, str], after: int =
     slurm, job_id = job
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
+        state = slurm.job(job_id)["JobState"]  # before reading: a line written by then is seen
         text = log.read_text() if log.exists() else ""
         if re.search(pattern, text[after:]):
             return time.time()
-        state = slurm.job(job_id)["JobState"]
         assert state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "COMPLETING"), (
             f"job {job_id} {state} before {pattern!r}: {text[-3000:]}"
         )
@@ -418,7 +422,7 @@ def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
 
 @pytest.mark.slow
 def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, data_cache):
-    path = _sweep(tmp_path, "slurm_requeue", epochs=8, concurrent=1)
+    path = _sweep(tmp_path, "slurm_requeue", epochs=40, concurrent=1)
     script = _script(path)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
     log = tmp_path / f"job-{job_id}.out"
@@ -451,14 +455,18 @@ def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, da
 def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     slurm, tmp_path, data_cache
 ):
-    """Two minutes, the warning 30 s before: SLURM sends it at its first time-limit check past
-    60 s (checks are 30 s apart), while the sweep (longer than that) runs; the resubmission
-    has ten minutes."""
-    path = _sweep(tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1)
-    script = _script(path, time="2", signal_seconds=30)
+    """The job is given a time limit one to two minutes past its first finished cell (``scontrol
+    update TimeLimit``, as an administrator shortens a job), the warning 30 s before it: SLURM
+    sends it at its first time-limit check (30 s apart) past that point, while the sweep's
+    other seven cells still run. The resubmission has 30 minutes."""
+    path = _sweep(tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1, seeds=4, n_train=800)
+    script = _script(path, time="30", signal_seconds=30)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
-    info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=400)
     log = tmp_path / f"job-{job_id}.out"
+    _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1  # whole minutes, rounded up
+    slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
+    info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
     text = log.read_text()
     assert "the job's time limit is near (SIGUSR1" in text, text[-4000:]
     assert "the sweep driver exited with status 143" in text, text[-4000:]
@@ -467,14 +475,14 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     assert parent.info.status == "KILLED" and "SIGTERM" in parent.data.tags["failure_reason"]
     statuses = sorted(r.info.status for r in _trials(path))
     assert set(statuses) <= {"FINISHED", "KILLED"} and "KILLED" in statuses, statuses
+    assert statuses.count("FINISHED") < 8
     killed = [r.info.run_id for r in _trials(path, "KILLED")]
 
-    script = _script(path, time="10", signal_seconds=60)
     again = slurm.sbatch(script, tmp_path, _job_env(data_cache))
-    info = slurm.wait(again, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
+    info = slurm.wait(again, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=1800)
     text = (tmp_path / f"job-{again}.out").read_text()
     assert info["JobState"] == "COMPLETED", text[-4000:]
-    _one_finished_run_per_cell(path, 4)
+    _one_finished_run_per_cell(path, 8)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(yaml.safe_load(path.read_text())["tracking_uri"])
