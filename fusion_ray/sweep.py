@@ -146,7 +146,11 @@ def run_sweep(
             tracker.fail(parent_id, f"the sweep driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            if tracker.store_problem() is not None:  # nothing to mark, no lease to delete
+            from fusion_ray.tracking import TrackingStoreLostError
+
+            # a store gone (or a server that stopped answering): nothing to mark, no lease to
+            # delete; the next driver takes the lease over once its heartbeat is old
+            if tracker.store_problem() is not None or isinstance(exc, TrackingStoreLostError):
                 lease.abandon()
             else:
                 tracker.fail(parent_id, f"the sweep driver failed: {type(exc).__name__}: {exc}")

@@ -252,8 +252,9 @@ def test_two_drivers_at_once_share_one_lease_over_rest(server, tmp_path, data_ca
 
 def test_the_server_stopped_for_30_s_mid_sweep_loses_nothing(server, tmp_path, data_cache):
     """The server killed once a cell has finished, started again on the same port 30 s later:
-    the driver either waits it out (exit 0) or stops with one message (exit 10, no traceback);
-    then the same command again ends with one FINISHED run per cell."""
+    the driver either waits it out (exit 0: MLflow's client retries a request for about four
+    minutes), saying so in one line, or stops with one message (exit 5, no traceback); then
+    the same command again ends with one FINISHED run per cell."""
     path = _sweep(tmp_path, "pg_down", server.uri, epochs=6, concurrent=1)
     env = _env(data_cache)
     out = tmp_path / "driver.out"
@@ -272,15 +273,55 @@ def test_the_server_stopped_for_30_s_mid_sweep_loses_nothing(server, tmp_path, d
             driver.kill()
     text = out.read_text()
     print(f"\ndriver exit status with the server down for 30 s: {code}")
-    assert code in (0, 10), text[-4000:]
-    if code == 10:
-        assert "no MLflow server answers at" in text and "Traceback" not in text, text[-4000:]
+    assert code in (0, 5), text[-4000:]
+    # one line a minute while it waits, not urllib3's line per retried request
+    assert "no answer from " in text and ": waiting for it" in text, text[-4000:]
+    assert "Retrying (" not in text and "Traceback" not in text, text[-4000:]
+    if code == 5:
+        assert f"no MLflow server answered at {server.uri}" in text, text[-4000:]
         rerun = subprocess.run(
             [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
             cwd=path.parent, env=env, capture_output=True, text=True, timeout=900,
         )  # fmt: skip
         assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     _one_finished_run_per_cell(server.uri, "pg_down", 4)
+
+
+def test_a_server_gone_longer_than_the_retries_stops_the_driver_with_one_message(
+    server, tmp_path, data_cache
+):
+    """MLflow's client made to retry a request for a few seconds only
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``), the server killed once a cell has finished and
+    not started again: the driver stops the sweep with one message saying what is kept and what
+    to do (exit 5), without a traceback; with the server back, the same command finishes the
+    sweep, every cell once."""
+    path = _sweep(tmp_path, "pg_gone", server.uri, epochs=6, concurrent=1)
+    env = _env(data_cache, MLFLOW_HTTP_REQUEST_MAX_RETRIES="1",
+               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")  # fmt: skip
+    out = tmp_path / "driver.out"
+    driver = _driver(path, env, out)
+    try:
+        deadline = time.monotonic() + 600
+        while "[1/4]" not in out.read_text():
+            assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+            time.sleep(0.2)
+        server.stop()
+        code = driver.wait(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    text = out.read_text()
+    assert code == 5, text[-4000:]
+    assert f"error: no MLflow server answered at {server.uri}" in text, text[-4000:]
+    assert "Start the server again" in text and "run the same command" in text
+    assert "Traceback" not in text and text.count("error: ") == 1, text[-4000:]
+    server.start()
+    rerun = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+        cwd=path.parent, env=_env(data_cache), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    _one_finished_run_per_cell(server.uri, "pg_gone", 4)
 
 
 def _everything_logged(uri: str, name: str, where: Path) -> str:
