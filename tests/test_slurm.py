@@ -319,9 +319,7 @@ def slurm() -> Iterator[Slurm]:
         yield started
         _stop(started)
     finally:
-        shutil.rmtree(root, ignore_errors=True)
-        for left in Path("/tmp").glob("fr-*-n[12]"):  # Ray temp dirs of a job killed hard
-            shutil.rmtree(left, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)  # with the Ray temp dirs of a job killed hard
 
 
 def _sweep(
@@ -338,7 +336,7 @@ def _sweep(
     return path
 
 
-def _script(path: Path, **options) -> Path:
+def _script(slurm: Slurm, path: Path, **options) -> Path:
     job = SlurmJob(
         sweep_file=str(path),
         cpus_per_node=1,
@@ -347,8 +345,9 @@ def _script(path: Path, **options) -> Path:
         else f'export PATH="{Path(sys.executable).parent}:$PATH"',
         workdir=str(ROOT),
         output=str(path.parent / "job-%j.out"),
-        node_tmp="/tmp",
+        node_tmp=str(slurm.root / "nt"),  # short: Ray's socket paths go below it
         node_ip_command=f"echo {NODE_IP}",
+        port=_free_ports(1)[0],
         report=False,
         **options,
     )
@@ -401,7 +400,7 @@ def _one_finished_run_per_cell(path: Path, cells: int) -> list:
 @pytest.mark.slow
 def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
     path = _sweep(tmp_path, "slurm_two", epochs=2, concurrent=2)
-    script = _script(path, nodes=2)
+    script = _script(slurm, path, nodes=2)
     submitted = time.time()
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
     log = tmp_path / f"job-{job_id}.out"
@@ -413,7 +412,7 @@ def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
     assert info["NodeList"] == "n[1-2]"
     assert "every node joined" in text and "Ray stopped on every node" in text
     _one_finished_run_per_cell(path, 4)
-    assert not list(Path("/tmp").glob(f"fr-{job_id}-*")), "a Ray temp dir was left"
+    assert not list(slurm.root.glob(f"nt/fr-{job_id}-*")), "a Ray temp dir was left"
     print(
         f"\nSLURM two-node job: submit -> start {started - submitted:.1f} s, "
         f"job start -> first finished trial {first - started:.1f} s"
@@ -423,7 +422,7 @@ def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
 @pytest.mark.slow
 def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, data_cache):
     path = _sweep(tmp_path, "slurm_requeue", epochs=40, concurrent=1)
-    script = _script(path)
+    script = _script(slurm, path)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/4\]", (slurm, job_id))
@@ -460,7 +459,7 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     sends it at its first time-limit check (30 s apart) past that point, while the sweep's
     other seven cells still run. The resubmission has 30 minutes."""
     path = _sweep(tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1, seeds=4, n_train=800)
-    script = _script(path, time="30", signal_seconds=30)
+    script = _script(slurm, path, time="30", signal_seconds=30)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
