@@ -12,7 +12,8 @@ Ray replaces 127.0.0.1 by the machine's address, not other loopback addresses).
 What is checked: a two-node job runs a sweep (one FINISHED run per cell, both Ray nodes joined);
 a job requeued mid-sweep (``scontrol requeue``) finishes the rest without running a finished cell
 again; a job reaching its time-limit warning stops the sweep (its parent run KILLED with the
-reason, no half-written cell) and a resubmission completes it. The times from job start to the
+reason, no half-written cell) and a resubmission completes it; with ``--requeue-on-time-limit``
+the job requeues itself at the warning and its next run completes it. The times from job start to the
 first finished trial and from a requeued job's restart to its first trial are printed.
 """
 
@@ -187,6 +188,27 @@ class Slurm:
     def job(self, job_id: str) -> dict[str, str]:
         out = self.run("scontrol", "show", "job", "-o", job_id)
         return dict(re.findall(r"(\w+)=(\S*)", out))
+
+    def logs(self) -> str:
+        """The daemons' last lines, for a failing assertion's message."""
+        return "\n".join(f"{p.name}: {p.read_text()[-1500:]}" for p in self.root.glob("*.log"))
+
+    def restarted(self, job_id: str, timeout: float = 300) -> dict[str, str]:
+        """The job's info once SLURM has requeued it (``Restarts`` 1), pending or running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if int(info["Restarts"]) >= 1 and info["JobState"] in ("PENDING", "RUNNING"):
+                return info
+            time.sleep(0.5)
+        pytest.fail(f"job {job_id} was not requeued: {info}\n{self.logs()}")
+
+    def release(self, job_id: str) -> None:
+        """A requeued job that SLURM holds (``Reason=BeginTime``, about two minutes): start it
+        now. One that has started meanwhile is left as it is."""
+        info = self.job(job_id)
+        if info["JobState"] == "PENDING" and info["Reason"] == "BeginTime":
+            self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
 
     def wait(self, job_id: str, states: set[str], timeout: float = 900) -> dict[str, str]:
         deadline = time.monotonic() + timeout
@@ -429,11 +451,9 @@ def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, da
     before = {r.info.run_id for r in _trials(path, "FINISHED")}
     slurm.run("scontrol", "requeue", job_id)
     requeued_at = time.time()
-    # SLURM holds a requeued job (BeginTime, about two minutes here): release it now
-    info = slurm.wait(job_id, {"PENDING"}, timeout=120)
-    assert int(info["Restarts"]) == 1
-    slurm.run("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+    slurm.restarted(job_id)
     released = time.time()
+    slurm.release(job_id)
     restarted = _wait_for_line(log, r"run 1: 1 node", (slurm, job_id))
     offset = log.read_text().find("run 1:")
     resumed = _wait_for_line(log, r"\[1/\d\]", (slurm, job_id), after=offset)
@@ -445,7 +465,7 @@ def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, da
     assert before <= {r.info.run_id for r in finished}, "a finished cell ran again"
     assert re.search(r"\[1/[123]\]", text[offset:]), "the requeued run re-ran every cell"
     print(
-        f"\nSLURM requeue: requeue -> job stopped and pending {released - requeued_at:.1f} s; "
+        f"\nSLURM requeue: requeue -> job stopped and requeued {released - requeued_at:.1f} s; "
         f"restart -> first finished trial {resumed - restarted:.1f} s"
     )
 
@@ -488,3 +508,30 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     for run_id in killed:  # continued in its own run, from its checkpoint
         steps = sorted(m.step for m in client.get_metric_history(run_id, "val_acc"))
         assert steps == list(range(EPOCHS)), steps
+
+
+@pytest.mark.slow
+def test_a_job_requeues_itself_at_its_time_limit_and_the_next_run_finishes(
+    slurm, tmp_path, data_cache
+):
+    """``--requeue-on-time-limit 1``: at the warning the sweep stops and the job requeues itself
+    (one job id, one log, ``Restarts=1``); given its time back, the next run finishes the
+    sweep, every cell once."""
+    path = _sweep(tmp_path, "slurm_chain", epochs=EPOCHS, concurrent=1, seeds=4, n_train=800)
+    script = _script(slurm, path, time="30", signal_seconds=30, requeue_on_time_limit=1)
+    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
+    log = tmp_path / f"job-{job_id}.out"
+    _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1
+    slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
+    _wait_for_line(log, rf"requeueing job {job_id}", (slurm, job_id))
+    slurm.restarted(job_id)
+    slurm.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=30")
+    slurm.release(job_id)
+    info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=1800)
+    text = log.read_text()
+    assert info["JobState"] == "COMPLETED" and int(info["Restarts"]) == 1, (
+        f"{info}\n{text[-3000:]}\n{slurm.logs()}"
+    )
+    assert "the sweep driver exited with status 143" in text and "run 1:" in text
+    _one_finished_run_per_cell(path, 8)
