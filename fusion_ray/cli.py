@@ -4,7 +4,7 @@
     fusion-ray hpo sweeps/hpo/agnews.yaml ...
     fusion-ray report --experiment quickstart ...
     fusion-ray train TRIAL.yaml ...
-    fusion-ray cluster ...
+    fusion-ray cluster {aws,onprem,slurm,k8s} ...
     fusion-ray list
 
 Each subcommand takes the options of the module it runs (``fusion-ray sweep --help`` shows
@@ -31,7 +31,10 @@ COMMANDS = {
     "hpo": ("fusion_ray.hpo.cli", "tune a sweep's shared settings with Optuna on Ray Tune"),
     "report": ("analysis.report", "the paired-statistics report of a sweep's MLflow runs"),
     "train": ("fusion_ray.train.__main__", "train one trial config locally (no Ray)"),
-    "cluster": ("fusion_ray.cluster", "render or check the cluster files"),
+    "cluster": (
+        "fusion_ray.cluster",
+        "render the files that run a sweep on a cluster: aws, onprem, slurm, k8s",
+    ),
     "list": ("fusion_ray.cli", "every registry entry with its options and origin"),
 }
 

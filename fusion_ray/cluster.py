@@ -528,6 +528,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="target", required=True)
     sub.add_parser("aws", help="print cluster.yaml (AWS, autoscaling)")
+    for target, (_, text) in OTHER_TARGETS.items():
+        sub.add_parser(target, help=text, add_help=False)
     lab = sub.add_parser("onprem", help="print a cluster file for a lab's own machines")
     lab.add_argument("--head", required=True, help="the head's address (IP or host name)")
     lab.add_argument(
@@ -564,7 +566,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Targets rendered by modules of their own: name -> (module with ``main(argv)``, help).
+OTHER_TARGETS = {
+    "slurm": ("fusion_ray.slurm", "print a SLURM batch script for a sweep (see its --help)"),
+    "k8s": ("fusion_ray.k8s", "print a KubeRay RayJob for a sweep (see its --help)"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] and argv[0] in OTHER_TARGETS:
+        import importlib
+
+        return int(importlib.import_module(OTHER_TARGETS[argv[0]][0]).main(argv[1:]) or 0)
     args = _parser().parse_args(argv)
     if args.target == "aws":
         sys.stdout.write(render_aws())

@@ -81,6 +81,37 @@ _CHATTY_LOGGERS = (
 )
 
 
+class RetryNotice(logging.Filter):
+    """urllib3 warns once per retry of each request to a server that does not answer; MLflow's
+    client retries a request for about four minutes (7 times, doubling the wait), so a tracking
+    server restarted mid-sweep printed dozens of lines. Instead: one line a minute, naming the
+    server and saying that the driver waits."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self.last = -every_s
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Retrying ("):
+            return True
+        now = time.monotonic()
+        if now - self.last < self.every_s:
+            return False
+        self.last = now
+        import re
+
+        host = re.search(r"host='([^']*)', port=(\d+)", message)
+        where = f"http://{host.group(1)}:{host.group(2)}" if host else "the MLflow server"
+        record.msg = (
+            f"no answer from {where}: waiting for it (MLflow's client retries each request for "
+            "about 4 minutes; finished cells and checkpoints are kept)"
+        )
+        record.args = ()
+        return True
+
+
 def quiet_console(verbose: int) -> None:
     """The CLIs' console: our own lines, and the libraries' warnings that matter; with
     ``verbose`` > 0 everything the libraries say."""
@@ -88,6 +119,9 @@ def quiet_console(verbose: int) -> None:
         return
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    pool = logging.getLogger("urllib3.connectionpool")
+    if not any(isinstance(f, RetryNotice) for f in pool.filters):
+        pool.addFilter(RetryNotice())
 
 
 @contextlib.contextmanager
@@ -316,7 +350,11 @@ class DriverSession:
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            if self.tracker.store_problem() is not None:
+            from fusion_ray.tracking import TrackingStoreLostError
+
+            # a store gone (or a server that stopped answering): nothing to mark, no lease to
+            # delete; the next driver takes the lease over once its heartbeat is old
+            if self.tracker.store_problem() is not None or isinstance(exc, TrackingStoreLostError):
                 self.lease.abandon()
             else:
                 self._mark(f"the {self.what} driver failed: {type(exc).__name__}: {exc}")

@@ -488,14 +488,35 @@ class TrackingStoreLostError(RuntimeError):
     to recover."""
 
 
+SERVER_GONE = "no MLflow server answered at"
+"""How ``server_gone`` starts: a tracking server that stopped answering mid-sweep."""
+
+
+def server_gone(exc: BaseException, tracking_uri: str) -> str | None:
+    """When ``exc`` says the tracking server did not answer, after MLflow's client retried the
+    request for minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``): that, as the first half of
+    ``store_lost_message``; else None."""
+    problem = access_problem(exc, tracking_uri)
+    if problem is None or problem.kind != "unreachable":
+        return None
+    return (
+        f"{SERVER_GONE} {redact(tracking_uri)} for as long as MLflow's client retries a request "
+        "(about 4 minutes)"
+    )
+
+
 def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
+    fix = (
+        "Start the server again (or point tracking_uri at the right one)"
+        if problem.startswith(SERVER_GONE)
+        else "Restore the store from a backup (or point tracking_uri at the right one)"
+    )
     return (
         f"{problem} while the sweep ran, so the driver stopped: {finished} trial(s) had "
         f"finished in this run; their checkpoints and predictions remain under storage_path "
-        f"{storage_path}, which the driver left as it was. Restore the store from a backup (or "
-        "point tracking_uri at the right one) and run the same command again: cells whose "
-        "FINISHED runs are in the restored store are not run again; the others resume from "
-        "their checkpoints or start again"
+        f"{storage_path}, which the driver left as it was. {fix} and run the same command "
+        "again: cells whose FINISHED runs are in the store are not run again; the others "
+        "resume from their checkpoints or start again"
     )
 
 
