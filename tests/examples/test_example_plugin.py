@@ -58,8 +58,12 @@ def test_the_plugin_own_tests_pass_through_the_contract_kit(tmp_path):
 def test_the_registry_contract_tests_cover_the_plugin_entries(tmp_path):
     """fusion-ray's own contract tests run over every registered entry: with the example
     installed, its operator, source and rule go through them like the built-in ones."""
-    tests = ["test_model_contract.py", "test_data_contract.py", "test_rule_contract.py"]
-    paths = [str(ROOT / "tests" / t) for t in tests]
+    tests = [
+        "model/test_model_contract.py",
+        "data/test_data_contract.py",
+        "decide/test_rule_contract.py",
+    ]
+    paths = [str(ROOT / "tests" / "fusion_ray" / t) for t in tests]
     select = "position_gate or keywords or sign_closure"
     proc = _pytest(_install(tmp_path), *paths, select=select)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -552,11 +552,72 @@ def _private_tmpfs_prefix(mount_point: Path) -> list[str] | None:
     return None
 
 
+RELEASE_ENV = "FUSION_RAY_TEST_RELEASE"
+
+HELD_ADD = '''
+"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on;
+every other trial writes waiting-<trial id> next to the file $FUSION_RAY_TEST_RELEASE names and
+waits until that file exists. Outside a Tune trial (the driver) it never waits."""
+
+import os
+import time
+from pathlib import Path
+
+from fusion_ray.model.fusion import Add
+
+
+def _trial_id():
+    try:
+        from ray import tune
+
+        return tune.get_context().get_trial_id()
+    except Exception:  # not in a Tune trial
+        return None
+
+
+class HeldAdd(Add):
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        trial, release = _trial_id(), os.environ.get("FUSION_RAY_TEST_RELEASE")
+        if not trial or not release:
+            return
+        release = Path(release)
+        claim, first = release.with_name(f"claim-{trial}"), release.with_name("first_trial")
+        claim.write_text(trial)
+        try:
+            os.link(claim, first)  # atomic: the first trial's id, written before it is seen
+        except FileExistsError:
+            pass
+        if first.read_text() == trial:
+            return
+        release.with_name(f"waiting-{trial}").touch()
+        while not release.exists():
+            time.sleep(0.1)
+'''
+
+
+def _install_held_add(site: Path) -> Path:
+    """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info under ``site``: found in
+    every process with ``site`` on PYTHONPATH, the driver's Ray workers included."""
+    (site / "fusion_ray_held").mkdir(parents=True)
+    (site / "fusion_ray_held" / "__init__.py").write_text(HELD_ADD)
+    info = site / "fusion_ray_held-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fusion-ray-held\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
+    )
+    return site
+
+
 def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_cache):
     """storage_path on a 32 MiB tmpfs that fills up (another file takes the space) once the
     first cell has finished: the other trials fail for want of space, the driver exits 6 with
     one message saying the storage is full and what to do, the finished cell stays FINISHED,
-    and the same command with space again runs exactly the missing cells."""
+    and the same command with space again runs exactly the missing cells.
+
+    Nothing races the clock: every trial after the first waits (``held_add``) until the test has
+    seen the first cell's run FINISHED and the next trial waiting, and has filled the storage."""
     storage = tmp_path / "storage"
     storage.mkdir()
     unshare = shutil.which("unshare") and _private_tmpfs_prefix(storage)
@@ -565,15 +626,26 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
     path = tiny_sweep(
         tmp_path,
         name="full",
-        seeds=[0, 1],
+        seeds=[0, 1, 2, 3],
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
         storage_path=str(storage),
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
     )
+    turns = tmp_path / "turns"
+    turns.mkdir()
+    release = turns / "release"
+    site = _install_held_add(tmp_path / "site")
     ray_tmp = Path(tempfile.mkdtemp(prefix="fusion-ray-"))
-    env = {**_env(data_cache), "RAY_TMPDIR": str(ray_tmp)}
+    env = {
+        **_env(data_cache),
+        "PYTHONPATH": f"{site}:{ROOT}",
+        "RAY_TMPDIR": str(ray_tmp),
+        RELEASE_ENV: str(release),
+    }
     env.pop("RAY_ADDRESS", None)
     sweep = f"{sys.executable} -m fusion_ray.sweep {path} --no-report"
     out = tmp_path / "driver_output.txt"
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with out.open("w") as sink:
         driver = subprocess.Popen(
             [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {storage} && exec {sweep}"],
@@ -585,22 +657,26 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
         )
     try:
         deadline = time.time() + 300
-        while "[1/4]" not in out.read_text():
+        # the first cell's run FINISHED ("[1/4]" is printed after it), the next trial waiting
+        while not list(turns.glob("waiting-*")) or "[1/4]" not in out.read_text():
             assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
             time.sleep(0.2)
+        statuses = sorted(r.info.status for r in _trial_runs(tracking_uri, "full")[1])
+        assert [s for s in statuses if s != "RUNNING"] == ["FINISHED"], statuses
         # the driver's view of its storage (its mount namespace): fill it
         with open(f"/proc/{driver.pid}/root{storage}/filler", "wb") as filler:
             with pytest.raises(OSError, match="No space left"):
                 while True:
                     filler.write(b"\0" * (1 << 20))
                     filler.flush()
+        release.touch()  # the waiting trials go on, into a full storage
         assert driver.wait(timeout=300) == 6, out.read_text()[-4000:]
     finally:
         _kill_all(driver, ray_tmp)
     text = out.read_text()
     assert f"error: the storage at {storage} is full" in text
     assert "run the same command again" in text
-    client, runs = _trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "full")
+    client, runs = _trial_runs(tracking_uri, "full")
     statuses = sorted(r.info.status for r in runs)
     assert statuses[0] == "FAILED" and statuses.count("FINISHED") == 1, statuses
     first = next(r for r in runs if r.info.status == "FINISHED")
@@ -616,7 +692,7 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
         timeout=600,
     )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
-    _, runs = _trial_runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "full")
+    _, runs = _trial_runs(tracking_uri, "full")
     finished = [r for r in runs if r.info.status == "FINISHED"]
     assert len({r.data.tags["cell_id"] for r in finished}) == len(finished) == 4
     assert first.info.run_id in {r.info.run_id for r in finished}  # kept, not re-run
