@@ -89,8 +89,10 @@ def test_take_over_replaces_a_living_holder_and_the_old_one_notices(client, stor
 def test_the_heartbeat_refreshes_the_lease(client, store):
     with SweepLease(store, "s", heartbeat_s=0.2) as lease:
         first = lease.holder().heartbeat
-        time.sleep(1.0)
-        assert lease.holder().heartbeat > first
+        deadline = time.monotonic() + 60  # a deadline, not a guess at how soon it beats
+        while lease.holder().heartbeat <= first:
+            assert time.monotonic() < deadline, "no heartbeat in 60 s"
+            time.sleep(0.1)
 
 
 RACER = """
@@ -98,10 +100,15 @@ import sys, time
 from fusion_ray.lease import LeaseHeldError, SweepLease
 from fusion_ray.tracking import Tracker
 
-uri, name, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+from pathlib import Path
+
+uri, name, ready, go, delay = sys.argv[1:6]
 tracker = Tracker(uri, "race")
 lease = SweepLease(tracker.lease_store(), name)
-time.sleep(max(0.0, start - time.time()))
+Path(ready).touch()  # imported: the test starts the race once both racers are ready
+while not Path(go).exists():
+    time.sleep(0.001)
+time.sleep(float(delay))
 try:
     lease.acquire()
 except LeaseHeldError:
@@ -129,17 +136,34 @@ def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
     rng = random.Random(0)
     outcomes = []
     for round_ in range(20):
-        start = time.time() + 3.0  # after both interpreters have imported MLflow
+        turns = tmp_path / f"round{round_}"
+        turns.mkdir()
+        ready = [turns / "ready0", turns / "ready1"]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", RACER, uri, f"sweep{round_}", str(start + delay)],
+                [
+                    sys.executable,
+                    "-c",
+                    RACER,
+                    uri,
+                    f"sweep{round_}",
+                    str(ready[i]),
+                    str(turns / "go"),
+                    str(delay),
+                ],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            for delay in (0.0, rng.uniform(0.0, 0.05))
+            for i, delay in enumerate((0.0, rng.uniform(0.0, 0.05)))
         ]
+        # both interpreters have imported MLflow, however long that took: start the race
+        deadline = time.monotonic() + 120
+        while not all(r.exists() for r in ready):
+            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, round_
+            time.sleep(0.05)
+        (turns / "go").touch()
         results = [p.communicate(timeout=120) for p in procs]
         assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
         held = [tuple(map(float, out.split()[1:])) for out, _ in results if out.startswith("got")]

@@ -331,7 +331,7 @@ def test_train_epoch_refuses_a_micro_batch_that_does_not_divide_the_ranks_share(
 
 def test_cell_ids_stay_at_the_default_and_change_with_a_micro_batch_size(tmp_path: Path) -> None:
     """At its default (null) the setting stays out of the id, so the cells of sweeps written
-    before it existed keep their ids (tests/test_config.py pins Table 1's); set, it counts."""
+    before it existed keep their ids (tests/fusion_ray/config/test_config.py pins Table 1's); set, it counts."""
     ids = [c.cell_id for c in expand(load_sweep(tiny_sweep(tmp_path)))]
     default = sweep_with(tmp_path / "default", micro_batch_size=None)
     assert [c.cell_id for c in expand(load_sweep(default))] == ids

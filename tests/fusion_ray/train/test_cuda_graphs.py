@@ -75,7 +75,7 @@ def test_a_sweep_that_cannot_use_cuda_graphs_is_refused(tmp_path: Path) -> None:
 
 def test_cuda_graphs_never_changes_a_cell_id(tmp_path: Path) -> None:
     """How a step is launched, not what it computes: a sweep that turns graphs on keeps the ids
-    (and finished cells) it had without them (tests/test_config.py pins Table 1's)."""
+    (and finished cells) it had without them (tests/fusion_ray/config/test_config.py pins Table 1's)."""
     base = [c.cell_id for c in expand(load_sweep(sweep_with(tmp_path / "a", pad_to_multiple=8)))]
     on = expand(load_sweep(sweep_with(tmp_path / "b", pad_to_multiple=8, cuda_graphs=True)))
     assert {c.trial.train.cuda_graphs for c in on} == {True}
