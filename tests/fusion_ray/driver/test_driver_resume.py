@@ -63,6 +63,29 @@ def _driver_env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
     }
 
 
+def _stopped_when(driver: subprocess.Popen, client: MlflowClient, name: str, wanted, group: bool):
+    """Poll the tracking store until ``wanted(snapshot)``, then stop the driver (SIGSTOP; its
+    process group with ``group``) and look again: a stopped driver writes nothing and its trials
+    wait for it at their next report, so a state seen then stays until the test acts. Returns
+    that snapshot, the driver stopped; continues the driver and polls again when the state had
+    moved on (or the store was mid-write) by the time it stopped. No race with the clock."""
+    stop = (lambda sig: os.killpg(driver.pid, sig)) if group else driver.send_signal
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if wanted(_snapshot(client, name)):
+            stop(signal.SIGSTOP)
+            try:
+                seen = _snapshot(client, name)
+            except Exception:  # stopped inside a write: the store is locked until it goes on
+                seen = None
+            if seen is not None and wanted(seen):
+                return seen
+            stop(signal.SIGCONT)
+        assert driver.poll() is None, "the sweep ended before the state the test waits for"
+        time.sleep(0.2)
+    pytest.fail("the sweep never reached the state the test waits for")
+
+
 @pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_seeds", "adaptive_seeds"])
 def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
     tmp_path, ray_session, data_cache, adaptive
@@ -97,18 +120,13 @@ def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 300
-    before: dict[str, dict] = {}
-    while time.monotonic() < deadline:
-        before = _snapshot(client, spec.name)
-        finished = [r for r in before.values() if r["status"] == "FINISHED"]
-        midway = [r for r in before.values() if r["status"] == "RUNNING" and r["ckpt"]]
-        if len(finished) >= 2 and midway:
-            break
-        assert driver.poll() is None, "the sweep ended before it could be interrupted"
-        time.sleep(0.2)
-    else:
-        pytest.fail("the sweep never reached two finished cells and one checkpointed running cell")
+
+    def two_finished_and_one_midway(runs: dict[str, dict]) -> bool:
+        finished = [r for r in runs.values() if r["status"] == "FINISHED"]
+        midway = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
+        return len(finished) >= 2 and bool(midway)
+
+    _stopped_when(driver, client, spec.name, two_finished_and_one_midway, group=True)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     before = _snapshot(client, spec.name)
@@ -246,20 +264,19 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     err = tmp_path / "driver.err"
     with err.open("w") as out:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        runs = _snapshot(client, spec.name)
-        statuses = [r["status"] for r in runs.values()]
+
+    def one_finished_and_one_training(runs: dict[str, dict]) -> bool:
         training = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
-        if "FINISHED" in statuses and training:
-            break
-        assert driver.poll() is None, err.read_text()[-3000:]
-        time.sleep(0.2)
-    else:
-        pytest.fail("the sweep never had a finished cell and a checkpointed training one")
-    for name in signals:
-        driver.send_signal(getattr(signal, name))
+        return any(r["status"] == "FINISHED" for r in runs.values()) and bool(training)
+
+    _stopped_when(driver, client, spec.name, one_finished_and_one_training, group=False)
+    # the first signal waits, pending, while the driver is stopped: it is what the driver
+    # handles first once continued
+    driver.send_signal(getattr(signal, signals[0]))
+    driver.send_signal(signal.SIGCONT)
+    for name in signals[1:]:
         time.sleep(0.3)
+        driver.send_signal(getattr(signal, name))
     assert driver.wait(timeout=120) == 128 + getattr(signal, signals[0])
     text = err.read_text()
     assert f"stopped by {signals[0]}" in text and "Re-run the same command" in text
