@@ -169,6 +169,9 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         while not list(tmp_path.glob("ray_results/raylet-*/*/checkpoint_*")):
             assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
             time.sleep(0.2)
+        # the driver stopped, the trial waits for it at its next report: still training when
+        # its node goes, however fast this machine is
+        driver.send_signal(signal.SIGSTOP)
         # the trial's process is a child of its node's raylet: kill that raylet
         trial = [
             pid
@@ -179,6 +182,7 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         raylet = int((Path(f"/proc/{trial[0]}/stat").read_text().rsplit(")", 1)[1].split())[1])
         assert raylet in cluster.raylets()
         os.kill(raylet, signal.SIGKILL)
+        driver.send_signal(signal.SIGCONT)
         assert driver.wait(timeout=600) == 0, out.read_text()[-4000:]
     finally:
         if driver.poll() is None:
