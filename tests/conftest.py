@@ -64,7 +64,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        # Workers import test helpers (e.g. tests.fusion_ray.train.test_distributed) from the checkout.
+        # Workers import test helpers (e.g. tests.fusion_ray.train.test_distributed) from the
+        # checkout.
         ray.init(
             address="local",  # always a new instance, never a cluster another process started
             num_cpus=2,
