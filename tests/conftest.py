@@ -20,7 +20,7 @@ TIERS = {
     "PostgreSQL), or a fresh interpreter",
     "cluster": "real clusters: `ray start`, `ray up`, a batch scheduler",
 }
-"""The tiers, registered as markers in pyproject.toml; ``python -m pytest -m unit`` runs the first."""
+"""The tiers, registered as markers in pyproject.toml (``python -m pytest -m unit``: the first)."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run
