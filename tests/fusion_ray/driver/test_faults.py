@@ -567,10 +567,14 @@ from fusion_ray.model.fusion import Add
 
 
 def _trial_id():
+    import warnings
+
     try:
         from ray import tune
 
-        return tune.get_context().get_trial_id()
+        with warnings.catch_warnings():  # outside a trial Ray warns, then returns None
+            warnings.simplefilter("ignore")
+            return tune.get_context().get_trial_id()
     except Exception:  # not in a Tune trial
         return None
 
