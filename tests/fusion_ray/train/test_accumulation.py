@@ -42,8 +42,6 @@ from fusion_ray.train.spec import check_train_spec
 from tests.conftest import tiny_sweep
 from tests.helpers import sweep_with, tiny_trial
 
-pytestmark = pytest.mark.unit
-
 VOCAB, CLASSES, MAX_LEN = 40, 3, 24
 
 
@@ -100,6 +98,7 @@ def without_key_bias(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
+@pytest.mark.unit
 def test_micro_batches_are_consecutive_cuts_in_the_samplers_order() -> None:
     assert micro_batches([5, 3, 9, 1, 7], 2) == [[5, 3], [9, 1], [7]]
     assert micro_batches([5, 3, 9, 1], 4) == [[5, 3, 9, 1]]
@@ -111,6 +110,7 @@ def test_micro_batches_are_consecutive_cuts_in_the_samplers_order() -> None:
 LENGTHS = [20, 20, 17, 9, 9, 4, 3]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("attention", ["none", "alibi"])
 @pytest.mark.parametrize("micro", [1, 2, 3])
 def test_accumulated_gradients_equal_one_pass(attention: str, micro: int) -> None:
@@ -126,6 +126,7 @@ def test_accumulated_gradients_equal_one_pass(attention: str, micro: int) -> Non
             assert grad[16:32].abs().max() < 1e-5 * grad.abs().max()
 
 
+@pytest.mark.unit
 def test_mean_of_micro_batch_means_would_be_caught() -> None:
     """The tolerance above tells the right normalisation from the usual wrong one: averaging
     each micro-batch's mean loss weights the lone document of the last micro-batch 3.5 times."""
@@ -183,6 +184,7 @@ def train(
     return weights, reporter.steps, loss
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("attention", ["none", "alibi"])
 def test_training_with_accumulation_ends_where_one_pass_ends(attention: str) -> None:
     # 30 documents of 2..24 tokens in batches of 8: the last step of each epoch has 6 documents,
@@ -201,6 +203,7 @@ def test_training_with_accumulation_ends_where_one_pass_ends(attention: str) -> 
         assert_close(without_key_bias(unclipped), without_key_bias(one_pass))
 
 
+@pytest.mark.unit
 def test_dropout_with_accumulation_is_deterministic_and_resumes_bitwise(
     tmp_path: Path, data_cache: str
 ) -> None:
@@ -260,6 +263,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_ddp_with_accumulation_matches_ddp_without(tmp_path: Path) -> None:
     """Two gloo ranks (no Ray): each rank's share of 4 documents is cut into micro-batches of 2;
     the epoch's last global batch has 5 documents, so one rank runs two micro-batches and the
@@ -299,6 +303,7 @@ def test_ddp_with_accumulation_matches_ddp_without(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- settings
 
 
+@pytest.mark.unit
 def test_micro_batch_size_must_divide_each_workers_share() -> None:
     assert check_train_spec(TrainSpec(batch_size=64, micro_batch_size=16)) == []
     assert check_train_spec(TrainSpec(batch_size=64, micro_batch_size=None), workers=3) == []
@@ -311,11 +316,13 @@ def test_micro_batch_size_must_divide_each_workers_share() -> None:
     assert problem == "micro_batch_size: must be >= 1 or null (got 0)"
 
 
+@pytest.mark.unit
 def test_a_sweep_file_with_a_bad_micro_batch_size_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="train.micro_batch_size: 5 does not divide"):
         load_sweep(sweep_with(tmp_path, micro_batch_size=5))
 
 
+@pytest.mark.unit
 def test_train_epoch_refuses_a_micro_batch_that_does_not_divide_the_ranks_share() -> None:
     spec = TrainSpec(batch_size=8, micro_batch_size=4)
     split = split_of([5] * 8)
@@ -329,6 +336,7 @@ def test_train_epoch_refuses_a_micro_batch_that_does_not_divide_the_ranks_share(
         )
 
 
+@pytest.mark.unit
 def test_cell_ids_stay_at_the_default_and_change_with_a_micro_batch_size(tmp_path: Path) -> None:
     """At its default (null) the setting stays out of the id, so the cells of sweeps written
     before it existed keep their ids (tests/fusion_ray/config/test_config.py pins Table 1's); set, it counts."""

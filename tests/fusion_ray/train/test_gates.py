@@ -40,8 +40,6 @@ from fusion_ray.train.loop import initial_scales
 from fusion_ray.train.report import load_checkpoint_dir
 from tests.helpers import tiny_trial
 
-pytestmark = pytest.mark.unit
-
 GATED = ["gate_scalar", "gate_cnn", "gate_mlp", "gate_vector"]
 CPU = torch.device("cpu")
 ADD = {"name": "add", "kwargs": {}}
@@ -58,11 +56,13 @@ def _final_checkpoint(out_dir: Path) -> Path:
 # ----------------------------------------------------------------------------- the gate method
 
 
+@pytest.mark.unit
 def test_the_gated_operators_are_exactly_the_convex_mixes():
     gated = [n for n in FUSIONS.names() if isinstance(FUSIONS.build(n, 4), GatedFusion)]
     assert gated == GATED
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("shared_p", [True, False], ids=["P[L,d]", "P[B,L,d]"])
 @pytest.mark.parametrize("name", GATED)
 def test_gate_weight_is_the_mix_forward_computes(name, shared_p):
@@ -79,6 +79,7 @@ def test_gate_weight_is_the_mix_forward_computes(name, shared_p):
 # ----------------------------------------------------------------------------- initial scales
 
 
+@pytest.mark.unit
 def test_initial_scales_match_a_direct_computation():
     scaled = build_classifier(_spec(scale_embeddings=True), 50, 3, seed=5)
     plain = build_classifier(_spec(scale_embeddings=False), 50, 3, seed=5)
@@ -93,6 +94,7 @@ def test_initial_scales_match_a_direct_computation():
     assert s["init_position_rms"] == p["init_position_rms"] == pytest.approx(0.5**0.5, rel=1e-6)
 
 
+@pytest.mark.unit
 def test_initial_position_scale_covers_max_length_and_is_zero_without_p():
     learned = build_classifier(_spec(position="learned"), 50, 3, seed=5)
     table = learned.position.table.weight.detach().double()[:10]  # positions 0..9
@@ -104,6 +106,7 @@ def test_initial_position_scale_covers_max_length_and_is_zero_without_p():
     }
 
 
+@pytest.mark.unit
 def test_initial_scales_do_not_depend_on_the_operator():
     scales = [initial_scales(build_classifier(_spec(fusion=n), 50, 3, seed=2), 64) for n in GATED]
     assert all(s == scales[0] for s in scales)
@@ -112,6 +115,7 @@ def test_initial_scales_do_not_depend_on_the_operator():
 # ----------------------------------------------------------------------------- gate by position
 
 
+@pytest.mark.unit
 def test_bucket_edges_are_powers_of_two_up_to_max_length():
     assert gate_bucket_edges(64) == [0, 1, 2, 4, 8, 16, 32, 64]
     assert gate_bucket_edges(100) == [0, 1, 2, 4, 8, 16, 32, 64, 100]
@@ -124,6 +128,7 @@ def prepared(data_cache):
     return prepare_data(tiny_trial(data_cache).data)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("pad_to", [None, 64], ids=["dynamic", "max_length"])
 @pytest.mark.parametrize("name", GATED)
 def test_gate_by_position_averages_the_gate_over_every_real_token(name, pad_to, prepared):
@@ -187,6 +192,7 @@ def _ddp_gates(rank: int, world_size: int, init_file: str, data_cache: str, out:
         dist.destroy_process_group()
 
 
+@pytest.mark.process
 def test_gate_by_position_sums_over_ddp_ranks(tmp_path, data_cache, prepared):
     """Each rank scores its share of the documents; every rank returns the whole split's table."""
     args = (2, str(tmp_path / "init"), data_cache, str(tmp_path))
@@ -207,6 +213,7 @@ def test_gate_by_position_sums_over_ddp_ranks(tmp_path, data_cache, prepared):
         pd.testing.assert_frame_equal(ranked, single, check_exact=False, rtol=1e-9)
 
 
+@pytest.mark.unit
 def test_gate_by_position_refuses_an_ungated_operator(prepared):
     model = build_classifier(
         _spec(fusion="concat"), prepared.vocab_size, prepared.num_classes, seed=1
@@ -220,6 +227,7 @@ def test_gate_by_position_refuses_an_ungated_operator(prepared):
 # ----------------------------------------------------------------------------- latency ratio
 
 
+@pytest.mark.unit
 def test_latency_baseline_is_checked_before_training():
     own = _spec(fusion="gate_cnn", fusion_kwargs={"kernel_size": 3})
     assert latency_baseline_spec(own, None) is None
@@ -236,6 +244,7 @@ def test_latency_baseline_is_checked_before_training():
             latency_baseline_spec(own, bad)
 
 
+@pytest.mark.unit
 def test_latency_is_timed_for_each_model_and_the_baseline_itself_gives_one(data_cache, prepared):
     trial = tiny_trial(data_cache)
     model = build_classifier(trial.model, prepared.vocab_size, prepared.num_classes, trial.seed)
@@ -273,6 +282,7 @@ def add_run(tmp_path_factory, data_cache):
     return trial, final, _final_checkpoint(out)
 
 
+@pytest.mark.unit
 def test_a_gated_trial_keeps_its_gates_from_the_best_epoch(gated_run, prepared):
     trial, final, checkpoint = gated_run
     gates = pd.read_parquet(checkpoint / GATES_FILE)
@@ -294,6 +304,7 @@ def test_a_gated_trial_keeps_its_gates_from_the_best_epoch(gated_run, prepared):
     assert [p.parent for p in checkpoint.parent.glob(f"*/{GATES_FILE}")] == [checkpoint]
 
 
+@pytest.mark.unit
 def test_final_metrics_carry_the_initial_scales_and_the_latency_ratio(gated_run, prepared):
     trial, final, _ = gated_run
     fresh = build_classifier(trial.model, prepared.vocab_size, prepared.num_classes, trial.seed)
@@ -301,6 +312,7 @@ def test_final_metrics_carry_the_initial_scales_and_the_latency_ratio(gated_run,
     assert 0 < final[LATENCY_RATIO_METRIC] < math.inf
 
 
+@pytest.mark.unit
 def test_the_baseline_operator_has_ratio_one_and_no_gates(add_run):
     _, final, checkpoint = add_run
     assert final[LATENCY_RATIO_METRIC] == 1.0
@@ -371,6 +383,7 @@ def store(tmp_path_factory, gated_run, add_run):
     return client, ids
 
 
+@pytest.mark.unit
 def test_the_tracker_logs_the_new_metrics_and_the_gates_of_gated_runs(store, gated_run):
     client, ids = store
     metrics = client.get_run(ids["real"]).data.metrics
@@ -383,6 +396,7 @@ def test_the_tracker_logs_the_new_metrics_and_the_gates_of_gated_runs(store, gat
     assert client.get_run(ids["add"]).data.metrics[LATENCY_RATIO_METRIC] == 1.0
 
 
+@pytest.mark.unit
 def test_gate_frame_reads_the_finished_gated_runs_with_their_tags(store, gated_run):
     client, ids = store
     frame = gate_frame(client, list(ids.values()))
@@ -399,6 +413,7 @@ def test_gate_frame_reads_the_finished_gated_runs_with_their_tags(store, gated_r
     assert gate_frame(client, [ids["add"]]).empty
 
 
+@pytest.mark.unit
 def test_plot_gates_draws_one_panel_per_dataset_and_axis_level(store, tmp_path):
     client, ids = store
     frame = gate_frame(client, list(ids.values()))
@@ -423,6 +438,7 @@ def test_plot_gates_draws_one_panel_per_dataset_and_axis_level(store, tmp_path):
     assert not (tmp_path / "empty.png").exists()
 
 
+@pytest.mark.unit
 def test_gated_runs_are_chosen_by_their_tag_not_their_name(tmp_path):
     import pandas as pd
 
