@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -63,21 +64,37 @@ def _driver_env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
     }
 
 
+def _read_within(seconds: float, read):
+    """``read()``, or None when it fails or takes longer than ``seconds``: the driver, stopped
+    inside a write, holds the store locked until it goes on. Bounded, so the driver is never
+    stopped long enough for its own waits on the store (20 s) to run out."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(read())
+        except Exception:
+            box.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else None
+
+
 def _stopped_when(driver: subprocess.Popen, client: MlflowClient, name: str, wanted, group: bool):
     """Poll the tracking store until ``wanted(snapshot)``, then stop the driver (SIGSTOP; its
     process group with ``group``) and look again: a stopped driver writes nothing and its trials
     wait for it at their next report, so a state seen then stays until the test acts. Returns
     that snapshot, the driver stopped; continues the driver and polls again when the state had
-    moved on (or the store was mid-write) by the time it stopped. No race with the clock."""
+    moved on (or the store was mid-write: see _read_within) by the time it stopped. No race
+    with the clock."""
     stop = (lambda sig: os.killpg(driver.pid, sig)) if group else driver.send_signal
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if wanted(_snapshot(client, name)):
             stop(signal.SIGSTOP)
-            try:
-                seen = _snapshot(client, name)
-            except Exception:  # stopped inside a write: the store is locked until it goes on
-                seen = None
+            seen = _read_within(3.0, lambda: _snapshot(client, name))
             if seen is not None and wanted(seen):
                 return seen
             stop(signal.SIGCONT)
