@@ -13,7 +13,7 @@
 - ``registries``: ``fusion_ray.cli.list_entries()``, and per registry entry its options.
 
 Only public names are imported (never file paths), so the generator does not depend on how a
-package is split into modules. ``tests/test_docs_reference.py`` checks that every field, schema
+package is split into modules. ``tests/docs/test_docs_reference.py`` checks that every field, schema
 name, command and registry entry reaches the output.
 """
 

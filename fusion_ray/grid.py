@@ -21,7 +21,7 @@ from fusion_ray.train.spec import TrialConfig
 # Settings that say where things live or how a step is executed, not what is computed: they
 # never change a cell's id. train.cuda_graphs replays the eager step's kernels on the same
 # inputs (bitwise equal on a GPU where the eager step is itself reproducible:
-# tests/test_cuda_graphs.py, bench/RESULTS.md).
+# tests/fusion_ray/train/test_cuda_graphs.py, bench/RESULTS.md).
 _NOT_IN_ID = ("data.cache_dir", *EXECUTION_PARAMS)
 # Settings added to the schema after cell ids were first issued, with their defaults: while a
 # sweep leaves one at its default it stays out of the id, so growing the schema does not

@@ -11,7 +11,7 @@ from another Secret; checkpoints go to a shared ReadWriteMany volume or to S3, t
 ``FUSION_RAY_STORAGE``, which the sweep files read. A failed or evicted run is retried
 ``backoff_limit`` times, each resuming from the checkpoints and the tracking store.
 
-The manifests are checked offline against the Kubernetes object schemas (tests/test_k8s.py) and
+The manifests are checked offline against the Kubernetes object schemas (tests/fusion_ray/test_k8s.py) and
 have not been run on a live cluster.
 """
 

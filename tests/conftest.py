@@ -1,4 +1,6 @@
-"""Shared fixtures: one local Ray instance for the whole session, small sweeps on synthetic data."""
+"""Shared fixtures (one local Ray instance for the whole session, small sweeps on synthetic
+data) and the test tiers: every test under tests/ carries exactly one of the markers in TIERS,
+checked when pytest collects (``pytest -m unit`` is the quick check)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,51 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+TIERS = {
+    "unit": "no Ray, no subprocess, no training beyond a few steps",
+    "ray": "starts a local Ray (the ray_session fixture) or runs a sweep on it in this process",
+    "process": "real processes: drivers, signals, faults, servers (mlflow server, sshd, SLURM, "
+    "PostgreSQL), or a fresh interpreter",
+    "cluster": "real clusters: `ray start`, `ray up`, a batch scheduler",
+}
+"""The tiers, registered as markers in pyproject.toml (``python -m pytest -m unit``: the first)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Fail the collection, naming every test under tests/ that has no tier or more than one,
+    and every unit test that starts Ray through the ray_session fixture."""
+    problems = []
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        if TESTS not in path.parents:
+            continue  # another project's tests run with ours (examples/plugin/tests)
+        tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) != 1:
+            problems.append((item.nodeid, f"has {', '.join(tiers) or 'none'}"))
+        elif tiers == ["unit"] and "ray_session" in getattr(item, "fixturenames", ()):
+            problems.append((item.nodeid, "is unit but starts Ray (ray_session): at least ray"))
+    if problems:
+        raise pytest.UsageError(tier_message(problems))
+
+
+def tier_message(problems: list[tuple[str, str]]) -> str:
+    """What is wrong with each test and exactly what to add."""
+    lines = [f"{len(problems)} test(s) must be in exactly one tier ({', '.join(TIERS)}):"]
+    lines += [f"  {nodeid}: {what}" for nodeid, what in problems]
+    lines += [
+        "Add one marker to each: for a whole file, one line after its imports,",
+        "    pytestmark = pytest.mark.unit   # or ray, process, cluster",
+        "or, where a file's tests differ, a decorator on every test of the file (a file with",
+        "pytestmark takes no decorator of another tier):",
+        "    @pytest.mark.process",
+        "The tiers:",
+        *(f"    {name}: {what}" for name, what in TIERS.items()),
+        "and put the file where its package is: tests/fusion_ray/<package>/, tests/analysis/, ...",
+    ]
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +64,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        # Workers import test helpers (e.g. tests.test_distributed) from the checkout.
+        # Workers import test helpers (e.g. tests.fusion_ray.train.test_distributed) from the
+        # checkout.
         ray.init(
             address="local",  # always a new instance, never a cluster another process started
             num_cpus=2,

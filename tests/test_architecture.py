@@ -61,6 +61,7 @@ def _edges(name: str) -> set[str]:
     return out
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_module_imports_alone_in_a_fresh_interpreter(package):
     names = [m for m in MODULES if m.split(".")[0] == package]
@@ -80,6 +81,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter(package):
     assert not failures, "\n\n".join(f"import {n} failed:\n{err}" for n, _, err in failures)
 
 
+@pytest.mark.unit
 def test_no_import_cycles():
     graph = {name: _edges(name) for name in MODULES}
     # A package's __init__ re-exporting its own submodules is not a cycle of the submodules.
@@ -106,6 +108,7 @@ def test_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+@pytest.mark.unit
 def test_no_private_names_imported_across_modules():
     borrowed = [
         f"{path.relative_to(ROOT)}:{line}: from {module} import {n}"
@@ -118,6 +121,7 @@ def test_no_private_names_imported_across_modules():
     assert not borrowed, "private names used outside their module:\n" + "\n".join(borrowed)
 
 
+@pytest.mark.unit
 def test_no_function_is_longer_than_a_screenful():
     long = []
     for path in [*MODULES.values(), *sorted((ROOT / "bench").glob("*.py"))]:
@@ -131,6 +135,7 @@ def test_no_function_is_longer_than_a_screenful():
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "room, allowed",
     [
@@ -203,6 +208,7 @@ def test_rooms_import_only_what_they_may(room, allowed):
     assert not wrong, f"{room} imports outside its room:\n" + "\n".join(wrong)
 
 
+@pytest.mark.unit
 def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
     """What crosses into the trial's process is ``job.TrialJob``: ``orchestrate`` reads no value
     out of a mapping by a string key (a payload dict), and its trainable takes the job."""
@@ -225,6 +231,7 @@ def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
     assert hints["job"] is TrialJob
 
 
+@pytest.mark.process
 def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
     """analysis imports ``fusion_ray.schema``; that must not pull in torch, Ray or the rest of
     fusion_ray (the package's ``__init__`` stays import-light)."""
@@ -241,6 +248,7 @@ def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
     assert sorted(loaded) == ["fusion_ray", "fusion_ray.schema"], loaded
 
 
+@pytest.mark.unit
 def test_every_report_section_is_one_module_with_a_known_place():
     """A report analysis is one module with a ``Section`` and one entry of ``SECTIONS``: the
     entries have distinct names, each lives in a module of its own, and says which part of
@@ -257,6 +265,7 @@ def test_every_report_section_is_one_module_with_a_known_place():
     assert all(s.warns_with in WARNING_PLACES for s in SECTIONS)
 
 
+@pytest.mark.unit
 def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
     """DESIGN.md: ``fusion_ray.tracking`` owns MLflow (the lease and the Tune callbacks write
     through it), at any depth, lazy imports included."""
@@ -278,6 +287,7 @@ COMMAND_LINE = {"fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
 """The commands; ``python -m`` entry points (``__main__`` modules) run them."""
 
 
+@pytest.mark.unit
 def test_the_engine_reaches_the_analysis_only_through_the_application_layer():
     reaching = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
@@ -291,6 +301,7 @@ def test_the_engine_reaches_the_analysis_only_through_the_application_layer():
     assert not reaching, "the engine imports the analysis:\n" + "\n".join(reaching)
 
 
+@pytest.mark.unit
 def test_the_api_is_the_core_the_command_line_calls_not_the_other_way_round():
     below_cli = [name for name in MODULES if name.startswith("fusion_ray")]
     calling_up = [
@@ -307,6 +318,7 @@ MODULE_LINES = 520
 """About 500 lines: a module longer than this says at the top of its docstring why it is one."""
 
 
+@pytest.mark.unit
 def test_a_long_module_says_why_it_is_one():
     unexplained = [
         f"{path.relative_to(ROOT)}: {lines} lines"

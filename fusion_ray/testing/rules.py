@@ -2,7 +2,7 @@
 ``fusion_ray.decision_rules``).
 
 ``check_decision_rule(rule)`` runs every check below and raises ``AssertionError`` naming the
-first that fails; ``tests/test_rule_contract.py`` runs it over every registered rule, plug-ins
+first that fails; ``tests/fusion_ray/decide/test_rule_contract.py`` runs it over every registered rule, plug-ins
 included.
 
 The checks:

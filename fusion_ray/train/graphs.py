@@ -11,7 +11,7 @@ cuDNN plans); those steps would train the model, so the weights, the optimiser's
 random-number generator are put back as they were before the graph is recorded. A replay then
 runs the same kernels on the same inputs as the eager step, and the optimiser is the same
 capturable one either way (``make_optimizer``), so ``cuda_graphs`` changes how fast a step runs,
-not what it computes (``tests/test_cuda_graphs.py`` checks this on a GPU).
+not what it computes (``tests/fusion_ray/train/test_cuda_graphs.py`` checks this on a GPU).
 
 Batches of another size (an epoch's last, shorter one) run eagerly. One worker only, one pass
 per step (no ``micro_batch_size``); on a CPU the setting does nothing.

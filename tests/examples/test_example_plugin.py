@@ -1,0 +1,137 @@
+"""The example plug-in package (examples/plugin), installed as a user would, runs a sweep on
+Ray workers through the report: its operator and its data source are selected by name, and its
+gated operator gets the gate diagnostics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.process
+
+
+def _install(tmp_path) -> str:
+    """The example package pip-installed into a folder of its own (its site directory)."""
+    site = tmp_path / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--target", str(site), str(ROOT / "examples" / "plugin")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr
+    return str(site)
+
+
+def _pytest(site: str, *paths: str, select: str | None = None) -> subprocess.CompletedProcess:
+    """pytest in a fresh process with the installed example on the path."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths]
+        + (["-k", select] if select else []),
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": f"{site}:{ROOT}"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def _passed(proc: subprocess.CompletedProcess) -> int:
+    return int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
+
+
+def test_the_plugin_own_tests_pass_through_the_contract_kit(tmp_path):
+    """examples/plugin/tests, the plug-in's own pytest, checks each of its entries with
+    fusion_ray.testing (fusion, data source, decision rule), by name, as installed."""
+    proc = _pytest(_install(tmp_path), str(ROOT / "examples" / "plugin" / "tests"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _passed(proc) == 4, proc.stdout[-2000:]
+
+
+def test_the_registry_contract_tests_cover_the_plugin_entries(tmp_path):
+    """fusion-ray's own contract tests run over every registered entry: with the example
+    installed, its operator, source and rule go through them like the built-in ones."""
+    tests = [
+        "model/test_model_contract.py",
+        "data/test_data_contract.py",
+        "decide/test_rule_contract.py",
+    ]
+    paths = [str(ROOT / "tests" / "fusion_ray" / t) for t in tests]
+    select = "position_gate or keywords or sign_closure"
+    proc = _pytest(_install(tmp_path), *paths, select=select)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert _passed(proc) >= 6, proc.stdout[-2000:]
+
+
+def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
+    site = _install(tmp_path)
+    path = tiny_sweep(tmp_path, name="plugin_demo", seeds=[0, 1])
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["add", "position_gate"]
+    raw["datasets"]["short"]["data"] = {
+        "source": "keywords",
+        "source_kwargs": {"num_classes": 3, "n_train": 96, "n_test": 32, "words": 12},
+        "tokenizer": "word",
+        "max_length": 16,
+    }
+    raw["defaults"]["model"]["max_len"] = 16
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "sweep", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "4 finished now, 0 failed" in proc.stdout
+    report = (tmp_path / "reports" / "plugin_demo" / "report.md").read_text()
+    assert "position_gate" in report
+    gates = tmp_path / "reports" / "plugin_demo" / "gates_by_position.csv"
+    assert gates.is_file() and "position_gate" in gates.read_text()
+
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker(raw["tracking_uri"], "plugin_demo")
+    tags = {(r.data.tags["fusion"], r.data.tags["gated"]) for r in tracker.trial_runs()}
+    assert tags == {("add", "false"), ("position_gate", "true")}
+
+
+def test_a_plugin_decision_rule_decides_a_sweep(tmp_path, data_cache):
+    """The example's ``sign_closure`` (entry-point group fusion_ray.decision_rules), installed
+    as a user would (its contract is in the plug-in's own tests): ``fusion-ray list`` shows it,
+    and an adaptive sweep that names it decides with it (its parent run says so)."""
+    site = _install(tmp_path)
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
+    listed = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "list"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert "sign_closure" in listed.stdout and "fusion-ray-example-plugin" in listed.stdout
+    path = tiny_sweep(tmp_path, name="plugin_rule")
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": 2, "max": 3, "rule": "sign_closure"}
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.cli", "sweep", str(path), "--no-report"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rule sign_closure" in proc.stdout
+
+    from fusion_ray.tracking import Tracker
+
+    tracker = Tracker(raw["tracking_uri"], "plugin_rule")
+    parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
+    assert '"rule":"sign_closure"' in parent.data.tags["adaptive_seeds"]

@@ -1,0 +1,164 @@
+"""Adaptive seeds on the driver: which cells the evidence needs (a pure function of the finished
+cells), and an adaptive sweep on Ray that stops each comparison when it is decided."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fusion_ray.adaptive import SeedSchedule, comparison_name, group_of
+from fusion_ray.config import load_sweep
+from fusion_ray.grid import expand
+from fusion_ray.schema import STATE_CODES
+from tests.conftest import tiny_sweep
+
+
+def _adaptive_sweep(tmp_path, first=2, most=12, name="adaptive", **seeds):
+    path = tiny_sweep(tmp_path, name=name)
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": first, "max": most, **seeds}
+    raw["grid"]["fusions"] = ["add", "gate_scalar", "concat"]
+    path.write_text(yaml.safe_dump(raw))
+    return load_sweep(path)
+
+
+def _schedule(spec):
+    return SeedSchedule(expand(spec), "add", spec.adaptive)
+
+
+def _finish(schedule, cells, accuracy):
+    for cell in cells:
+        schedule.results[cell.cell_id] = accuracy(cell)
+
+
+@pytest.mark.unit
+def test_the_first_wave_runs_every_cell_and_then_only_open_comparisons_get_seeds(tmp_path):
+    spec = _adaptive_sweep(tmp_path, first=2, most=12)
+    schedule = _schedule(spec)
+    assert spec.seeds == list(range(12)) and len(schedule.cells) == 36
+    wave = schedule.needed()
+    assert {c.seed for c in wave} == {0, 1} and len(wave) == 6
+    # gate_scalar always 10 points better, concat always exactly equal to add (no sign: open)
+    acc = {"add": 0.5, "gate_scalar": 0.6, "concat": 0.5}
+    _finish(schedule, wave, lambda c: acc[c.fusion])
+    while schedule.needed():
+        _finish(schedule, schedule.needed(), lambda c: acc[c.fusion])
+    states = {name: s[-1] for name, s in schedule.states().items()}
+    group = group_of(schedule.cells[0])
+    better = comparison_name(group, "gate_scalar", "add")
+    tied = comparison_name(group, "concat", "add")
+    assert states[better] == "better"
+    decided_at = schedule.states()[better].index("better")
+    # gate_scalar stopped once decided; the tied comparison (every delta 0: its e-value stays 1)
+    # stopped at seed 7, when its 4 remaining seeds, each at most doubling it, could no longer
+    # lift it to 1/alpha = 20 (2^4 = 16): futile
+    ran = {(c.fusion, c.seed) for c in schedule.cells if c.cell_id in schedule.results}
+    assert max(s for f, s in ran if f == "gate_scalar") == decided_at < 11
+    assert states[tied] == "futile" and max(s for f, s in ran if f == "concat") == 7
+    assert max(s for f, s in ran if f == "add") == max(decided_at, 7)
+
+
+@pytest.mark.unit
+def test_a_baseline_seed_is_shared_by_the_comparisons_of_its_family(tmp_path):
+    spec = _adaptive_sweep(tmp_path, first=2, most=12)
+    schedule = _schedule(spec)
+    acc = {"add": 0.5, "gate_scalar": 0.6, "concat": 0.4}
+    for _ in range(4):
+        _finish(schedule, schedule.needed(), lambda c: acc[c.fusion])
+    needed = schedule.needed()
+    seeds = {c.seed for c in needed}
+    assert len(seeds) == 1  # one next seed, for both comparisons
+    assert sorted(c.fusion for c in needed) == ["add", "concat", "gate_scalar"]  # one add cell
+
+
+@pytest.mark.unit
+def test_a_restarted_schedule_from_the_same_results_asks_for_the_same_cells(tmp_path):
+    spec = _adaptive_sweep(tmp_path, first=3, most=12)
+    one = _schedule(spec)
+    acc = {"add": 0.5, "gate_scalar": 0.62, "concat": 0.47}
+    for _ in range(5):
+        _finish(one, one.needed(), lambda c: acc[c.fusion] + 0.01 * (c.seed % 3))
+    two = SeedSchedule(expand(spec), "add", spec.adaptive, dict(one.results))
+    assert [c.cell_id for c in two.needed()] == [c.cell_id for c in one.needed()]
+    assert two.states() == one.states()
+
+
+@pytest.mark.unit
+def test_a_failed_cell_leaves_its_pair_out_and_the_comparison_goes_on(tmp_path):
+    spec = _adaptive_sweep(tmp_path, first=2, most=12)
+    schedule = _schedule(spec)
+    wave = schedule.needed()
+    for cell in wave:
+        failed = cell.fusion == "gate_scalar" and cell.seed == 1
+        schedule.results[cell.cell_id] = None if failed else 0.5
+    deltas = schedule.deltas()
+    name = comparison_name(group_of(wave[0]), "gate_scalar", "add")
+    assert deltas[name] == [0.0, None]
+    assert any(c.seed == 2 and c.fusion == "gate_scalar" for c in schedule.needed())
+
+
+@pytest.mark.ray
+def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
+    tmp_path, ray_session, data_cache
+):
+    """The searcher suggests the first wave, then only what the evidence needs; nothing runs
+    twice, and the schedule rebuilt from the tracking store agrees with what ran."""
+    from fusion_ray.adaptive import finished_results
+    from fusion_ray.plan import plan
+    from fusion_ray.runner import run_sweep
+    from fusion_ray.seed_policy import AdaptiveSeedPolicy
+    from fusion_ray.tracking import Tracker
+
+    # Two entries that build the same model (gate_mlp's hidden width defaults to d_model = 16):
+    # every paired delta is exactly 0, so the comparison never gains a sign. With the sign rule
+    # (chosen by name in the file): after the first wave (seeds 0-1) its 7 remaining seeds could
+    # still reach e = 20 (E_7 = 26.8): seed 2 runs; then 6 remaining cannot (E_6 = 14.4):
+    # futile, and the sweep stops at 3 seeds of 9.
+    path = tiny_sweep(tmp_path, name="adaptive_ray")
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": 2, "max": 9, "rule": "sign"}
+    raw["grid"]["fusions"] = ["gate_mlp", {"name": "gate_mlp", "hidden": 16}]
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    outcome = run_sweep(spec)
+    assert not outcome.failed and outcome.ran == len(outcome.finished) == 6
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    runs = tracker.trial_runs()
+    ids = [r.data.tags["cell_id"] for r in runs if r.info.status == "FINISHED"]
+    assert len(ids) == len(set(ids)) == len(outcome.finished)  # no cell twice
+    # the schedule rebuilt from the store needs nothing more, and every finished cell was needed
+    todo = plan(spec, tracker)
+    schedule = AdaptiveSeedPolicy(spec, todo).schedule
+    assert schedule.needed() == []
+    replay = SeedSchedule(todo.cells, "add", spec.adaptive)
+    by_id = {c.cell_id: c for c in todo.cells}
+    ran = set()
+    while replay.needed():
+        batch = [c for c in replay.needed() if c.cell_id in ids]
+        assert batch, "a needed cell was never run"
+        ran |= {c.cell_id for c in batch}
+        replay.results.update(finished_results(batch, todo.existing))
+    assert ran == set(ids) and {by_id[i].seed for i in ids} == {0, 1, 2}
+    assert [s[-1] for s in schedule.states().values()] == ["futile"]
+    (row,) = outcome.decisions
+    assert (row["state"], row["seeds_used"], row["decided_at_seed"]) == ("futile", 3, 2)
+    parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
+    assert parent.data.tags["decisions.futile"] == "1"
+    # the dataset's reference baseline, reported by its trials, is on the parent run too
+    bow = parent.data.metrics["baseline.short.bag_of_words.test_acc"]
+    trial = next(r for r in runs if r.info.status == "FINISHED")
+    assert bow == trial.data.metrics["reference.bag_of_words.test_acc"] and 0 < bow <= 1
+    assert '"max":9' in parent.data.tags["adaptive_seeds"]
+    assert '"rule":"sign"' in parent.data.tags["adaptive_seeds"] and row["rule"] == "sign"
+    assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
+    # the evidence as it formed, one step per seed, on the parent run (the MLflow UI charts it)
+    (key,) = [k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")]
+    history = tracker.client.get_metric_history(parent.info.run_id, key)
+    assert [(m.step, m.value) for m in history] == [(1, 0), (2, 0), (3, STATE_CODES["futile"])]
+    e_key = key.removesuffix(".state") + ".e_value"
+    assert [m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)] == [
+        1
+    ] * 3
+    again = run_sweep(spec)  # a second driver finds nothing left to run
+    assert again.ran == 0 and not again.finished

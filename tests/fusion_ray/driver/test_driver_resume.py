@@ -1,0 +1,366 @@
+"""The sweep driver killed mid-sweep, then the same command again: only the missing cells run,
+an interrupted trial continues from its checkpoint in its own run, and no cell gets two runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from fusion_ray.config import load_sweep
+from fusion_ray.grid import expand
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.process
+
+
+def _snapshot(client: MlflowClient, name: str) -> dict[str, dict]:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return {}
+    runs = client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
+    return {
+        r.info.run_id: {
+            "cell": r.data.tags["cell_id"],
+            "status": r.info.status,
+            "ckpt": r.data.tags.get("checkpoint_path"),
+        }
+        for r in runs
+    }
+
+
+def _one_at_a_time(tmp_path, name: str, seed_list: list[int], epochs: int = 4, **raw_changes):
+    """A tiny sweep running one trial at a time, ``epochs`` long, with top-level changes (which
+    may replace ``seeds`` with an adaptive block)."""
+    path = tiny_sweep(
+        tmp_path,
+        name=name,
+        seeds=seed_list,
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = epochs
+    for key, value in raw_changes.items():
+        raw[key] = value
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _driver_env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
+    """A driver subprocess's environment: the test session's Ray and data cache, this checkout."""
+    return {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def _read_within(seconds: float, read):
+    """``read()``, or None when it fails or takes longer than ``seconds``: the driver, stopped
+    inside a write, holds the store locked until it goes on. Bounded, so the driver is never
+    stopped long enough for its own waits on the store (20 s) to run out."""
+    box: list = []
+
+    def run() -> None:
+        try:
+            box.append(read())
+        except Exception:
+            box.append(None)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return box[0] if box else None
+
+
+def _stopped_when(driver: subprocess.Popen, client: MlflowClient, name: str, wanted, group: bool):
+    """Poll the tracking store until ``wanted(snapshot)``, then stop the driver (SIGSTOP; its
+    process group with ``group``) and look again: a stopped driver writes nothing and its trials
+    wait for it at their next report, so a state seen then stays until the test acts. Returns
+    that snapshot, the driver stopped; continues the driver and polls again when the state had
+    moved on (or the store was mid-write: see _read_within) by the time it stopped. No race
+    with the clock."""
+    stop = (lambda sig: os.killpg(driver.pid, sig)) if group else driver.send_signal
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if wanted(_snapshot(client, name)):
+            stop(signal.SIGSTOP)
+            seen = _read_within(3.0, lambda: _snapshot(client, name))
+            if seen is not None and wanted(seen):
+                return seen
+            stop(signal.SIGCONT)
+        assert driver.poll() is None, "the sweep ended before the state the test waits for"
+        time.sleep(0.2)
+    pytest.fail("the sweep never reached the state the test waits for")
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed_seeds", "adaptive_seeds"])
+def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
+    tmp_path, ray_session, data_cache, adaptive
+):
+    # Adaptive: two entries that build the same model, so every paired delta is 0 and the
+    # e-value stays 1: with a cap of 7 the comparison is futile at seed 2 (4 seeds left can at
+    # most multiply it by 16 < 20): 3 seeds x 2 cells, whichever driver decides it; the lease of
+    # the killed driver is taken over by the second.
+    changes = (
+        {
+            "seeds": {"adaptive": True, "first": 2, "max": 7},
+            "grid": {
+                "datasets": ["short"],
+                "fusions": ["gate_mlp", {"name": "gate_mlp", "hidden": 16}],
+            },
+        }
+        if adaptive
+        else {}
+    )
+    name = "killed_adaptive" if adaptive else "killed"
+    path = _one_at_a_time(tmp_path, name, [0, 1, 2], **changes)
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+
+    driver = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def two_finished_and_one_midway(runs: dict[str, dict]) -> bool:
+        finished = [r for r in runs.values() if r["status"] == "FINISHED"]
+        midway = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
+        return len(finished) >= 2 and bool(midway)
+
+    _stopped_when(driver, client, spec.name, two_finished_and_one_midway, group=True)
+    os.killpg(driver.pid, signal.SIGKILL)
+    driver.wait()
+    before = _snapshot(client, spec.name)
+    finished_before = {rid for rid, r in before.items() if r["status"] == "FINISHED"}
+    interrupted = {rid for rid, r in before.items() if r["status"] == "RUNNING" and r["ckpt"]}
+    assert finished_before and interrupted
+
+    rerun = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+
+    after = _snapshot(client, spec.name)
+    cells = [r["cell"] for r in after.values()]
+    assert len(cells) == 6 and len(set(cells)) == 6, "exactly one run per cell"
+    assert all(r["status"] == "FINISHED" for r in after.values())
+    assert finished_before <= set(after), "finished cells were not re-run"
+    for rid in interrupted:  # continued in its own run, from its checkpoint
+        assert rid in after
+        steps = [m.step for m in client.get_metric_history(rid, "val_acc")]
+        assert sorted(steps) == [0, 1, 2, 3], f"epochs logged twice or missing: {steps}"
+
+
+def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
+    tmp_path, ray_session, data_cache
+):
+    """The driver paused (SIGSTOP) past the lease's TTL while a trial trains; a second driver
+    takes the lease over and runs the sweep; the first, resumed, must stop at once, mark nothing
+    FINISHED and exit 4 saying another driver took over: one FINISHED run per cell."""
+    path = _one_at_a_time(tmp_path, "paused", [0, 1])
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    # A heartbeat slower than the pause: the first driver learns of the takeover only through
+    # the fence before its writes, which is what this test is about.
+    env = _driver_env(
+        ray_session, data_cache, FUSION_RAY_LEASE_TTL_S="3", FUSION_RAY_LEASE_HEARTBEAT_S="600"
+    )
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    first_err = tmp_path / "first.err"
+    with first_err.open("w") as err:
+        first = subprocess.Popen(
+            command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
+        )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        runs = _snapshot(client, spec.name)
+        if any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values()):
+            break
+        assert first.poll() is None, "the sweep ended before it could be paused"
+        time.sleep(0.2)
+    else:
+        pytest.fail("the first driver never had a checkpointed trial running")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5)  # past the TTL: the lease has no living heartbeat
+        second = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "taking over the lease of sweep paused" in second.stderr
+    assert first.wait(timeout=300) == 4
+    assert "was taken over by another driver" in first_err.read_text()
+
+    after = _snapshot(client, spec.name)
+    finished = [r["cell"] for r in after.values() if r["status"] == "FINISHED"]
+    assert len(finished) == 4 and len(set(finished)) == 4, "exactly one FINISHED run per cell"
+    assert {c.cell_id for c in expand(spec)} == set(finished)
+    tokens = {
+        client.get_run(rid).data.tags.get("lease_token")
+        for rid, r in after.items()
+        if r["status"] == "FINISHED"
+    }
+    assert len(tokens) == 1 and None not in tokens, "every FINISHED run names the second driver"
+
+
+def test_the_tracking_store_vanishing_mid_sweep_is_one_clear_message(
+    tmp_path, ray_session, data_cache
+):
+    """The sqlite store deleted while the sweep runs: the driver stops with one message saying
+    what happened, what is safe and how to recover (exit 5), and storage keeps the checkpoints."""
+    path = _one_at_a_time(tmp_path, "vanish", [0, 1, 2], epochs=2)
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
+    err_file = tmp_path / "driver.err"
+    with err_file.open("w") as err:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    deadline = time.monotonic() + 300
+    while not any(r["status"] == "FINISHED" for r in _snapshot(client, spec.name).values()):
+        assert driver.poll() is None, "the sweep ended before its store could be removed"
+        assert time.monotonic() < deadline, "no trial finished"
+        time.sleep(0.2)
+    (tmp_path / "mlflow.db").unlink()
+    assert driver.wait(timeout=300) == 5
+    err = err_file.read_text()
+    assert f"the tracking store {tmp_path / 'mlflow.db'} disappeared while the sweep ran" in err
+    assert "remain under storage_path" in err and "run the same command again" in err
+    assert len(err) < 20_000, f"{len(err)} characters of error output"
+    assert "Traceback" not in err
+    assert list((tmp_path / "ray_results").rglob("checkpoint_*")), "storage was left as it was"
+
+
+def _alive_trial_actors(ray_session) -> dict[str, str]:
+    """Actor id -> class name of the session Ray's live Tune trial / Ray Train actors (GCS)."""
+    kinds = ("ImplicitFunc", "RayTrainWorker", "TrainController")
+    return {
+        actor_id: a["ActorClassName"]
+        for actor_id, a in ray_session._private.state.actors().items()
+        if a["State"] == "ALIVE" and any(k in a["ActorClassName"] for k in kinds)
+    }
+
+
+@pytest.mark.parametrize("signals", [("SIGTERM",), ("SIGINT", "SIGINT")], ids="+".join)
+def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
+    tmp_path, ray_session, data_cache, signals
+):
+    """SIGTERM (a scheduler's or ``ray down``'s stop) or Ctrl+C twice, while one cell has
+    finished and another trains: the driver exits 128 + signal with one message, its parent
+    run and the training cell's run are KILLED, no trial keeps running, and the same command
+    again finishes the rest, the interrupted cell from its checkpoint in its own run."""
+    path = _one_at_a_time(tmp_path, f"stopped_{signals[0].lower()}", [0, 1])
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    earlier = set(_alive_trial_actors(ray_session))  # other tests' actors in the shared Ray
+    err = tmp_path / "driver.err"
+    with err.open("w") as out:
+        driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
+
+    def one_finished_and_one_training(runs: dict[str, dict]) -> bool:
+        training = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
+        return any(r["status"] == "FINISHED" for r in runs.values()) and bool(training)
+
+    _stopped_when(driver, client, spec.name, one_finished_and_one_training, group=False)
+    # the first signal waits, pending, while the driver is stopped: it is what the driver
+    # handles first once continued
+    driver.send_signal(getattr(signal, signals[0]))
+    driver.send_signal(signal.SIGCONT)
+    for name in signals[1:]:
+        time.sleep(0.3)
+        driver.send_signal(getattr(signal, name))
+    assert driver.wait(timeout=120) == 128 + getattr(signal, signals[0])
+    text = err.read_text()
+    assert f"stopped by {signals[0]}" in text and "Re-run the same command" in text
+    assert "Traceback" not in text
+
+    stopped = _snapshot(client, spec.name)
+    assert sorted(r["status"] for r in stopped.values()) == ["FINISHED", "KILLED"]
+    (parent,) = client.search_runs(
+        [client.get_experiment_by_name(spec.name).experiment_id], "tags.role = 'sweep'"
+    )
+    assert parent.info.status == "KILLED"
+    assert signals[0] in parent.data.tags["failure_reason"]
+
+    def left_running() -> list[str]:
+        return [c for a, c in _alive_trial_actors(ray_session).items() if a not in earlier]
+
+    deadline = time.monotonic() + 60
+    while left_running() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert left_running() == [], "a trial kept running after its driver stopped"
+
+    rerun = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    after = _snapshot(client, spec.name)
+    cells = [r["cell"] for r in after.values()]
+    assert len(cells) == 4 and len(set(cells)) == 4, "exactly one run per cell"
+    assert all(r["status"] == "FINISHED" for r in after.values())
+    (killed,) = [rid for rid, r in stopped.items() if r["status"] == "KILLED"]
+    steps = sorted(m.step for m in client.get_metric_history(killed, "val_acc"))
+    assert steps == [0, 1, 2, 3], f"the interrupted cell did not continue in its own run: {steps}"
+
+
+def test_a_tracking_store_locked_for_20_s_mid_sweep_loses_nothing(
+    tmp_path, ray_session, data_cache
+):
+    """Another writer holds the MLflow sqlite file locked (an exclusive transaction) for 20 s
+    while trials finish: the driver waits for it (MLflow's sqlite busy timeout is 20 s), and
+    the sweep ends with one FINISHED run per cell, each with its final metrics."""
+    import sqlite3
+
+    path = _one_at_a_time(tmp_path, "locked", [0, 1], epochs=3)
+    spec = load_sweep(path)
+    client = MlflowClient(spec.tracking_uri)
+    env = _driver_env(ray_session, data_cache)
+    command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    out = tmp_path / "driver.out"
+    with out.open("w") as sink:
+        driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=sink, stderr=sink)
+    deadline = time.monotonic() + 300
+    while "[1/4]" not in out.read_text():
+        assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+        time.sleep(0.2)
+    lock = sqlite3.connect(tmp_path / "mlflow.db", timeout=60, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
+    locked_at = time.monotonic()
+    time.sleep(20)
+    finished_while_locked = out.read_text().count("] short/")
+    lock.execute("COMMIT")
+    lock.close()
+    assert driver.wait(timeout=300) == 0, out.read_text()[-3000:]
+    assert time.monotonic() - locked_at >= 20
+    assert finished_while_locked < 4, "the sweep ended before the lock could matter"
+
+    runs = client.search_runs(
+        [client.get_experiment_by_name(spec.name).experiment_id], "tags.role = 'trial'"
+    )
+    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(c.cell_id for c in expand(spec))
+    assert all(r.info.status == "FINISHED" and "test_acc" in r.data.metrics for r in runs)

@@ -1,0 +1,702 @@
+"""Faults a cluster has, each with real processes: a driver killed between a trial's end and its
+run's FINISHED, a tracking server that goes away mid-sweep, a worker node lost mid-trial, the
+node of one rank of a DDP trial lost mid-trial, and a driver killed with SIGKILL, whose local
+Ray must not outlive it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import assert_metrics_of_an_uninterrupted_run, one_long_cell
+
+pytestmark = pytest.mark.process
+
+
+def _env(data_cache: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache}
+
+
+def _trial_runs(tracking_uri: str, name: str):
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name(name)
+    return client, client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
+
+
+# ----------------------------------------------------------------------------- a killed driver
+
+
+def die_at_first_finish(sweep_file: str) -> None:
+    """Subprocess entry point: run the sweep, but die (as kill -9 would) the moment the first
+    trial's run would be marked FINISHED: its trial has ended and its final metrics are logged."""
+    from fusion_ray.config import load_sweep
+    from fusion_ray.runner import run_sweep
+    from fusion_ray.tracking import Tracker
+
+    def die(self, run_id, lease_token=None):
+        os._exit(9)
+
+    Tracker.finish = die
+    run_sweep(load_sweep(sweep_file), sweep_file)
+
+
+def test_a_driver_killed_after_a_trial_ended_finishes_it_from_storage(tmp_path, data_cache):
+    path = tiny_sweep(tmp_path, seeds=[0])
+    env = _env(data_cache)
+    first = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from {__name__} import die_at_first_finish; die_at_first_finish({str(path)!r})",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert first.returncode == 9, first.stderr[-3000:]
+    spec = yaml.safe_load(path.read_text())
+    client, runs = _trial_runs(spec["tracking_uri"], spec["name"])
+    ended = [r for r in runs if r.info.status != "FINISHED" and "test_acc" in r.data.metrics]
+    assert ended, "the first trial's final metrics should be logged before its run finished"
+    ended_cell = ended[0].data.tags["cell_id"]
+
+    again = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-3000:]
+    _, runs = _trial_runs(spec["tracking_uri"], spec["name"])
+    assert sorted(r.info.status for r in runs) == ["FINISHED", "FINISHED"]
+    assert len({r.data.tags["cell_id"] for r in runs}) == 2
+    run = next(r for r in runs if r.data.tags["cell_id"] == ended_cell)
+    # not trained again, nothing logged twice: one value per epoch, one final test accuracy
+    for metric in ("val_acc", "epoch_seconds"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, metric)]
+        assert sorted(steps) == [0, 1], (metric, steps)
+    assert len(client.get_metric_history(run.info.run_id, "test_acc")) == 1
+    expected = ["test_predictions.parquet"]
+    if run.data.tags["fusion"] == "gate_scalar":  # gated: its gates by position too
+        expected = ["gate_by_position.parquet", *expected]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == expected
+
+
+# ----------------------------------------------------------------------------- a tracking outage
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_server(root: Path, port: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"sqlite:///{root / 'server.db'}",
+            "--default-artifact-root",
+            str(root / "server_artifacts"),
+            "--workers",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError("the MLflow server did not start")
+
+
+def _stop_server(server: subprocess.Popen) -> None:
+    os.killpg(server.pid, 9)
+    server.wait()
+
+
+def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
+    port = _free_port()
+    server = _start_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    path = tiny_sweep(tmp_path, seeds=[0, 1], tracking_uri=uri)
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = 3
+    raw["resources"]["max_concurrent_trials"] = 1
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+        cwd=tmp_path,
+        env=_env(data_cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        client = MlflowClient(uri)
+        deadline = time.time() + 300
+        while time.time() < deadline:  # wait for the first trial's first epoch
+            exp = client.get_experiment_by_name("tiny")
+            runs = client.search_runs([exp.experiment_id], "tags.role = 'trial'") if exp else []
+            if any("val_acc" in r.data.metrics for r in runs):
+                break
+            time.sleep(0.5)
+        _stop_server(server)
+        time.sleep(30)  # the server is down while trials go on
+        server = _start_server(tmp_path, port)
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    (tmp_path / "driver_output.txt").write_text(out)
+    assert driver.returncode == 0, out[-4000:]
+    _, runs = _trial_runs(uri, "tiny")
+    try:
+        assert sorted(r.info.status for r in runs) == ["FINISHED"] * 4, out[-4000:]
+        assert len({r.data.tags["cell_id"] for r in runs}) == 4
+        for run in runs:
+            steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")]
+            assert sorted(steps) == [0, 1, 2], steps
+            assert "test_acc" in run.data.metrics and run.data.tags.get("checkpoint_path")
+            expected = ["test_predictions.parquet"]
+            if run.data.tags["fusion"] == "gate_scalar":  # gated: its gates by position too
+                expected = ["gate_by_position.parquet", *expected]
+            assert [a.path for a in client.list_artifacts(run.info.run_id)] == expected
+    finally:
+        _stop_server(server)
+
+
+# ----------------------------------------------------------------------------- a lost node
+
+
+def lose_a_node(workdir: str) -> None:
+    """Subprocess entry point: a head (no CPU) and two worker nodes of one CPU; once the trial's
+    first epoch is checkpointed, the node it runs on is removed. Writes observed.json."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from fusion_ray.config import load_sweep
+    from fusion_ray.runner import run_sweep
+
+    work = Path(workdir)
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
+    nodes = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    spec = load_sweep(work / "lost.yaml")
+    storage = Path(spec.storage_path)
+    removed: dict[str, str] = {}
+
+    def remove_the_trials_node() -> None:
+        while not list(storage.glob("lost-*/*/checkpoint_*")):
+            time.sleep(0.05)
+        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+        trial_nodes = {
+            a["Address"]["NodeID"] for a in alive if "ImplicitFunc" in a["ActorClassName"]
+        }
+        for node in nodes:
+            if node.node_id in trial_nodes:
+                cluster.remove_node(node, allow_graceful=False)  # the trial dies mid-epoch
+                removed["node"] = node.node_id
+
+    watcher = threading.Thread(target=remove_the_trials_node, daemon=True)
+    watcher.start()
+    try:
+        outcome = run_sweep(spec, str(work / "lost.yaml"))
+        (work / "observed.json").write_text(
+            json.dumps({"finished": outcome.finished, "failed": outcome.failed, "removed": removed})
+        )
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
+    path, raw = one_long_cell(tmp_path, "lost")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from {__name__} import lose_a_node; lose_a_node({str(tmp_path)!r})",
+        ],
+        cwd=tmp_path,
+        env=_env(data_cache),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    observed = json.loads((tmp_path / "observed.json").read_text())
+    assert observed["removed"], observed
+    assert len(observed["finished"]) == 1 and not observed["failed"], observed
+
+    _, runs = _trial_runs(raw["tracking_uri"], "lost")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    assert_metrics_of_an_uninterrupted_run(path, runs[0], tmp_path)
+
+
+# ----------------------------------------------------------------------------- a lost DDP rank
+
+DRIVER_RESOURCE = "fusion_ray_driver"
+
+
+def _ddp_sweep(workdir: Path, name: str) -> Path:
+    """A one-cell DDP sweep: two ranks of one CPU each, the Tune trial (and Ray Train's
+    controller) pinned by the driver resource, epochs long enough to lose a node mid-epoch."""
+    path = tiny_sweep(workdir, name=name, seeds=[0], retries=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["gate_scalar"]
+    raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = 3000
+    raw["defaults"]["model"].update(d_model=32, n_layers=2, d_ff=64)
+    raw["defaults"]["train"]["epochs"] = 3
+    raw["resources"] = {
+        "workers": 2,
+        "cpus_per_worker": 1,
+        "driver_resource": DRIVER_RESOURCE,
+        "max_concurrent_trials": 1,
+    }
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def lose_a_ranks_node(workdir: str) -> None:
+    """Subprocess entry point: a head (no CPU, the driver resource) and three worker nodes of one
+    CPU. The DDP cell runs twice: as sweep `clean`, then as sweep `lost`, where the node of one
+    of its ranks is removed once the first epoch's checkpoint is registered. Writes
+    observed.json: the nodes, the removed one, and where every Train actor ran."""
+    import threading
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from fusion_ray.config import load_sweep
+    from fusion_ray.runner import run_sweep
+
+    work = Path(workdir)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0,
+            "resources": {DRIVER_RESOURCE: 1},
+            "include_dashboard": False,
+        },
+    )
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    observed: dict[str, Any] = {
+        "head": cluster.head_node.node_id,
+        "workers": [n.node_id for n in nodes],
+    }
+
+    def train_actors(alive_only: bool = False) -> dict[str, list[str]]:
+        """actor id -> [class, node] of Ray Train's controller and rank actors."""
+        return {
+            actor_id: [a["ActorClassName"], a["Address"]["NodeID"]]
+            for actor_id, a in ray._private.state.actors().items()
+            if a["ActorClassName"] in ("RayTrainWorker", "TrainController")
+            and (a["State"] == "ALIVE" or not alive_only)
+        }
+
+    def remove_a_ranks_node() -> None:
+        # The snapshot is written when a checkpoint is registered: only then is it durable.
+        while not list(work.glob("ray_results/lost-train/*/checkpoint_manager_snapshot.json")):
+            time.sleep(0.05)
+        ranks = {k: v for k, v in train_actors(alive_only=True).items() if v[0] == "RayTrainWorker"}
+        hosts = {host for _, host in ranks.values()}
+        node = next(n for n in nodes if n.node_id in hosts)
+        cluster.remove_node(node, allow_graceful=False)  # its rank dies mid-epoch
+        observed["ranks_at_removal"], observed["removed"] = ranks, node.node_id
+
+    try:
+        for name in ("clean", "lost"):
+            if name == "lost":
+                threading.Thread(target=remove_a_ranks_node, daemon=True).start()
+            before = train_actors()
+            outcome = run_sweep(load_sweep(work / f"{name}.yaml"), str(work / f"{name}.yaml"))
+            observed[name] = {
+                "finished": outcome.finished,
+                "failed": outcome.failed,
+                "actors": {k: v for k, v in train_actors().items() if k not in before},
+            }
+        (work / "observed.json").write_text(json.dumps(observed, indent=1))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _tune_trial_dir(storage: Path, sweep: str) -> Path:
+    """The folder of the one trial of a one-cell sweep's Tune run (its results and errors)."""
+    (trial_dir,) = [p.parent for p in storage.glob(f"{sweep}-2*/*/result.json")]
+    return trial_dir
+
+
+def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(tmp_path, data_cache):
+    for name in ("clean", "lost"):
+        _ddp_sweep(tmp_path, name)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"from {__name__} import lose_a_ranks_node; lose_a_ranks_node({str(tmp_path)!r})",
+        ],
+        cwd=tmp_path,
+        env=_env(data_cache),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    (tmp_path / "scenario_output.txt").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads((tmp_path / "observed.json").read_text())
+    for name in ("clean", "lost"):
+        assert len(seen[name]["finished"]) == 1 and not seen[name]["failed"], seen[name]
+
+    # the removed node hosted one of the two ranks
+    assert "removed" in seen, "no node was removed: the first epoch's checkpoint never came"
+    assert seen["removed"] in seen["workers"]
+    assert seen["removed"] in {node for _, node in seen["ranks_at_removal"].values()}
+    # the Tune trial failed once and Tune retried it; Ray Train's controller stayed on the head,
+    # and the restarted gang ran on the two worker nodes left
+    lost_trial = _tune_trial_dir(tmp_path / "ray_results", "lost")
+    assert "WorkerGroupError" in (lost_trial / "error.txt").read_text()
+    actors = seen["lost"]["actors"]
+    assert {node for cls, node in actors.values() if cls == "TrainController"} == {seen["head"]}
+    restarted = [
+        node
+        for actor_id, (cls, node) in actors.items()
+        if cls == "RayTrainWorker" and actor_id not in seen["ranks_at_removal"]
+    ]
+    assert sorted(restarted) == sorted(set(seen["workers"]) - {seen["removed"]})
+    # ... from its last checkpoint: every epoch reported once, none trained again from scratch
+    results = [json.loads(line) for line in (lost_trial / "result.json").read_text().splitlines()]
+    assert [r.get("epoch") for r in results] == [0, 1, 2, None], results
+
+    # and with the same numbers as the run without the fault (DDP with gloo on CPU is
+    # deterministic given the seed, whichever nodes the ranks run on)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = {name: _trial_runs(client.tracking_uri, name)[1] for name in ("clean", "lost")}
+    assert [len(r) for r in runs.values()] == [1, 1]
+    clean, lost = runs["clean"][0], runs["lost"][0]
+    assert clean.info.status == lost.info.status == "FINISHED"
+    histories = {
+        run.info.run_id: [
+            (m.step, m.value)
+            for m in sorted(
+                client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step
+            )
+        ]
+        for run in (clean, lost)
+    }
+    assert [step for step, _ in histories[lost.info.run_id]] == [0, 1, 2]
+    assert histories[lost.info.run_id] == histories[clean.info.run_id]
+    for key in ("test_correct", "test_acc", "best_val_acc", "best_epoch", "epochs_run"):
+        assert lost.data.metrics[key] == clean.data.metrics[key], key
+
+
+# ----------------------------------------------------------------------------- a kill -9 driver
+
+
+def _ray_processes(driver_pid: int | None, ray_tmp: Path) -> dict[int, str]:
+    """pid -> command line of every live process of a driver's local Ray: those whose environment
+    names the driver's Ray temp dir (RAY_TMPDIR, which they inherit) and, given ``driver_pid``,
+    those in the driver's session (it was started as a session leader; Ray's processes keep
+    its session unless they start one of their own)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            # after the command in parentheses: state, ppid, process group, session
+            state, _, _, session = (proc / "stat").read_text().rsplit(")", 1)[1].split()[:4]
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+        except OSError:  # gone meanwhile
+            continue
+        if state == "Z":  # exited, not yet reaped
+            continue
+        if int(session) == driver_pid or f"RAY_TMPDIR={ray_tmp}".encode() in environ:
+            found[int(proc.name)] = cmdline
+    return found
+
+
+def _kill_all(driver: subprocess.Popen, ray_tmp: Path) -> None:
+    """Whatever is left of the driver and its Ray, by pid; then its temp dir. Only processes
+    that name the temp dir: a dead driver's pid (its session id) may be reused."""
+    if driver.poll() is None:
+        driver.kill()
+        driver.wait()
+    for pid in _ray_processes(None, ray_tmp):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+RAY_AGENTS = {"ray::DashboardAgent", "ray::RuntimeEnvAgent"}
+"""Ray's per-node agents: they notice the raylet's death at once, then try for 60 s (a fixed
+timeout) to tell the dead GCS before they exit."""
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
+def test_a_driver_killed_with_sigkill_leaves_no_ray_processes_behind(tmp_path, data_cache):
+    path = tiny_sweep(
+        tmp_path,
+        name="orphans",
+        seeds=[0],
+        # force_trainer: the Tune trial, Ray Train's controller and a rank, on one CPU
+        resources={"workers": 1, "cpus_per_worker": 1, "force_trainer": True},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["add"]
+    raw["defaults"]["train"]["epochs"] = 200  # still training when the driver is killed
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    # A short temp dir: Ray's socket paths under pytest's tmp_path would be too long.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fusion-ray-"))
+    env = {**_env(data_cache), "RAY_TMPDIR": str(ray_tmp)}
+    env.pop("RAY_ADDRESS", None)  # a local Ray of the driver's own
+    with open(tmp_path / "driver_output.txt", "w") as out:
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.time() + 300
+        while not list(tmp_path.glob("ray_results/orphans-train/*/checkpoint_*")):
+            assert driver.poll() is None, (tmp_path / "driver_output.txt").read_text()[-4000:]
+            assert time.time() < deadline, "the trial did not checkpoint an epoch in 300 s"
+            time.sleep(0.5)
+        running = {
+            pid: cmd
+            for pid, cmd in _ray_processes(driver.pid, ray_tmp).items()
+            if pid != driver.pid
+        }
+        for name in ("gcs_server", "raylet", "ray::TrainController", "ray::RayTrainWorker"):
+            assert any(name in cmd for cmd in running.values()), (name, running)
+
+        os.kill(driver.pid, 9)
+        driver.wait()
+        killed, gone_after = time.time(), {}
+        while time.time() < killed + 120 and len(gone_after) < len(running):
+            alive = _ray_processes(driver.pid, ray_tmp)
+            for pid in running:
+                if pid not in alive and pid not in gone_after:
+                    gone_after[pid] = time.time() - killed
+            time.sleep(0.5)
+        left = {pid: running[pid] for pid in running if pid not in gone_after}
+        assert not left, f"Ray processes left 120 s after the driver was killed: {left}"
+        # GCS, raylet, the trial, Ray Train's controller and rank: within seconds; the agents
+        # within about a minute, once their report to the dead GCS times out
+        late = {running[pid] for pid, seconds in gone_after.items() if seconds > 20}
+        assert late <= RAY_AGENTS, {running[pid]: round(s) for pid, s in gone_after.items()}
+    finally:
+        _kill_all(driver, ray_tmp)
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def _private_tmpfs_prefix(mount_point: Path) -> list[str] | None:
+    """A command prefix that runs its command in a mount namespace of its own with a 32 MiB
+    tmpfs at ``mount_point`` (as root, or as a user through a user namespace), or None when this
+    machine allows neither."""
+    for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
+        if unshare == ["unshare", "-m"] and os.geteuid() != 0:
+            continue
+        probe = subprocess.run(
+            [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {mount_point}"],
+            capture_output=True,
+        )
+        if probe.returncode == 0:
+            return unshare
+    return None
+
+
+RELEASE_ENV = "FUSION_RAY_TEST_RELEASE"
+
+HELD_ADD = '''
+"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on;
+every other trial writes waiting-<trial id> next to the file $FUSION_RAY_TEST_RELEASE names and
+waits until that file exists. Outside a Tune trial (the driver) it never waits."""
+
+import os
+import time
+from pathlib import Path
+
+from fusion_ray.model.fusion import Add
+
+
+def _trial_id():
+    import warnings
+
+    try:
+        from ray import tune
+
+        with warnings.catch_warnings():  # outside a trial Ray warns, then returns None
+            warnings.simplefilter("ignore")
+            return tune.get_context().get_trial_id()
+    except Exception:  # not in a Tune trial
+        return None
+
+
+class HeldAdd(Add):
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        trial, release = _trial_id(), os.environ.get("FUSION_RAY_TEST_RELEASE")
+        if not trial or not release:
+            return
+        release = Path(release)
+        claim, first = release.with_name(f"claim-{trial}"), release.with_name("first_trial")
+        claim.write_text(trial)
+        try:
+            os.link(claim, first)  # atomic: the first trial's id, written before it is seen
+        except FileExistsError:
+            pass
+        if first.read_text() == trial:
+            return
+        release.with_name(f"waiting-{trial}").touch()
+        while not release.exists():
+            time.sleep(0.1)
+'''
+
+
+def _install_held_add(site: Path) -> Path:
+    """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info under ``site``: found in
+    every process with ``site`` on PYTHONPATH, the driver's Ray workers included."""
+    (site / "fusion_ray_held").mkdir(parents=True)
+    (site / "fusion_ray_held" / "__init__.py").write_text(HELD_ADD)
+    info = site / "fusion_ray_held-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fusion-ray-held\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
+    )
+    return site
+
+
+def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_cache):
+    """storage_path on a 32 MiB tmpfs that fills up (another file takes the space) once the
+    first cell has finished: the other trials fail for want of space, the driver exits 6 with
+    one message saying the storage is full and what to do, the finished cell stays FINISHED,
+    and the same command with space again runs exactly the missing cells.
+
+    Nothing races the clock: every trial after the first waits (``held_add``) until the test has
+    seen the first cell's run FINISHED and the next trial waiting, and has filled the storage."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    unshare = shutil.which("unshare") and _private_tmpfs_prefix(storage)
+    if not unshare:
+        pytest.skip("cannot mount a private tmpfs here (needs root or user namespaces)")
+    path = tiny_sweep(
+        tmp_path,
+        name="full",
+        seeds=[0, 1, 2, 3],
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
+        storage_path=str(storage),
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    turns = tmp_path / "turns"
+    turns.mkdir()
+    release = turns / "release"
+    site = _install_held_add(tmp_path / "site")
+    ray_tmp = Path(tempfile.mkdtemp(prefix="fusion-ray-"))
+    env = {
+        **_env(data_cache),
+        "PYTHONPATH": f"{site}:{ROOT}",
+        "RAY_TMPDIR": str(ray_tmp),
+        RELEASE_ENV: str(release),
+    }
+    env.pop("RAY_ADDRESS", None)
+    sweep = f"{sys.executable} -m fusion_ray.sweep {path} --no-report"
+    out = tmp_path / "driver_output.txt"
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with out.open("w") as sink:
+        driver = subprocess.Popen(
+            [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {storage} && exec {sweep}"],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.time() + 300
+        # the first cell's run FINISHED ("[1/4]" is printed after it), the next trial waiting
+        while not list(turns.glob("waiting-*")) or "[1/4]" not in out.read_text():
+            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
+            time.sleep(0.2)
+        statuses = sorted(r.info.status for r in _trial_runs(tracking_uri, "full")[1])
+        assert [s for s in statuses if s != "RUNNING"] == ["FINISHED"], statuses
+        # the driver's view of its storage (its mount namespace): fill it
+        with open(f"/proc/{driver.pid}/root{storage}/filler", "wb") as filler:
+            with pytest.raises(OSError, match="No space left"):
+                while True:
+                    filler.write(b"\0" * (1 << 20))
+                    filler.flush()
+        release.touch()  # the waiting trials go on, into a full storage
+        assert driver.wait(timeout=300) == 6, out.read_text()[-4000:]
+    finally:
+        _kill_all(driver, ray_tmp)
+    text = out.read_text()
+    assert f"error: the storage at {storage} is full" in text
+    assert "run the same command again" in text
+    client, runs = _trial_runs(tracking_uri, "full")
+    statuses = sorted(r.info.status for r in runs)
+    assert statuses[0] == "FAILED" and statuses.count("FINISHED") == 1, statuses
+    first = next(r for r in runs if r.info.status == "FINISHED")
+    parent = client.search_runs([first.info.experiment_id], "tags.role = 'sweep'")[0]
+    assert parent.info.status == "FAILED" and "is full" in parent.data.tags["failure_reason"]
+
+    rerun = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
+        cwd=tmp_path,
+        env={**env, "RAY_TMPDIR": tempfile.mkdtemp(prefix="fusion-ray-")},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
+    _, runs = _trial_runs(tracking_uri, "full")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len({r.data.tags["cell_id"] for r in finished}) == len(finished) == 4
+    assert first.info.run_id in {r.info.run_id for r in finished}  # kept, not re-run

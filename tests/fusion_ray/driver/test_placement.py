@@ -1,0 +1,151 @@
+"""Trials no node can hold are an error before Tune starts (never an endless wait); trials only a
+node type of the autoscaler can hold wait with one line and give up after a set time; --smoke on
+a Ray without GPUs rehearses GPU trials on CPUs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from fusion_ray.config import Resources, load_sweep
+from fusion_ray.placement import (
+    Capacity,
+    PlacementError,
+    autoscaler_node_types,
+    check_placement,
+    placeable,
+    trial_bundles,
+)
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.ray
+
+GPU = Resources(workers=1, use_gpu=True, gpus_per_worker=1, cpus_per_worker=1)
+DDP = Resources(workers=4, use_gpu=True, gpus_per_worker=1, cpus_per_worker=8)
+
+
+def test_a_trial_asks_one_bundle_or_a_token_and_one_per_worker():
+    assert trial_bundles(Resources(cpus_per_worker=2)) == [{"CPU": 2.0}]
+    bundles = trial_bundles(DDP.model_copy(update={"driver_resource": "fusion_ray_driver"}))
+    assert bundles[0] == {"memory": 1024.0, "fusion_ray_driver": 1.0}
+    assert bundles[1:] == [{"CPU": 8.0, "GPU": 1.0}] * 4
+
+
+def test_bundles_fit_per_node_and_may_spread_over_nodes():
+    laptop = [{"CPU": 2.0, "memory": 8e9}]
+    assert placeable(trial_bundles(Resources(cpus_per_worker=2)), laptop)
+    assert not placeable(trial_bundles(Resources(cpus_per_worker=3)), laptop)
+    assert not placeable(trial_bundles(GPU), laptop)
+    two_gpu_nodes = [{"CPU": 16.0, "GPU": 2.0, "memory": 1e10}] * 2
+    assert placeable(trial_bundles(DDP), two_gpu_nodes)  # 2 + 2 workers
+    assert not placeable(trial_bundles(DDP), two_gpu_nodes[:1])
+
+
+def test_the_check_separates_never_from_after_the_autoscaler(tmp_path):
+    config = tmp_path / "bootstrap.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "max_workers": 4,
+                "available_node_types": {
+                    "head": {"resources": {"CPU": 8}, "max_workers": 0},
+                    "gpu_1x": {"resources": {"CPU": 8, "GPU": 1}, "max_workers": 2},
+                },
+            }
+        )
+    )
+    types = autoscaler_node_types(str(config))
+    assert set(types) == {"gpu_1x"}
+    capacity = Capacity([{"CPU": 8.0}], types)
+    check = check_placement({"agnews": GPU, "arxiv": DDP}, capacity)
+    assert set(check.later) == {"agnews"}  # a gpu_1x node will hold it
+    assert set(check.never) == {"arxiv"}  # 4 GPUs x 8 CPUs: at most 2 gpu_1x nodes of 1 GPU
+    message = check.error(capacity)
+    for needle in ("arxiv", "4 worker(s) x (8 CPU + 1 GPU)", "8 CPUs and 0 GPUs", "ray up"):
+        assert needle in message
+    assert "FUSION_RAY_CPU_FALLBACK=1" in message
+
+
+def _gpu_sweep(tmp_path, name):
+    path = tiny_sweep(tmp_path, name=name, seeds=[0])
+    raw = yaml.safe_load(path.read_text())
+    raw["resources"] = {"workers": 1, "use_gpu": True, "gpus_per_worker": 1, "cpus_per_worker": 1}
+    raw["defaults"]["train"]["epochs"] = 1
+    path.write_text(yaml.safe_dump(raw))
+    return load_sweep(path)
+
+
+def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_session, data_cache):
+    from fusion_ray.runner import run_sweep
+    from fusion_ray.tracking import Tracker
+
+    spec = _gpu_sweep(tmp_path, "gpu_here")
+    started = time.monotonic()
+    with pytest.raises(PlacementError) as info:
+        run_sweep(spec)
+    assert time.monotonic() - started < 60
+    assert "short: each trial asks 1 worker(s) x (1 CPU + 1 GPU)" in str(info.value)
+    assert "0 GPUs" in str(info.value) and "--smoke" in str(info.value)
+    assert Tracker(spec.tracking_uri, spec.name).trial_runs() == []  # nothing was started
+
+
+def test_smoke_rehearses_gpu_trials_on_cpus(tmp_path, ray_session, data_cache):
+    from fusion_ray.config import smoke_version
+    from fusion_ray.runner import run_sweep
+    from fusion_ray.schema import CPU_REHEARSAL_TAG
+    from fusion_ray.tracking import Tracker
+
+    spec = smoke_version(_gpu_sweep(tmp_path, "gpu_smoke"))
+    outcome = run_sweep(spec, smoke=True)
+    assert len(outcome.finished) == 2 and not outcome.failed
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    parents = tracker.client.search_runs(
+        [tracker.experiment_id], filter_string="tags.role = 'sweep'"
+    )
+    assert [p.data.tags.get(CPU_REHEARSAL_TAG) for p in parents] == ["true"]
+
+
+def test_waiting_for_a_node_type_gives_up_after_the_timeout(
+    tmp_path, ray_session, data_cache, monkeypatch, capsys
+):
+    from fusion_ray.runner import run_sweep
+
+    config = tmp_path / "bootstrap.yaml"
+    config.write_text(
+        yaml.safe_dump({"available_node_types": {"gpu": {"resources": {"CPU": 4, "GPU": 1}}}})
+    )
+    monkeypatch.setenv("FUSION_RAY_AUTOSCALER_CONFIG", str(config))
+    monkeypatch.setenv("FUSION_RAY_PLACEMENT_TIMEOUT_S", "3")
+    spec = _gpu_sweep(tmp_path, "gpu_wait")
+    started = time.monotonic()
+    with pytest.raises(Exception, match="no trial could be placed for 3 s"):
+        run_sweep(spec)
+    assert time.monotonic() - started < 90
+    assert "waiting for the autoscaler to add a node for short" in capsys.readouterr().out
+
+
+def test_an_hpo_whose_trials_fit_no_node_fails_in_seconds(
+    tmp_path, ray_session, monkeypatch, capsys
+):
+    """The HPO command checks placement too: trials asking more CPUs than any node has are an
+    error before any run is created."""
+    from fusion_ray.hpo.cli import main as hpo_main
+
+    quick = yaml.safe_load((ROOT / "sweeps" / "hpo" / "quick.yaml").read_text())
+    quick["sweeps"] = [str(ROOT / "sweeps" / "quickstart.yaml")]
+    quick["output"] = "tuned.yaml"
+    quick["resources"] = {"workers": 1, "cpus_per_worker": 64}
+    quick["tracking_uri"] = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    quick["storage_path"] = str(tmp_path / "ray_results")
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(quick))
+    monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
+    started = time.monotonic()
+    assert hpo_main([str(path)]) == 2
+    assert time.monotonic() - started < 60
+    err = capsys.readouterr().err
+    assert "no node of this Ray cluster can run these trials" in err
+    assert "short: each trial asks 1 worker(s) x (64 CPU)" in err
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was created

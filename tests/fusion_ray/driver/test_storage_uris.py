@@ -1,0 +1,91 @@
+"""A checkpoint path read back from the tracking store is trusted only under the sweep's own
+storage, compared as a parsed URI: a tag planted on a shared tracking server must not make the
+driver send signed storage requests to a host of someone else's choosing."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import yaml
+
+from fusion_ray.config import load_sweep
+from fusion_ray.grid import expand
+from fusion_ray.orchestrate import within_storage
+from fusion_ray.plan import Plan
+from fusion_ray.runner import finish_ended_trials, resume_point
+from fusion_ray.tracking import CellRun, _directory_exists, checkpoint_exists
+from tests.conftest import tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+
+class Listener:
+    """A loopback TCP listener that counts the connections it receives."""
+
+    def __init__(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.port = self.server.getsockname()[1]
+        self.connections = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.server.close()
+
+
+def test_a_planted_endpoint_in_a_checkpoint_tag_reaches_no_host(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFUSIONRAYTEST")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-real-secret")
+    path = tiny_sweep(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["storage_path"] = "s3://lab-bucket/fusion"
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    cell = expand(spec)[0]
+    listener = Listener()
+    try:
+        planted = (
+            "s3://lab-bucket/fusion/run/checkpoint_000001"
+            f"?endpoint_override=127.0.0.1:{listener.port}&scheme=http&region=us-east-1"
+        )
+        assert not within_storage(planted, spec.storage_path)
+        existing = {cell.cell_id: CellRun("run-1", "FAILED", planted, has_final=True)}
+        assert resume_point(spec, cell, existing) is None
+        todo = Plan([cell], existing)
+        finish_ended_trials(spec, None, todo)  # would need the tracker only past the guard
+        assert todo.done == set()
+        assert listener.connections == 0
+        # the check itself holds the guard: it does not connect either
+        assert checkpoint_exists(planted, spec.storage_path) is False
+        assert listener.connections == 0
+        # the listener is reachable: the same URI looked at without the guard does connect to it
+        assert _directory_exists(planted) is False
+        assert listener.connections > 0
+    finally:
+        listener.close()
+
+
+def test_the_storage_paths_own_query_is_kept_and_no_other():
+    storage = "s3://bucket/prefix?endpoint_override=minio:9000&scheme=http"
+    assert within_storage("bucket/prefix/run/checkpoint", storage)
+    assert within_storage(f"s3://bucket/prefix/run?{storage.split('?')[1]}", storage)
+    assert not within_storage("s3://bucket/prefix/run?endpoint_override=evil:9000", storage)
+    assert not within_storage("s3://bucket/prefix/../other/run", storage)
+    assert not within_storage("s3://bucket/prefix/run#x", storage)
+    assert not within_storage("s3://user@bucket/prefix/run", storage)
+    assert not within_storage("gs://bucket/prefix/run", storage)

@@ -1,0 +1,145 @@
+"""The HPO command in the sweep's driver session, with real driver processes: a second driver on
+the same HPO file is refused while the first runs; a driver paused (SIGSTOP) past the lease's TTL
+loses the lease to a second one, and, resumed, stops with exit 4 having written nothing more: no
+tuning run finished by it, no fragment, and the parent run left as the new holder ends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from fusion_ray.schema import PARENT_TAG
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.process
+
+
+def _hpo_file(tmp_path: Path, name: str, epochs: int = 4, samples: int = 2) -> Path:
+    """A tiny HPO file over the tiny sweep's dataset: one operator, ``samples`` Optuna trials of
+    ``epochs`` epochs, one at a time, no early stopping."""
+    sweep = yaml.safe_load(tiny_sweep(tmp_path, name=f"{name}_grid").read_text())
+    raw = {
+        "name": name,
+        "output": f"tuned/{name}.yaml",
+        "sweeps": [f"{name}_grid.yaml"],
+        "tune": {
+            "datasets": ["short"],
+            "fusion": "add",
+            "seed": 1000,
+            "num_samples": samples,
+            "max_concurrent_trials": 1,
+            "asha": {"grace_period": epochs, "reduction_factor": 2},
+            "space": {"train.lr": {"type": "loguniform", "low": 1e-3, "high": 1e-2}},
+        },
+        "datasets": sweep["datasets"],
+        "defaults": {
+            **sweep["defaults"],
+            "train": {**sweep["defaults"]["train"], "epochs": epochs},
+        },
+        "resources": {"workers": 1, "cpus_per_worker": 1},
+        "storage_path": str(tmp_path / "ray_results"),
+        "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "retries": 0,
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def _trial_runs(client: MlflowClient, name: str) -> list:
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        return []
+    return client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
+
+
+def _start(command: list[str], cwd: Path, env: dict[str, str], err: Path) -> subprocess.Popen:
+    with err.open("w") as stream:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stream)
+
+
+def _wait_for_a_running_trial(client: MlflowClient, name: str, driver: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not any(r.info.status == "RUNNING" for r in _trial_runs(client, name)):
+        assert driver.poll() is None, "the HPO driver ended before a trial ran"
+        assert time.monotonic() < deadline, "no tuning trial started"
+        time.sleep(0.2)
+
+
+def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, data_cache):
+    path = _hpo_file(tmp_path, "twice")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
+    env = _env(ray_session, data_cache)
+    first = _start(command, tmp_path, env, tmp_path / "first.err")
+    try:
+        _wait_for_a_running_trial(client, "twice", first)
+        second = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+    finally:
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.err").read_text()[-3000:]
+    assert second.returncode == 3, second.stderr[-3000:]
+    assert "HPO 'twice' is being run by another driver" in second.stderr
+    assert "Traceback" not in second.stderr
+    runs = _trial_runs(client, "twice")
+    assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
+    assert (tmp_path / "tuned" / "twice.yaml").is_file()
+
+
+def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
+    tmp_path, ray_session, data_cache
+):
+    path = _hpo_file(tmp_path, "paused_hpo")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
+    # a heartbeat slower than the pause: the first driver learns of the takeover through the
+    # fence before its writes
+    env = _env(
+        ray_session, data_cache, FUSION_RAY_LEASE_TTL_S="3", FUSION_RAY_LEASE_HEARTBEAT_S="600"
+    )
+    first_err = tmp_path / "first.err"
+    first = _start(command, tmp_path, env, first_err)
+    _wait_for_a_running_trial(client, "paused_hpo", first)
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        time.sleep(5)  # past the TTL: the lease has no living heartbeat
+        second = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "taking over the lease of HPO paused_hpo" in second.stderr
+    fragment = (tmp_path / "tuned" / "paused_hpo.yaml").read_text()
+    assert first.wait(timeout=300) == 4, first_err.read_text()[-3000:]
+    first_text = first_err.read_text()
+    assert "was taken over by another driver" in first_text and "Traceback" not in first_text
+
+    runs = _trial_runs(client, "paused_hpo")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert len(finished) == 2, "the second driver's two trials, and none of the first's"
+    tokens = {r.data.tags.get("lease_token") for r in finished}
+    assert len(tokens) == 1 and None not in tokens, "every FINISHED run names the second driver"
+    assert (tmp_path / "tuned" / "paused_hpo.yaml").read_text() == fragment, "fragment rewritten"
+    assert any(r.info.run_id in fragment for r in finished)
+    parent = client.get_run(finished[0].data.tags[PARENT_TAG])
+    assert parent.info.status == "FINISHED", "the fenced driver changed the parent run"
