@@ -169,13 +169,23 @@ def on_cpus(spec: Any) -> Any:
     return moved
 
 
-def fit(
-    spec: Any, datasets: set[str] | list[str], *, smoke: bool
-) -> tuple[Any, bool, PlacementCheck]:
-    """The spec whose trials of ``datasets`` the connected Ray cluster can place: as it is, or,
-    for a smoke run on a Ray without GPUs, with its GPU trials on CPUs (True then, and a line
-    on the console), and which datasets must wait for the autoscaler. Raises
-    ``PlacementError`` when some trial fits no node and no node type of the autoscaler."""
+@dataclass(frozen=True)
+class Placement:
+    """Where a sweep's (or an HPO file's) trials run: the spec to run, as it was or with its GPU
+    trials rehearsed on CPUs, and the check that found them placeable."""
+
+    spec: Any
+    rehearsed_on_cpus: bool
+    """A smoke run on a Ray without GPUs: its GPU trials run on CPUs (tagged on the parent run)."""
+    check: PlacementCheck
+    """Which datasets wait for the autoscaler to add a node (``check.later``)."""
+
+
+def fit(spec: Any, datasets: set[str] | list[str], *, smoke: bool) -> Placement:
+    """Where the trials of ``datasets`` run on the connected Ray cluster: the spec as it is, or,
+    for a smoke run on a Ray without GPUs, a new one with its GPU trials on CPUs (with a line on
+    the console); and which datasets must wait for the autoscaler. Raises ``PlacementError``
+    when some trial fits no node and no node type of the autoscaler."""
     capacity = cluster_capacity()
     rehearse = (
         smoke and not has_gpus(capacity) and any(resources_for(spec, d).use_gpu for d in datasets)
@@ -189,4 +199,4 @@ def fit(
     check = check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
     if check.never:
         raise PlacementError(check.error(capacity))
-    return spec, rehearse, check
+    return Placement(spec, rehearse, check)

@@ -104,15 +104,15 @@ def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
     """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
     from fusion_ray import placement
 
-    spec, rehearse, check = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
-    for dataset, request in check.later.items():
+    placed = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
+    for dataset, request in placed.check.later.items():
         pending = sum(c.dataset == dataset for c in todo.pending)
         print(
             f"waiting for the autoscaler to add a node for {dataset} ({request}); {pending} "
             f"trials pending (gives up after {placement.placement_timeout_s():g} s, "
             f"${placement.PLACEMENT_TIMEOUT_ENV})"
         )
-    return spec, rehearse
+    return placed.spec, placed.rehearsed_on_cpus
 
 
 def _run_cells(

@@ -195,7 +195,8 @@ def run_hpo(
     # every trial of an HPO file is known before it starts: placement is checked before the
     # session creates anything in the tracking store
     init_ray(address or plan.spec.address)
-    spec, rehearsed, _ = placement.fit(plan.spec, plan.tune.datasets, smoke=plan.smoke)
+    placed = placement.fit(plan.spec, plan.tune.datasets, smoke=plan.smoke)
+    spec, rehearsed = placed.spec, placed.rehearsed_on_cpus
     plan = dataclasses.replace(plan, spec=spec)
     with DriverSession(
         "HPO",
