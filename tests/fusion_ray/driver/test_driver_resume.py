@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -82,20 +84,42 @@ def _read_within(seconds: float, read):
     return box[0] if box else None
 
 
-def _stopped_when(driver: subprocess.Popen, client: MlflowClient, name: str, wanted, group: bool):
+def _store_is_free(db: Path) -> bool:
+    """Whether no other connection holds a lock on the sqlite store: a driver stopped inside a
+    read or a write would keep every other writer out until it goes on."""
+    con = sqlite3.connect(db, timeout=1.0, isolation_level=None)
+    try:
+        con.execute("BEGIN EXCLUSIVE")
+        con.execute("ROLLBACK")
+        return True
+    except sqlite3.OperationalError:
+        return False
+    finally:
+        con.close()
+
+
+def _stopped_when(
+    driver: subprocess.Popen,
+    client: MlflowClient,
+    name: str,
+    wanted,
+    group: bool,
+    free: Path | None = None,
+):
     """Poll the tracking store until ``wanted(snapshot)``, then stop the driver (SIGSTOP; its
     process group with ``group``) and look again: a stopped driver writes nothing and its trials
     wait for it at their next report, so a state seen then stays until the test acts. Returns
     that snapshot, the driver stopped; continues the driver and polls again when the state had
     moved on (or the store was mid-write: see _read_within) by the time it stopped. No race
-    with the clock."""
+    with the clock. With ``free`` (the sqlite store), the driver is stopped only where it holds
+    no lock on the store, so another driver can write while it stays stopped."""
     stop = (lambda sig: os.killpg(driver.pid, sig)) if group else driver.send_signal
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if wanted(_snapshot(client, name)):
             stop(signal.SIGSTOP)
             seen = _read_within(3.0, lambda: _snapshot(client, name))
-            if seen is not None and wanted(seen):
+            if seen is not None and wanted(seen) and (free is None or _store_is_free(free)):
                 return seen
             stop(signal.SIGCONT)
         assert driver.poll() is None, "the sweep ended before the state the test waits for"
@@ -187,16 +211,16 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
         first = subprocess.Popen(
             command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
         )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        runs = _snapshot(client, spec.name)
-        if any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values()):
-            break
-        assert first.poll() is None, "the sweep ended before it could be paused"
-        time.sleep(0.2)
-    else:
-        pytest.fail("the first driver never had a checkpointed trial running")
-    os.kill(first.pid, signal.SIGSTOP)
+    # paused while a checkpointed trial runs, and outside any read or write of the sqlite store
+    # (a driver paused inside one would lock the second out: exit 9, not what this tests)
+    _stopped_when(
+        first,
+        client,
+        spec.name,
+        lambda runs: any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values()),
+        group=False,
+        free=tmp_path / "mlflow.db",
+    )
     try:
         time.sleep(5)  # past the TTL: the lease has no living heartbeat
         second = subprocess.run(
