@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -84,6 +85,26 @@ def _wait_for_a_running_trial(client: MlflowClient, name: str, driver: subproces
         time.sleep(0.2)
 
 
+def _pause_outside_the_store(driver: subprocess.Popen, db: Path) -> None:
+    """SIGSTOP the driver where it holds no lock on the sqlite store (else continue it and try
+    again): paused inside a read or a write, it would keep every other writer out until it goes
+    on, and the second driver would stop at MLflow's 20 s wait instead of taking over."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        os.kill(driver.pid, signal.SIGSTOP)
+        con = sqlite3.connect(db, timeout=1.0, isolation_level=None)
+        try:
+            con.execute("BEGIN EXCLUSIVE")
+            con.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            os.kill(driver.pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            con.close()
+    pytest.fail("the driver never paused outside a read or write of its store")
+
+
 def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, data_cache):
     path = _hpo_file(tmp_path, "twice")
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -119,7 +140,7 @@ def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     first_err = tmp_path / "first.err"
     first = _start(command, tmp_path, env, first_err)
     _wait_for_a_running_trial(client, "paused_hpo", first)
-    os.kill(first.pid, signal.SIGSTOP)
+    _pause_outside_the_store(first, tmp_path / "mlflow.db")
     try:
         time.sleep(5)  # past the TTL: the lease has no living heartbeat
         second = subprocess.run(
