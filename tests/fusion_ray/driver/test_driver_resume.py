@@ -211,13 +211,17 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
         first = subprocess.Popen(
             command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err
         )
-    # paused while a checkpointed trial runs, and outside any read or write of the sqlite store
-    # (a driver paused inside one would lock the second out: exit 9, not what this tests)
+    # paused while its first trial runs, checkpointed (no cell finished yet, so every FINISHED
+    # run must be the second driver's), and outside any read or write of the sqlite store (a
+    # driver paused inside one would lock the second out: exit 9, not what this tests)
     _stopped_when(
         first,
         client,
         spec.name,
-        lambda runs: any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values()),
+        lambda runs: (
+            any(r["status"] == "RUNNING" and r["ckpt"] for r in runs.values())
+            and not any(r["status"] == "FINISHED" for r in runs.values())
+        ),
         group=False,
         free=tmp_path / "mlflow.db",
     )
