@@ -121,7 +121,7 @@ def _run_cells(
     from fusion_ray.callbacks import MLflowSweepCallback
 
     tracker, parent_id = session.tracker, session.parent_id
-    finish_ended_trials(spec, tracker, todo)
+    finish_ended_trials(spec, tracker, todo, lease_token=session.lease.token)
     cells, done = todo.cells, todo.done
     note = todo.other_settings_note(spec.name)
     if not policy.needed():
@@ -210,10 +210,13 @@ def _latency_baseline(spec: SweepSpec) -> OperatorRef:
     return OperatorRef(entry.name, entry.kwargs)
 
 
-def finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
+def finish_ended_trials(
+    spec: SweepSpec, tracker: Any, todo: Plan, lease_token: str | None = None
+) -> None:
     """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
-    storage) but whose run was never marked FINISHED, because the driver died in between: finish
-    their runs from storage instead of training them again."""
+    storage) but whose run was never marked FINISHED, because the driver died (or was paused
+    and taken over) in between: finish their runs from storage instead of training them again,
+    naming the driver that finished them (``lease_token``) as the callback does."""
     from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
 
     for cid, run in todo.existing.items():
@@ -223,7 +226,7 @@ def finish_ended_trials(spec: SweepSpec, tracker: Any, todo: Plan) -> None:
         if not checkpoint_exists(path, spec.storage_path):
             continue
         if tracker.log_predictions(run.run_id, path):
-            tracker.finish(run.run_id)
+            tracker.finish(run.run_id, lease_token=lease_token)
             run.status = "FINISHED"
             todo.done.add(cid)
             log.info("cell %s: its trial had ended; its run is finished from storage", cid)

@@ -89,3 +89,30 @@ def test_the_storage_paths_own_query_is_kept_and_no_other():
     assert not within_storage("s3://bucket/prefix/run#x", storage)
     assert not within_storage("s3://user@bucket/prefix/run", storage)
     assert not within_storage("gs://bucket/prefix/run", storage)
+
+
+def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path):
+    """A trial that ended (final metrics, final checkpoint) while its driver was paused or dead
+    is finished from storage by the next driver, and the FINISHED run carries that driver's
+    lease token like every run its callback finishes (one token per FINISHED run)."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    from fusion_ray.schema import LEASE_TOKEN_TAG, PREDICTIONS_FILE
+    from fusion_ray.tracking import Tracker
+
+    spec = load_sweep(tiny_sweep(tmp_path))
+    cell = expand(spec)[0]
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
+    checkpoint = tmp_path / "ray_results" / "tiny-train" / "checkpoint_000001"
+    checkpoint.mkdir(parents=True)
+    pd.DataFrame({"label": [0, 1], "prediction": [0, 0]}).to_parquet(checkpoint / PREDICTIONS_FILE)
+    todo = Plan([cell], {cell.cell_id: CellRun(run_id, "RUNNING", str(checkpoint), True)})
+
+    finish_ended_trials(spec, tracker, todo, lease_token="token-of-the-second-driver")
+
+    run = MlflowClient(spec.tracking_uri).get_run(run_id)
+    assert todo.done == {cell.cell_id}
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[LEASE_TOKEN_TAG] == "token-of-the-second-driver"
