@@ -148,13 +148,27 @@ class Tracker:
             if self._store_file is not None:
                 _VANISHED.watch(self)
             if experiment is None:
-                self.experiment_id = self.client.create_experiment(
-                    sweep, artifact_location=artifact_root(tracking_uri, sweep)
-                )
+                self.experiment_id = self._create_experiment(sweep, tracking_uri)
             else:
                 if experiment.lifecycle_stage == "deleted":
                     self.client.restore_experiment(experiment.experiment_id)
                 self.experiment_id = experiment.experiment_id
+
+    def _create_experiment(self, sweep: str, tracking_uri: str) -> str:
+        """Create the sweep's experiment; when another driver (a second machine, a second
+        submission of the same job) created it between our read and our write, the store
+        refuses ours as RESOURCE_ALREADY_EXISTS and theirs is the sweep's: use it."""
+        try:
+            return self.client.create_experiment(
+                sweep, artifact_location=artifact_root(tracking_uri, sweep)
+            )
+        except mlflow.exceptions.MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            experiment = self.client.get_experiment_by_name(sweep)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
     def store_problem(self) -> str | None:
         """How the tracking store is gone, when it is: a sqlite file deleted, replaced or

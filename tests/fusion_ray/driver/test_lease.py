@@ -173,3 +173,19 @@ def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
             assert b_from >= a_to, f"round {round_}: both held the lease at once: {held}"
         outcomes.append(len(held))
     assert outcomes.count(1) >= 10, f"too few contended rounds to say anything: {outcomes}"
+
+
+@pytest.mark.unit
+def test_a_driver_whose_experiment_another_created_meanwhile_uses_that_one(tmp_path):
+    """Two drivers of one new sweep both read "no experiment" and both create it: the store
+    refuses the second (RESOURCE_ALREADY_EXISTS, an IntegrityError on PostgreSQL); that driver
+    takes the experiment the first made, and goes on to ask for the lease, instead of dying."""
+    from fusion_ray.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    late = Tracker(uri, "other")  # a driver of another sweep, to reach the store with
+    theirs = MlflowClient(uri).create_experiment("shared")  # the first driver's, made meanwhile
+    assert late._create_experiment("shared", uri) == theirs
+    assert Tracker(uri, "shared").experiment_id == theirs
+    with pytest.raises(Exception, match="RESOURCE_ALREADY_EXISTS|already exists"):
+        late.client.create_experiment("shared")  # what the driver used to die of
