@@ -98,6 +98,7 @@ class TrackingCallback(Callback):
         it (paused past the TTL while another took over) changes no run the new holder owns."""
         self.run_ids: dict[str, str] = {}
         self.failed: dict[str, str] = {}
+        self.finished: set[str] = set()
         self.store_lost: str | None = None
         """How the tracking store vanished, once it has: every hook then writes nothing."""
 
@@ -109,6 +110,18 @@ class TrackingCallback(Callback):
 
     def key(self, trial: Any) -> str:
         raise NotImplementedError
+
+    def close_unfinished(self) -> list[str]:
+        """Mark runs this driver opened but never ended as KILLED (driver interrupted: a sweep
+        resumes them); the keys of those runs. A driver that lost its lease leaves them as they
+        are: the new holder resumes them."""
+        open_keys = [k for k in self.run_ids if k not in self.finished and k not in self.failed]
+        if self.store_lost or (self.lease is not None and self.lease.lost.is_set()):
+            return open_keys
+        for key in open_keys:
+            if not self.tracker.kill(self.run_ids[key]):
+                log.warning("could not mark the run of %s as KILLED", key)
+        return open_keys
 
     def _holds(self) -> bool:
         """Whether this driver may still write to its trials' runs: the lease read from the
@@ -144,7 +157,6 @@ class MLflowSweepCallback(TrackingCallback):
         self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
         self.checkpoints: dict[str, str] = {}
-        self.finished: set[str] = set()
         self.started_at: dict[str, float] = {}
         self.references_logged: set[str] = set()
         self.began = time.monotonic()
@@ -259,17 +271,6 @@ class MLflowSweepCallback(TrackingCallback):
             cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs")
         )
 
-    def close_unfinished(self) -> list[str]:
-        """Mark runs this driver opened but never ended as KILLED (driver interrupted); resumable
-        later. A driver that lost its lease leaves them as they are: the new holder resumes them."""
-        open_cells = [c for c in self.run_ids if c not in self.finished and c not in self.failed]
-        if self.store_lost or (self.lease is not None and self.lease.lost.is_set()):
-            return open_cells
-        for cid in open_cells:
-            if not self.tracker.kill(self.run_ids[cid]):
-                log.warning("could not mark run of cell %s as KILLED", cid)
-        return open_cells
-
 
 @dataclass
 class Best:
@@ -330,6 +331,7 @@ class MLflowTuningCallback(TrackingCallback):
         run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
         self.tracker.log_final(run_id, result)
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
+        self.finished.add(trial.trial_id)
         self.ended += 1
         config, cell = self.configs[trial.trial_id], self.cell_for(self.configs[trial.trial_id])
         stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"
@@ -371,22 +373,28 @@ class MLflowTuningCallback(TrackingCallback):
 
 
 class DriverStopper(Stopper):
-    """Stops every trial of the Tune run once the driver cannot go on: its lease lost to
-    another driver, or its tracking store gone."""
+    """Stops every trial of the Tune run once the driver cannot or must not go on: its lease
+    lost to another driver, its tracking store gone, or a signal received (``stopping``:
+    ``DriverSession.stopping``). Tune asks at every step, between the callbacks' writes."""
 
-    def __init__(self, callback: TrackingCallback) -> None:
+    def __init__(
+        self, callback: TrackingCallback, stopping: Callable[[], bool] | None = None
+    ) -> None:
         self.callback = callback
+        self.stopping = stopping
 
     def __getstate__(self) -> dict:
         return {}  # Tune pickles its run config; a restored copy never stops anything
 
     def __setstate__(self, state: dict) -> None:
-        self.callback = None
+        self.callback, self.stopping = None, None
 
     def _stop(self) -> bool:
         cb = self.callback
         if cb is None:
             return False
+        if self.stopping is not None and self.stopping():
+            return True
         return bool(cb.store_lost) or (cb.lease is not None and cb.lease.lost.is_set())
 
     def __call__(self, trial_id: str, result: dict) -> bool:

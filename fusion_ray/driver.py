@@ -9,7 +9,8 @@ every protection:
 - Ray: the cluster joined, or a local instance of its own started (``init_ray``);
 - the parent run that records the invocation: KILLED with the signal's name when stopped,
   FAILED with the reason on any error, never left RUNNING;
-- signals: the first SIGINT or SIGTERM stops the trials at once (``stop_on_signals``);
+- signals: the first SIGINT or SIGTERM stops the trials at Tune's next step, never in the
+  middle of a write to the tracking store (``stop_on_signals``, ``DriverStopper``);
 - the head watch: a Ray head that stops answering ends the driver with one message and exit 7
   (``HEAD_LOST_EXIT``) before Ray's own exit, which cleans nothing;
 - what ends a Tune run early: a full storage path (``StorageFullError``), a vanished tracking
@@ -155,13 +156,17 @@ class DriverInterrupted(KeyboardInterrupt):
 @contextlib.contextmanager
 def stop_on_signals(received: list[str]) -> Iterator[None]:
     """While a driver runs its trials: the first SIGINT or SIGTERM (Ctrl+C, a scheduler's or
-    ``ray down``'s stop) raises ``DriverInterrupted`` in the main thread at once. Ray Tune's own
-    SIGINT handler (end the run after one more save of Tune's experiment state, which this
-    driver never reads) and Ray's SIGTERM handler (exit with status 1, no cleanup) are off
-    meanwhile. A second signal while the driver cleans up and exits (it stays handled after an
-    interruption) is reported and ignored; a third ends the process at once. Outside the main
-    thread nothing changes. ``received`` gets the signals' names (libraries may re-raise the
-    interruption as a plain KeyboardInterrupt)."""
+    ``ray down``'s stop) is recorded in ``received`` and said on stderr; nothing is raised in the
+    middle of what the main thread was doing. The driver acts on it at its next safe point:
+    ``DriverStopper`` has Tune stop every trial at its next step (a fraction of a second), then
+    ``DriverSession.after_tune`` raises ``DriverInterrupted``. An exception raised at the
+    signal itself could land inside a write to the tracking store, and a sqlite connection
+    left half-way through its transaction keeps the store locked: the driver's own marking of
+    its runs as KILLED then waited out MLflow's 20 s and failed. Ray Tune's own SIGINT handler
+    (end the run after one more save of Tune's experiment state, which this driver never reads)
+    and Ray's SIGTERM handler (exit with status 1, no cleanup) are off meanwhile. A second
+    signal is reported and ignored; a third ends the process at once. Outside the main thread
+    nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -170,7 +175,13 @@ def stop_on_signals(received: list[str]) -> Iterator[None]:
         name = signal.Signals(signum).name
         received.append(name)
         if len(received) == 1:
-            raise DriverInterrupted(name)
+            print(
+                f"{name}: stopping the trials (their runs are marked KILLED, finished cells "
+                "stay finished); send it twice more to exit at once, without that",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
         if len(received) == 2:
             print(
                 f"{name}: already stopping (stopping the trials, marking their runs KILLED); "
@@ -401,12 +412,23 @@ class DriverSession:
                 raise
             raise StorageFullError(storage_full_message(full, finished_now())) from exc
 
+    def stopping(self) -> bool:
+        """Whether a signal asked this driver to stop (``DriverStopper`` stops Tune then)."""
+        return bool(self.signals)
+
+    def stop_if_signalled(self) -> None:
+        """At a point where the driver writes nothing: ``DriverInterrupted`` when a signal asked
+        it to stop (``driving`` then marks the parent run KILLED)."""
+        if self.signals:
+            raise DriverInterrupted(self.signals[0])
+
     def after_tune(self, *, failed: bool, store_lost: str | None, finished_now: int) -> None:
-        """After a Tune run: raises what ended it early (a full storage path behind its failed
-        trials, a vanished tracking store, the lease taken over by another driver)."""
+        """After a Tune run: raises what ended it early (a signal, a full storage path behind its
+        failed trials, a vanished tracking store, the lease taken over by another driver)."""
         from fusion_ray.lease import LeaseLostError
         from fusion_ray.tracking import TrackingStoreLostError, store_lost_message
 
+        self.stop_if_signalled()
         full = storage_full(self.storage_path) if failed else None
         if full is not None:
             raise StorageFullError(storage_full_message(full, finished_now))

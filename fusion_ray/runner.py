@@ -16,7 +16,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fusion_ray.config import SweepSpec, resources_for
@@ -179,11 +179,11 @@ def _run_policy(
 
     ran = 0
     for run in policy.tune_runs(f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", callback):
-        if session.lease.lost.is_set():
+        if session.lease.lost.is_set() or session.stopping():
             break
         jobs = [_job(spec, c, resume_point(spec, c, todo.existing), run.name) for c in run.cells]
         with tune_output(verbose):
-            _tuner(spec, run, jobs, callback, verbose).fit()
+            _tuner(spec, run, jobs, callback, session.stopping, verbose).fit()
         ran += len(run.searcher.started) if run.searcher is not None else len(run.cells)
     return ran
 
@@ -260,9 +260,17 @@ def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str |
     return resume_from
 
 
-def _tuner(spec: SweepSpec, run: TuneRun, jobs: list[TrialJob], callback: Any, verbose: int) -> Any:
+def _tuner(
+    spec: SweepSpec,
+    run: TuneRun,
+    jobs: list[TrialJob],
+    callback: Any,
+    stopping: Callable[[], bool],
+    verbose: int,
+) -> Any:
     """The Ray Tune run of a policy's cells: one trial per cell, each with its dataset's
-    resources; all of them (a grid), or those the run's searcher suggests."""
+    resources; all of them (a grid), or those the run's searcher suggests; every trial stops
+    once ``stopping()`` (a signal) or the callback's lease or store is lost."""
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
@@ -292,7 +300,7 @@ def _tuner(spec: SweepSpec, run: TuneRun, jobs: list[TrialJob], callback: Any, v
         run_config=tune.RunConfig(
             name=tune_run,
             storage_path=storage_uri(spec.storage_path),
-            stop=DriverStopper(callback),
+            stop=DriverStopper(callback, stopping),
             callbacks=[callback, _placement_callback()],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),

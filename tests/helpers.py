@@ -116,3 +116,82 @@ def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path)
         torch.set_num_threads(threads)
     for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
         assert run.data.metrics[name] == reference[name], name
+
+
+HELD_ADD = '''"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on;
+every other trial, after {hold_after} training steps, writes waiting-<trial id> next to
+{release!r} and waits until that file exists. Outside a Tune trial it never waits."""
+
+import os
+import time
+from pathlib import Path
+
+from fusion_ray.model.fusion import Add
+
+RELEASE = Path({release!r})
+HOLD_AFTER = {hold_after}
+
+
+def _trial_id():
+    import warnings
+
+    try:
+        from ray import tune
+
+        with warnings.catch_warnings():  # outside a trial Ray warns, then returns None
+            warnings.simplefilter("ignore")
+            return tune.get_context().get_trial_id()
+    except Exception:  # not in a Tune trial
+        return None
+
+
+class HeldAdd(Add):
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        self.trial, self.steps = _trial_id(), 0
+        self.held = self.trial is not None and not self._first()
+        if self.held and HOLD_AFTER == 0:
+            self._wait()
+
+    def _first(self) -> bool:
+        claim, first = RELEASE.with_name(f"claim-{{self.trial}}"), RELEASE.with_name("first_trial")
+        claim.write_text(self.trial)
+        try:
+            os.link(claim, first)  # atomic: the first trial's id, written before it is seen
+        except FileExistsError:
+            pass
+        return first.read_text() == self.trial
+
+    def _wait(self) -> None:
+        RELEASE.with_name(f"waiting-{{self.trial}}").touch()
+        while not RELEASE.exists():
+            time.sleep(0.1)
+
+    def forward(self, E, P):
+        if self.held and self.training and HOLD_AFTER:
+            self.steps += 1
+            if self.steps == HOLD_AFTER + 1:
+                self._wait()
+        return super().forward(E, P)
+'''
+
+
+def install_held_add(directory: Path, release: Path, hold_after: int = 0) -> Path:
+    """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info in ``directory``: the first
+    trial that builds it runs through; every other waits for the file ``release`` (the test
+    creates it to let them go), from the start (``hold_after`` 0) or after that many training
+    steps (past its first checkpoint, when that is more than one epoch's steps). Found in every
+    process with ``directory`` on its path: a driver's own Ray with ``directory`` on PYTHONPATH,
+    or the driver's working directory, which Ray puts on its workers' path. The release path is
+    written into the module: workers of a shared Ray do not see the driver's environment."""
+    (directory / "fusion_ray_held").mkdir(parents=True)
+    (directory / "fusion_ray_held" / "__init__.py").write_text(
+        HELD_ADD.format(release=str(release), hold_after=hold_after)
+    )
+    info = directory / "fusion_ray_held-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fusion-ray-held\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
+    )
+    return directory

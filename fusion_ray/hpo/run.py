@@ -161,14 +161,17 @@ def tune_dataset(
         run_config=tune.RunConfig(
             name=f"{spec.name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}",
             storage_path=storage,
-            stop=DriverStopper(callback),
+            stop=DriverStopper(callback, session.stopping),
             callbacks=[callback],
             failure_config=tune.FailureConfig(max_failures=spec.retries),
             verbose=verbose,
         ),
     )
-    with session.tune_run(lambda: callback.ended), tune_output(verbose):
-        tuner.fit()
+    try:
+        with session.tune_run(lambda: callback.ended), tune_output(verbose):
+            tuner.fit()
+    finally:
+        callback.close_unfinished()  # a stopped driver's tuning runs: KILLED, not RUNNING
     session.after_tune(
         failed=bool(callback.failed), store_lost=callback.store_lost, finished_now=callback.ended
     )

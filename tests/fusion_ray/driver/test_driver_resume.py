@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -19,6 +20,7 @@ from mlflow.tracking import MlflowClient
 from fusion_ray.config import load_sweep
 from fusion_ray.grid import expand
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import install_held_add
 
 pytestmark = pytest.mark.process
 
@@ -299,10 +301,20 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     """SIGTERM (a scheduler's or ``ray down``'s stop) or Ctrl+C twice, while one cell has
     finished and another trains: the driver exits 128 + signal with one message, its parent
     run and the training cell's run are KILLED, no trial keeps running, and the same command
-    again finishes the rest, the interrupted cell from its checkpoint in its own run."""
-    path = _one_at_a_time(tmp_path, f"stopped_{signals[0].lower()}", [0, 1])
-    spec = load_sweep(path)
-    client = MlflowClient(spec.tracking_uri)
+    again finishes the rest, the interrupted cell from its checkpoint in its own run.
+
+    Nothing races the clock: the second cell (``held_add``) waits after its first epoch (5
+    steps: 160 documents in batches of 32), checkpointed, until the test lets it go, which it
+    does only for the re-run."""
+    name = f"stopped_{signals[0].lower()}"
+    path = _one_at_a_time(
+        tmp_path, name, [0, 1], grid={"datasets": ["short"], "fusions": ["held_add"]}
+    )
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, hold_after=5)  # the driver's working directory
+    spec = SimpleNamespace(name=name)  # held_add is the driver's plug-in, not this process's
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     env = _driver_env(ray_session, data_cache)
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
     earlier = set(_alive_trial_actors(ray_session))  # other tests' actors in the shared Ray
@@ -310,20 +322,25 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     with err.open("w") as out:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
 
-    def one_finished_and_one_training(runs: dict[str, dict]) -> bool:
-        training = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
-        return any(r["status"] == "FINISHED" for r in runs.values()) and bool(training)
-
-    _stopped_when(driver, client, spec.name, one_finished_and_one_training, group=False)
-    # the first signal waits, pending, while the driver is stopped: it is what the driver
-    # handles first once continued
-    driver.send_signal(getattr(signal, signals[0]))
-    driver.send_signal(signal.SIGCONT)
-    for name in signals[1:]:
-        time.sleep(0.3)
-        driver.send_signal(getattr(signal, name))
-    assert driver.wait(timeout=120) == 128 + getattr(signal, signals[0])
+    deadline = time.monotonic() + 300
+    while True:  # one cell FINISHED; the other checkpointed and held
+        runs = _snapshot(client, spec.name)
+        held = list(release.parent.glob("waiting-*"))
+        if held and sorted((r["status"], bool(r["ckpt"])) for r in runs.values()) == [
+            ("FINISHED", True),
+            ("RUNNING", True),
+        ]:
+            break
+        assert driver.poll() is None, err.read_text()[-4000:]
+        assert time.monotonic() < deadline, (runs, held, err.read_text()[-4000:])
+        time.sleep(0.2)
+    for i, name_ in enumerate(signals):
+        if i:
+            time.sleep(0.3)
+        driver.send_signal(getattr(signal, name_))
+    code = driver.wait(timeout=120)
     text = err.read_text()
+    assert code == 128 + getattr(signal, signals[0]), text[-4000:]
     assert f"stopped by {signals[0]}" in text and "Re-run the same command" in text
     assert "Traceback" not in text
 
@@ -343,13 +360,14 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
         time.sleep(1)
     assert left_running() == [], "a trial kept running after its driver stopped"
 
+    release.touch()
     rerun = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     after = _snapshot(client, spec.name)
     cells = [r["cell"] for r in after.values()]
-    assert len(cells) == 4 and len(set(cells)) == 4, "exactly one run per cell"
+    assert len(cells) == 2 and len(set(cells)) == 2, "exactly one run per cell"
     assert all(r["status"] == "FINISHED" for r in after.values())
     (killed,) = [rid for rid, r in stopped.items() if r["status"] == "KILLED"]
     steps = sorted(m.step for m in client.get_metric_history(killed, "val_acc"))

@@ -21,7 +21,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import assert_metrics_of_an_uninterrupted_run, one_long_cell
+from tests.helpers import assert_metrics_of_an_uninterrupted_run, install_held_add, one_long_cell
 
 pytestmark = pytest.mark.process
 
@@ -552,68 +552,6 @@ def _private_tmpfs_prefix(mount_point: Path) -> list[str] | None:
     return None
 
 
-RELEASE_ENV = "FUSION_RAY_TEST_RELEASE"
-
-HELD_ADD = '''
-"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on;
-every other trial writes waiting-<trial id> next to the file $FUSION_RAY_TEST_RELEASE names and
-waits until that file exists. Outside a Tune trial (the driver) it never waits."""
-
-import os
-import time
-from pathlib import Path
-
-from fusion_ray.model.fusion import Add
-
-
-def _trial_id():
-    import warnings
-
-    try:
-        from ray import tune
-
-        with warnings.catch_warnings():  # outside a trial Ray warns, then returns None
-            warnings.simplefilter("ignore")
-            return tune.get_context().get_trial_id()
-    except Exception:  # not in a Tune trial
-        return None
-
-
-class HeldAdd(Add):
-    def __init__(self, d_model: int) -> None:
-        super().__init__(d_model)
-        trial, release = _trial_id(), os.environ.get("FUSION_RAY_TEST_RELEASE")
-        if not trial or not release:
-            return
-        release = Path(release)
-        claim, first = release.with_name(f"claim-{trial}"), release.with_name("first_trial")
-        claim.write_text(trial)
-        try:
-            os.link(claim, first)  # atomic: the first trial's id, written before it is seen
-        except FileExistsError:
-            pass
-        if first.read_text() == trial:
-            return
-        release.with_name(f"waiting-{trial}").touch()
-        while not release.exists():
-            time.sleep(0.1)
-'''
-
-
-def _install_held_add(site: Path) -> Path:
-    """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info under ``site``: found in
-    every process with ``site`` on PYTHONPATH, the driver's Ray workers included."""
-    (site / "fusion_ray_held").mkdir(parents=True)
-    (site / "fusion_ray_held" / "__init__.py").write_text(HELD_ADD)
-    info = site / "fusion_ray_held-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fusion-ray-held\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
-    )
-    return site
-
-
 def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_cache):
     """storage_path on a 32 MiB tmpfs that fills up (another file takes the space) once the
     first cell has finished: the other trials fail for want of space, the driver exits 6 with
@@ -638,13 +576,12 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
     turns = tmp_path / "turns"
     turns.mkdir()
     release = turns / "release"
-    site = _install_held_add(tmp_path / "site")
+    site = install_held_add(tmp_path / "site", release)
     ray_tmp = Path(tempfile.mkdtemp(prefix="fusion-ray-"))
     env = {
         **_env(data_cache),
         "PYTHONPATH": f"{site}:{ROOT}",
         "RAY_TMPDIR": str(ray_tmp),
-        RELEASE_ENV: str(release),
     }
     env.pop("RAY_ADDRESS", None)
     sweep = f"{sys.executable} -m fusion_ray.sweep {path} --no-report"
