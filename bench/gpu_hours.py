@@ -18,7 +18,15 @@ file, then:
   (72-100 % busy on the H100) and for AG News and IMDB with graphs (79-82 %); packing on an
   A10G is assumed to gain nothing.
 
-    python bench/gpu_hours.py [sweeps/full_grid.yaml]
+With adaptive seeds (a ``seeds: {adaptive: true, first: F, max: M}`` block, or ``--adaptive
+F,M`` on a sweep with fixed seeds) how many seeds run depends on the effects, which are not
+known before the sweep. The script prints the cost at F seeds per cell (every comparison decided
+at its first look: the least an adaptive sweep spends), at M (none decided before the cap: the
+most), and at any ``--seeds-per-cell`` given, e.g. the mean seeds per comparison of
+``bench/adaptive.py``'s replay on logged runs (a baseline's cells run as many seeds as its
+longest comparison, so that mean is a lower bound for its cells).
+
+    python bench/gpu_hours.py [sweeps/full_grid.yaml] [--adaptive 6,20] [--seeds-per-cell 8.3]
 """
 
 from __future__ import annotations
@@ -70,8 +78,24 @@ def packing_speedup(dataset: str, graphs: bool, trials: int) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", nargs="?", default=str(ROOT / "sweeps" / "full_grid.yaml"))
+    parser.add_argument(
+        "--adaptive",
+        metavar="FIRST,MAX",
+        help="cost the sweep's grid with adaptive seeds {adaptive: true, first: FIRST, max: MAX}",
+    )
+    parser.add_argument(
+        "--seeds-per-cell",
+        type=float,
+        nargs="*",
+        default=[],
+        help="with adaptive seeds: also the cost at these mean seeds per cell",
+    )
     args = parser.parse_args()
-    spec = load_sweep(args.sweep)
+    overrides = []
+    if args.adaptive:
+        first, cap = (int(v) for v in args.adaptive.split(","))
+        overrides.append(f"seeds={{adaptive: true, first: {first}, max: {cap}}}")
+    spec = load_sweep(args.sweep, overrides=overrides)
     cells = Counter(cell.dataset for cell in expand(spec))
     epochs = measured_epochs()
     total_card_s = 0.0
@@ -103,8 +127,31 @@ def main() -> None:
             f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['variant']}"
         )
     hours = total_card_s / 3600
-    low, high = (hours * r for r in A10G_RATIO)
-    print(f"one H100: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
+    if spec.adaptive is None:
+        print(f"one H100: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
+        _cluster_line(hours)
+        return
+    seeds = len(spec.seeds)  # 0 .. max-1: the cells above are the cap's
+    first = spec.adaptive.first
+    print(
+        f"adaptive seeds (first {first}, max {seeds}): the table counts every cell at the cap; "
+        "every trial runs all its epochs"
+    )
+    for per_cell, what in [
+        (first, "every comparison decided at its first look"),
+        *((k, "given") for k in args.seeds_per_cell),
+        (seeds, "none decided before the cap"),
+    ]:
+        at = hours * per_cell / seeds
+        print(f"  {per_cell:>5g} seeds per cell ({what}): {at:.1f} H100-hours")
+    _cluster_line(hours * first / seeds, hours)
+
+
+def _cluster_line(hours: float, most: float | None = None) -> None:
+    """The cluster of cluster.yaml: A10G-hours from H100 hours (a range of ratios); with
+    ``most``, from ``hours`` (the least) to ``most``."""
+    low = hours * A10G_RATIO[0]
+    high = (most if most is not None else hours) * A10G_RATIO[1]
     print(
         f"cluster.yaml (A10G, scaled {A10G_RATIO[0]:.1f}x-{A10G_RATIO[1]:.1f}x): {low:.0f}-{high:.0f} "
         f"A10G-hours, {low / CLUSTER_GPUS:.0f}-{high / CLUSTER_GPUS:.0f} h of wall time on its "
