@@ -374,39 +374,51 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     assert steps == [0, 1, 2, 3], f"the interrupted cell did not continue in its own run: {steps}"
 
 
-def test_a_tracking_store_locked_for_20_s_mid_sweep_loses_nothing(
+def test_a_tracking_store_locked_for_15_s_mid_sweep_loses_nothing(
     tmp_path, ray_session, data_cache
 ):
-    """Another writer holds the MLflow sqlite file locked (an exclusive transaction) for 20 s
+    """Another writer holds the MLflow sqlite file locked (an exclusive transaction) for 15 s
     while trials finish: the driver waits for it (MLflow's sqlite busy timeout is 20 s), and
-    the sweep ends with one FINISHED run per cell, each with its final metrics."""
+    the sweep ends with one FINISHED run per cell, each with its final metrics.
+
+    Nothing races the clock: the trials after the first (``held_add``) wait until the store is
+    locked, and the lock is held 5 s less than MLflow's wait."""
     import sqlite3
 
-    path = _one_at_a_time(tmp_path, "locked", [0, 1], epochs=3)
-    spec = load_sweep(path)
-    client = MlflowClient(spec.tracking_uri)
+    path = _one_at_a_time(
+        tmp_path,
+        "locked",
+        [0, 1, 2, 3],
+        epochs=3,
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
+    )
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release)  # the driver's working directory
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     env = _driver_env(ray_session, data_cache)
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
     out = tmp_path / "driver.out"
     with out.open("w") as sink:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=sink, stderr=sink)
     deadline = time.monotonic() + 300
-    while "[1/4]" not in out.read_text():
+    while "[1/4]" not in out.read_text() or not list(release.parent.glob("waiting-*")):
         assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
         time.sleep(0.2)
     lock = sqlite3.connect(tmp_path / "mlflow.db", timeout=60, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     locked_at = time.monotonic()
-    time.sleep(20)
+    release.touch()  # the other trials go on and end while the store is locked
+    time.sleep(15)
     finished_while_locked = out.read_text().count("] short/")
     lock.execute("COMMIT")
     lock.close()
     assert driver.wait(timeout=300) == 0, out.read_text()[-3000:]
-    assert time.monotonic() - locked_at >= 20
-    assert finished_while_locked < 4, "the sweep ended before the lock could matter"
+    assert time.monotonic() - locked_at >= 15
+    assert finished_while_locked == 1, "a run was marked FINISHED through the lock"
 
     runs = client.search_runs(
-        [client.get_experiment_by_name(spec.name).experiment_id], "tags.role = 'trial'"
+        [client.get_experiment_by_name("locked").experiment_id], "tags.role = 'trial'"
     )
-    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(c.cell_id for c in expand(spec))
+    assert len({r.data.tags["cell_id"] for r in runs}) == len(runs) == 4
     assert all(r.info.status == "FINISHED" and "test_acc" in r.data.metrics for r in runs)
