@@ -37,6 +37,7 @@ import yaml
 
 from fusion_ray.slurm import SlurmJob, main, render_slurm, time_limit_seconds
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import install_held_add
 
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -350,10 +351,17 @@ def slurm() -> Iterator[Slurm]:
 
 
 def _sweep(
-    tmp_path: Path, name: str, epochs: int, concurrent: int, seeds: int = 2, n_train: int = 160
+    tmp_path: Path,
+    name: str,
+    epochs: int,
+    concurrent: int,
+    seeds: int = 2,
+    n_train: int = 160,
+    fusions: tuple[str, ...] = ("add", "gate_scalar"),
 ) -> Path:
     path = tiny_sweep(
         tmp_path, name=name, seeds=list(range(seeds)),
+        grid={"datasets": ["short"], "fusions": list(fusions)},
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": concurrent},
     )  # fmt: skip
     raw = yaml.safe_load(path.read_text())
@@ -383,8 +391,20 @@ def _script(slurm: Slurm, path: Path, **options) -> Path:
     return script
 
 
-def _job_env(data_cache: str) -> dict[str, str]:
-    return {"FUSION_RAY_CACHE": data_cache, "PYTHONPATH": str(ROOT)}
+def _job_env(data_cache: str, site: Path | None = None) -> dict[str, str]:
+    """The job's environment; ``site``: a folder of plug-ins (``held_add``) on its path, the Ray
+    nodes' workers included (the job starts them with this environment)."""
+    path = f"{site}:{ROOT}" if site is not None else str(ROOT)
+    return {"FUSION_RAY_CACHE": data_cache, "PYTHONPATH": path}
+
+
+def _held(tmp_path: Path) -> tuple[Path, Path]:
+    """``held_add`` for a job: the trials after the first wait after their first epoch (25 steps:
+    800 documents in batches of 32), checkpointed, until the file it returns exists. The plug-in
+    folder (for ``_job_env``) and that file."""
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    return install_held_add(tmp_path / "site", release, hold_after=25), release
 
 
 def _runs(path: Path) -> list:
@@ -415,6 +435,17 @@ def _wait_for_line(log: Path, pattern: str, job: tuple[Slurm, str], after: int =
         )
         time.sleep(0.25)
     pytest.fail(f"no {pattern!r} in {log}")
+
+
+def _wait_for_file(folder: Path, pattern: str, job: tuple[Slurm, str]) -> None:
+    """Until a file matching ``pattern`` is in ``folder`` (a held trial waits), the job running."""
+    slurm, job_id = job
+    deadline = time.monotonic() + 600
+    while not list(folder.glob(pattern)):
+        state = slurm.job(job_id)["JobState"]
+        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} {state}"
+        assert time.monotonic() < deadline, f"no {pattern} in {folder}"
+        time.sleep(0.25)
 
 
 def _one_finished_run_per_cell(path: Path, cells: int) -> list:
@@ -482,12 +513,20 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     """The job is given a time limit one to two minutes past its first finished cell (``scontrol
     update TimeLimit``, as an administrator shortens a job), the warning 30 s before it: SLURM
     sends it at its first time-limit check (30 s apart) past that point, while the sweep's
-    other seven cells still run. The resubmission has 30 minutes."""
-    path = _sweep(tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1, seeds=4, n_train=800)
+    other seven cells still run. The resubmission has 30 minutes.
+
+    Nothing races the clock: the cells after the first (``held_add``) wait after their first
+    epoch until the test lets them go, which it does for the resubmission only."""
+    path = _sweep(
+        tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1, seeds=8, n_train=800,
+        fusions=("held_add",),
+    )  # fmt: skip
+    site, release = _held(tmp_path)
     script = _script(slurm, path, time="30", signal_seconds=30)
-    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
+    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    _wait_for_file(release.parent, "waiting-*", (slurm, job_id))
     elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1  # whole minutes, rounded up
     slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
     info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
@@ -502,7 +541,8 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     assert statuses.count("FINISHED") < 8
     killed = [r.info.run_id for r in _trials(path, "KILLED")]
 
-    again = slurm.sbatch(script, tmp_path, _job_env(data_cache))
+    release.touch()
+    again = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     info = slurm.wait(again, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=1800)
     text = (tmp_path / f"job-{again}.out").read_text()
     assert info["JobState"] == "COMPLETED", text[-4000:]
@@ -521,17 +561,24 @@ def test_a_job_requeues_itself_at_its_time_limit_and_the_next_run_finishes(
 ):
     """``--requeue-on-time-limit 1``: at the warning the sweep stops and the job requeues itself
     (one job id, one log, ``Restarts=1``); given its time back, the next run finishes the
-    sweep, every cell once."""
-    path = _sweep(tmp_path, "slurm_chain", epochs=EPOCHS, concurrent=1, seeds=4, n_train=800)
+    sweep, every cell once. The cells after the first (``held_add``) wait after their first
+    epoch until the test gives the job its time back."""
+    path = _sweep(
+        tmp_path, "slurm_chain", epochs=EPOCHS, concurrent=1, seeds=8, n_train=800,
+        fusions=("held_add",),
+    )  # fmt: skip
+    site, release = _held(tmp_path)
     script = _script(slurm, path, time="30", signal_seconds=30, requeue_on_time_limit=1)
-    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
+    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    _wait_for_file(release.parent, "waiting-*", (slurm, job_id))
     elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1
     slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
     _wait_for_line(log, rf"requeueing job {job_id}", (slurm, job_id))
     slurm.restarted(job_id)
     slurm.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=30")
+    release.touch()
     slurm.release(job_id)
     info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=1800)
     text = log.read_text()

@@ -1,0 +1,82 @@
+"""Wall time and failures of the test tiers, each run as its own pytest process.
+
+Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``;
+``unit-n2`` is the unit tier on two pytest-xdist workers), ``--repeat`` times in a row, and
+prints one line per run (wall time, passed / failed / skipped) and the failing tests by name.
+``--load`` keeps every CPU core busy with a spinning process for the whole time, for the loaded
+repetitions of tests that must not race the clock.
+
+    python bench/tiers.py                               # each tier once
+    python bench/tiers.py unit unit-n2                  # the quick check, serial and on 2
+    python bench/tiers.py process cluster --repeat 5 --load
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TIERS = {
+    "unit": ["-m", "unit"],
+    "unit-n2": ["-m", "unit", "-n", "2"],
+    "ray": ["-m", "ray"],
+    "process": ["-m", "process"],
+    "cluster": ["-m", "cluster"],
+}
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def run_tier(tier: str) -> tuple[float, str, list[str]]:
+    """One pytest process for ``tier``: wall seconds, pytest's summary line, failed test ids."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[tier]]
+    began = time.monotonic()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    seconds = time.monotonic() - began
+    lines = done.stdout.strip().splitlines()
+    summary = next((line for line in reversed(lines) if " in " in line), f"rc {done.returncode}")
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.MULTILINE)
+    return seconds, summary.strip("= "), failed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("tiers", nargs="*", default=["unit", "ray", "process", "cluster"])
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--load", action="store_true", help="spin every core meanwhile")
+    args = parser.parse_args()
+    unknown = sorted(set(args.tiers) - set(TIERS))
+    if unknown:
+        parser.error(f"unknown tier(s) {', '.join(unknown)}; choose from {', '.join(TIERS)}")
+    spinners = []
+    if args.load:
+        spinners = [
+            multiprocessing.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)
+        ]
+        for spinner in spinners:
+            spinner.start()
+    print(f"{os.cpu_count()} cores{', every one kept busy by a spinner' if args.load else ''}")
+    try:
+        for tier in args.tiers:
+            for i in range(1, args.repeat + 1):
+                seconds, summary, failed = run_tier(tier)
+                print(f"{tier:<8} run {i}: {seconds:7.1f} s  {summary}", flush=True)
+                for test in failed:
+                    print(f"    failed: {test}", flush=True)
+    finally:
+        for spinner in spinners:
+            spinner.terminate()
+
+
+if __name__ == "__main__":
+    main()
