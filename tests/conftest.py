@@ -1,6 +1,6 @@
 """Shared fixtures (one local Ray instance for the whole session, small sweeps on synthetic
 data) and the test tiers: every test under tests/ carries exactly one of the markers in TIERS,
-checked when pytest collects (``pytest -m unit`` is the quick check)."""
+checked when pytest collects (``pytest -m unit -n 2`` is the quick check)."""
 
 from __future__ import annotations
 
