@@ -69,7 +69,7 @@ class Cluster:
     def start(self, *args: str, temp_dir: str) -> None:
         (self.base / temp_dir).mkdir(parents=True)
         command = [
-            "ray",
+            str(Path(sys.executable).with_name("ray")),  # this interpreter's, activated or not
             "start",
             "--node-ip-address=127.0.0.1",
             f"--temp-dir={self.base / temp_dir}",
