@@ -118,9 +118,10 @@ def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path)
         assert run.data.metrics[name] == reference[name], name
 
 
-HELD_ADD = '''"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on;
-every other trial, after {hold_after} training steps, writes waiting-<trial id> next to
-{release!r} and waits until that file exists. Outside a Tune trial it never waits."""
+HELD_ADD = '''"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on
+(unless HOLD_FIRST); every other trial, after {hold_after} training steps, writes
+waiting-<trial id> next to {release!r} and waits until that file exists. Outside a Tune trial
+it never waits."""
 
 import os
 import time
@@ -130,6 +131,7 @@ from fusion_ray.model.fusion import Add
 
 RELEASE = Path({release!r})
 HOLD_AFTER = {hold_after}
+HOLD_FIRST = {hold_first}
 
 
 def _trial_id():
@@ -149,7 +151,7 @@ class HeldAdd(Add):
     def __init__(self, d_model: int) -> None:
         super().__init__(d_model)
         self.trial, self.steps = _trial_id(), 0
-        self.held = self.trial is not None and not self._first()
+        self.held = self.trial is not None and (HOLD_FIRST or not self._first())
         if self.held and HOLD_AFTER == 0:
             self._wait()
 
@@ -176,17 +178,20 @@ class HeldAdd(Add):
 '''
 
 
-def install_held_add(directory: Path, release: Path, hold_after: int = 0) -> Path:
+def install_held_add(
+    directory: Path, release: Path, hold_after: int = 0, hold_first: bool = False
+) -> Path:
     """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info in ``directory``: the first
-    trial that builds it runs through; every other waits for the file ``release`` (the test
-    creates it to let them go), from the start (``hold_after`` 0) or after that many training
-    steps (past its first checkpoint, when that is more than one epoch's steps). Found in every
+    trial that builds it runs through (unless ``hold_first``); every other waits for the file
+    ``release`` (the test creates it to let them go), from the start (``hold_after`` 0) or after
+    that many training steps (past its first checkpoint, when that is more than one epoch's
+    steps). Found in every
     process with ``directory`` on its path: a driver's own Ray with ``directory`` on PYTHONPATH,
     or the driver's working directory, which Ray puts on its workers' path. The release path is
     written into the module: workers of a shared Ray do not see the driver's environment."""
     (directory / "fusion_ray_held").mkdir(parents=True)
     (directory / "fusion_ray_held" / "__init__.py").write_text(
-        HELD_ADD.format(release=str(release), hold_after=hold_after)
+        HELD_ADD.format(release=str(release), hold_after=hold_after, hold_first=hold_first)
     )
     info = directory / "fusion_ray_held-0.1.dist-info"
     info.mkdir()
