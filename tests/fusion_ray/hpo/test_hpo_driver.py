@@ -19,13 +19,15 @@ from mlflow.tracking import MlflowClient
 
 from fusion_ray.schema import PARENT_TAG
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import install_held_add
 
 pytestmark = pytest.mark.process
 
 
 def _hpo_file(tmp_path: Path, name: str, epochs: int = 4, samples: int = 2) -> Path:
-    """A tiny HPO file over the tiny sweep's dataset: one operator, ``samples`` Optuna trials of
-    ``epochs`` epochs, one at a time, no early stopping."""
+    """A tiny HPO file over the tiny sweep's dataset: one operator, ``held_add`` (every trial
+    waits after ``hold_after`` steps for the file ``tmp_path/turns/release``: see ``_held``),
+    ``samples`` Optuna trials of ``epochs`` epochs, one at a time, no early stopping."""
     sweep = yaml.safe_load(tiny_sweep(tmp_path, name=f"{name}_grid").read_text())
     raw = {
         "name": name,
@@ -33,7 +35,7 @@ def _hpo_file(tmp_path: Path, name: str, epochs: int = 4, samples: int = 2) -> P
         "sweeps": [f"{name}_grid.yaml"],
         "tune": {
             "datasets": ["short"],
-            "fusion": "add",
+            "fusion": "held_add",
             "seed": 1000,
             "num_samples": samples,
             "max_concurrent_trials": 1,
@@ -53,6 +55,23 @@ def _hpo_file(tmp_path: Path, name: str, epochs: int = 4, samples: int = 2) -> P
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
+
+
+def _held(tmp_path: Path, hold_after: int) -> Path:
+    """``held_add`` in the driver's working directory (Ray puts it on its workers' path): every
+    tuning trial waits after ``hold_after`` training steps until the returned file exists."""
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, hold_after=hold_after, hold_first=True)
+    return release
+
+
+def _wait_for_a_held_trial(release: Path, driver: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 300
+    while not list(release.parent.glob("waiting-*")):
+        assert driver.poll() is None, "the HPO driver ended before a trial was held"
+        assert time.monotonic() < deadline, "no tuning trial reached its hold"
+        time.sleep(0.2)
 
 
 def _env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
@@ -77,14 +96,6 @@ def _start(command: list[str], cwd: Path, env: dict[str, str], err: Path) -> sub
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stream)
 
 
-def _wait_for_a_running_trial(client: MlflowClient, name: str, driver: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while not any(r.info.status == "RUNNING" for r in _trial_runs(client, name)):
-        assert driver.poll() is None, "the HPO driver ended before a trial ran"
-        assert time.monotonic() < deadline, "no tuning trial started"
-        time.sleep(0.2)
-
-
 def _pause_outside_the_store(driver: subprocess.Popen, db: Path) -> None:
     """SIGSTOP the driver where it holds no lock on the sqlite store (else continue it and try
     again): paused inside a read or a write, it would keep every other writer out until it goes
@@ -106,17 +117,21 @@ def _pause_outside_the_store(driver: subprocess.Popen, db: Path) -> None:
 
 
 def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, data_cache):
+    """The first driver's trial is held (``held_add``) while the second starts: the first still
+    holds the lease whatever the machine's speed."""
     path = _hpo_file(tmp_path, "twice")
+    release = _held(tmp_path, hold_after=0)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
     env = _env(ray_session, data_cache)
     first = _start(command, tmp_path, env, tmp_path / "first.err")
     try:
-        _wait_for_a_running_trial(client, "twice", first)
+        _wait_for_a_held_trial(release, first)
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
     finally:
+        release.touch()
         assert first.wait(timeout=600) == 0, (tmp_path / "first.err").read_text()[-3000:]
     assert second.returncode == 3, second.stderr[-3000:]
     assert "HPO 'twice' is being run by another driver" in second.stderr
@@ -129,7 +144,11 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
 def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     tmp_path, ray_session, data_cache
 ):
+    """The first driver is paused while its first trial waits after its first epoch
+    (``held_add``): none of its trials can have finished; the trials go on once the second
+    driver starts."""
     path = _hpo_file(tmp_path, "paused_hpo")
+    release = _held(tmp_path, hold_after=5)  # one epoch: 160 documents in batches of 32
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
     # a heartbeat slower than the pause: the first driver learns of the takeover through the
@@ -139,10 +158,11 @@ def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     )
     first_err = tmp_path / "first.err"
     first = _start(command, tmp_path, env, first_err)
-    _wait_for_a_running_trial(client, "paused_hpo", first)
+    _wait_for_a_held_trial(release, first)
     _pause_outside_the_store(first, tmp_path / "mlflow.db")
     try:
         time.sleep(5)  # past the TTL: the lease has no living heartbeat
+        release.touch()
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
         )
