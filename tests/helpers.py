@@ -3,6 +3,9 @@ files with settings changed, a miniature local copy of a hub dataset."""
 
 from __future__ import annotations
 
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,10 +121,10 @@ def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path)
         assert run.data.metrics[name] == reference[name], name
 
 
-HELD_ADD = '''"""`add` whose trials take turns as a test says: the first Tune trial that builds it goes on
-(unless HOLD_FIRST); every other trial, after {hold_after} training steps, writes
-waiting-<trial id> next to {release!r} and waits until that file exists. Outside a Tune trial
-it never waits."""
+HELD_ADD = '''"""`add` whose trials take turns as a test says: the first {through} Tune trials that
+build it go on; every other trial, after {hold_after} training steps, writes waiting-<trial id>
+next to {release!r} and waits until that file exists. Outside a Tune trial it never waits.
+``tag`` changes nothing: a second grid entry that builds the same model."""
 
 import os
 import time
@@ -131,7 +134,7 @@ from fusion_ray.model.fusion import Add
 
 RELEASE = Path({release!r})
 HOLD_AFTER = {hold_after}
-HOLD_FIRST = {hold_first}
+THROUGH = {through}
 
 
 def _trial_id():
@@ -148,21 +151,28 @@ def _trial_id():
 
 
 class HeldAdd(Add):
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, *, tag: str = "") -> None:
         super().__init__(d_model)
         self.trial, self.steps = _trial_id(), 0
-        self.held = self.trial is not None and (HOLD_FIRST or not self._first())
+        self.held = self.trial is not None and not self._through()
         if self.held and HOLD_AFTER == 0:
             self._wait()
 
-    def _first(self) -> bool:
-        claim, first = RELEASE.with_name(f"claim-{{self.trial}}"), RELEASE.with_name("first_trial")
+    def _through(self) -> bool:
+        """Whether this trial holds one of the THROUGH places: each is claimed once, atomically
+        (a hard link to a file that already names the trial), and kept when the trial's model
+        is built again."""
+        claim = RELEASE.with_name(f"claim-{{self.trial}}")
         claim.write_text(self.trial)
-        try:
-            os.link(claim, first)  # atomic: the first trial's id, written before it is seen
-        except FileExistsError:
-            pass
-        return first.read_text() == self.trial
+        for place in range(THROUGH):
+            taken = RELEASE.with_name(f"through-{{place}}")
+            try:
+                os.link(claim, taken)
+            except FileExistsError:
+                pass
+            if taken.read_text() == self.trial:
+                return True
+        return False
 
     def _wait(self) -> None:
         RELEASE.with_name(f"waiting-{{self.trial}}").touch()
@@ -178,11 +188,9 @@ class HeldAdd(Add):
 '''
 
 
-def install_held_add(
-    directory: Path, release: Path, hold_after: int = 0, hold_first: bool = False
-) -> Path:
+def install_held_add(directory: Path, release: Path, hold_after: int = 0, through: int = 1) -> Path:
     """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info in ``directory``: the first
-    trial that builds it runs through (unless ``hold_first``); every other waits for the file
+    ``through`` trials that build it run through (0: none does); every other waits for the file
     ``release`` (the test creates it to let them go), from the start (``hold_after`` 0) or after
     that many training steps (past its first checkpoint, when that is more than one epoch's
     steps). Found in every
@@ -191,7 +199,7 @@ def install_held_add(
     written into the module: workers of a shared Ray do not see the driver's environment."""
     (directory / "fusion_ray_held").mkdir(parents=True)
     (directory / "fusion_ray_held" / "__init__.py").write_text(
-        HELD_ADD.format(release=str(release), hold_after=hold_after, hold_first=hold_first)
+        HELD_ADD.format(release=str(release), hold_after=hold_after, through=through)
     )
     info = directory / "fusion_ray_held-0.1.dist-info"
     info.mkdir()
@@ -200,3 +208,33 @@ def install_held_add(
         "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
     )
     return directory
+
+
+def process_ended(process: subprocess.Popen, log: Path | None = None) -> Callable[[], str | None]:
+    """For ``wait_until_held``: None while ``process`` runs, else its exit code and the tail of
+    ``log``."""
+
+    def check() -> str | None:
+        if process.poll() is None:
+            return None
+        tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
+        return f"exit {process.returncode} before a trial was held\n{tail}"
+
+    return check
+
+
+def wait_until_held(
+    release: Path,
+    ended: Callable[[], str | None],
+    also: Callable[[], bool] = lambda: True,
+    timeout: float = 300,
+) -> None:
+    """Until a ``held_add`` trial waits (a ``waiting-*`` file beside ``release``) and ``also()``
+    holds. ``ended()`` says what ended the driver or job (None while it runs): the wait fails
+    with that at once, rather than at the timeout."""
+    deadline = time.monotonic() + timeout
+    while not (list(release.parent.glob("waiting-*")) and also()):
+        why = ended()
+        assert why is None, why
+        assert time.monotonic() < deadline, f"no held trial (waiting-* in {release.parent})"
+        time.sleep(0.2)

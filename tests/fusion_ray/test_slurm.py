@@ -37,7 +37,7 @@ import yaml
 
 from fusion_ray.slurm import SlurmJob, main, render_slurm, time_limit_seconds
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import install_held_add
+from tests.helpers import install_held_add, wait_until_held
 
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -437,15 +437,15 @@ def _wait_for_line(log: Path, pattern: str, job: tuple[Slurm, str], after: int =
     pytest.fail(f"no {pattern!r} in {log}")
 
 
-def _wait_for_file(folder: Path, pattern: str, job: tuple[Slurm, str]) -> None:
-    """Until a file matching ``pattern`` is in ``folder`` (a held trial waits), the job running."""
+def _job_ended(job: tuple[Slurm, str]):
+    """For ``wait_until_held``: None while the job is queued or running, else its state."""
     slurm, job_id = job
-    deadline = time.monotonic() + 600
-    while not list(folder.glob(pattern)):
+
+    def check() -> str | None:
         state = slurm.job(job_id)["JobState"]
-        assert state in ("PENDING", "RUNNING", "CONFIGURING"), f"job {job_id} {state}"
-        assert time.monotonic() < deadline, f"no {pattern} in {folder}"
-        time.sleep(0.25)
+        return None if state in ("PENDING", "RUNNING", "CONFIGURING") else f"job {job_id} {state}"
+
+    return check
 
 
 def _one_finished_run_per_cell(path: Path, cells: int) -> list:
@@ -526,7 +526,7 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
-    _wait_for_file(release.parent, "waiting-*", (slurm, job_id))
+    wait_until_held(release, _job_ended((slurm, job_id)), timeout=600)
     elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1  # whole minutes, rounded up
     slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
     info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
@@ -572,7 +572,7 @@ def test_a_job_requeues_itself_at_its_time_limit_and_the_next_run_finishes(
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
     _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
-    _wait_for_file(release.parent, "waiting-*", (slurm, job_id))
+    wait_until_held(release, _job_ended((slurm, job_id)), timeout=600)
     elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1
     slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
     _wait_for_line(log, rf"requeueing job {job_id}", (slurm, job_id))

@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from fusion_ray.config import load_sweep
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import install_held_add
+from tests.helpers import install_held_add, process_ended, wait_until_held
 
 pytestmark = pytest.mark.process
 
@@ -132,50 +132,50 @@ def _stopped_when(
 def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
     tmp_path, ray_session, data_cache, adaptive
 ):
-    # Adaptive: two entries that build the same model, so every paired delta is 0 and the
-    # e-value stays 1: with a cap of 7 the comparison is futile at seed 2 (4 seeds left can at
-    # most multiply it by 16 < 20): 3 seeds x 2 cells, whichever driver decides it; the lease of
-    # the killed driver is taken over by the second.
-    changes = (
-        {
-            "seeds": {"adaptive": True, "first": 2, "max": 7},
-            "grid": {
-                "datasets": ["short"],
-                "fusions": ["gate_mlp", {"name": "gate_mlp", "hidden": 16}],
-            },
-        }
-        if adaptive
-        else {}
-    )
+    """The driver is killed (SIGKILL, with its process group) with two cells FINISHED and the
+    third checkpointed midway; the rerun finishes only the missing cells, the interrupted one in
+    its own run from its checkpoint, and each cell has exactly one run.
+
+    Nothing races the clock: the first two trials (``held_add``, ``through=2``) run through; the
+    third waits after its first epoch (5 steps) until the test lets it go, after the kill.
+    Adaptive: two entries that build the same model, so every paired delta is 0 and the e-value
+    stays 1: with a cap of 7 the comparison is futile at seed 2 (4 seeds left can at most
+    multiply it by 16 < 20): 3 seeds x 2 cells, whichever driver decides it; the lease of the
+    killed driver is taken over by the second."""
+    fusions = ["held_add", {"name": "held_add", "tag": "twin"}] if adaptive else ["held_add"]
+    changes = {"seeds": {"adaptive": True, "first": 2, "max": 7}} if adaptive else {}
     name = "killed_adaptive" if adaptive else "killed"
-    path = _one_at_a_time(tmp_path, name, [0, 1, 2], **changes)
-    spec = load_sweep(path)
-    client = MlflowClient(spec.tracking_uri)
+    path = _one_at_a_time(
+        tmp_path, name, [0, 1, 2], grid={"datasets": ["short"], "fusions": fusions}, **changes
+    )
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, hold_after=5, through=2)
+    spec = SimpleNamespace(name=name)  # held_add is the driver's plug-in, not this process's
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     env = _driver_env(ray_session, data_cache)
     command = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
+    log = tmp_path / "driver.out"
+    with log.open("w") as out:
+        driver = subprocess.Popen(
+            command, cwd=tmp_path, env=env, start_new_session=True, stdout=out, stderr=out
+        )
 
-    driver = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    def two_finished_and_one_midway() -> bool:
+        runs = _snapshot(client, spec.name).values()
+        finished = [r for r in runs if r["status"] == "FINISHED"]
+        midway = [r for r in runs if r["status"] == "RUNNING" and r["ckpt"]]
+        return len(finished) == 2 and len(midway) == 1
 
-    def two_finished_and_one_midway(runs: dict[str, dict]) -> bool:
-        finished = [r for r in runs.values() if r["status"] == "FINISHED"]
-        midway = [r for r in runs.values() if r["status"] == "RUNNING" and r["ckpt"]]
-        return len(finished) >= 2 and bool(midway)
-
-    _stopped_when(driver, client, spec.name, two_finished_and_one_midway, group=True)
+    wait_until_held(release, process_ended(driver, log), also=two_finished_and_one_midway)
     os.killpg(driver.pid, signal.SIGKILL)
     driver.wait()
     before = _snapshot(client, spec.name)
     finished_before = {rid for rid, r in before.items() if r["status"] == "FINISHED"}
     interrupted = {rid for rid, r in before.items() if r["status"] == "RUNNING" and r["ckpt"]}
-    assert finished_before and interrupted
+    assert len(finished_before) == 2 and len(interrupted) == 1, before
 
+    release.touch()  # the rerun's trials run through
     rerun = subprocess.run(
         command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
     )
@@ -183,7 +183,8 @@ def test_killed_driver_then_rerun_finishes_only_the_missing_cells(
 
     after = _snapshot(client, spec.name)
     cells = [r["cell"] for r in after.values()]
-    assert len(cells) == 6 and len(set(cells)) == 6, "exactly one run per cell"
+    n_cells = 6 if adaptive else 3
+    assert len(cells) == n_cells and len(set(cells)) == n_cells, "exactly one run per cell"
     assert all(r["status"] == "FINISHED" for r in after.values())
     assert finished_before <= set(after), "finished cells were not re-run"
     for rid in interrupted:  # continued in its own run, from its checkpoint
@@ -199,7 +200,7 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
     takes the lease over and runs the sweep; the first, resumed, must stop at once, mark nothing
     FINISHED and exit 4 saying another driver took over: one FINISHED run per cell.
 
-    Nothing races the clock: every trial (``held_add``, ``hold_first``) waits after its first
+    Nothing races the clock: every trial (``held_add``, ``through=0``) waits after its first
     epoch, checkpointed, until the test lets them go, which it does before the second driver
     starts; no cell can finish before the pause."""
     path = _one_at_a_time(
@@ -207,7 +208,7 @@ def test_a_paused_driver_that_lost_its_lease_stops_and_finishes_no_cell(
     )
     release = tmp_path / "turns" / "release"
     release.parent.mkdir()
-    install_held_add(tmp_path, release, hold_after=5, hold_first=True)
+    install_held_add(tmp_path, release, hold_after=5, through=0)
     spec = SimpleNamespace(name="paused")  # held_add is the driver's plug-in, not this process's
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     # A heartbeat slower than the pause: the first driver learns of the takeover only through
@@ -331,18 +332,14 @@ def test_a_driver_stopped_by_a_signal_marks_its_runs_killed_and_a_rerun_resumes(
     with err.open("w") as out:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=out, stderr=out)
 
-    deadline = time.monotonic() + 300
-    while True:  # one cell FINISHED; the other checkpointed and held
-        runs = _snapshot(client, spec.name)
-        held = list(release.parent.glob("waiting-*"))
-        if held and sorted((r["status"], bool(r["ckpt"])) for r in runs.values()) == [
-            ("FINISHED", True),
-            ("RUNNING", True),
-        ]:
-            break
-        assert driver.poll() is None, err.read_text()[-4000:]
-        assert time.monotonic() < deadline, (runs, held, err.read_text()[-4000:])
-        time.sleep(0.2)
+    wait_until_held(  # one cell FINISHED; the other checkpointed and held
+        release,
+        process_ended(driver, err),
+        also=lambda: (
+            sorted((r["status"], bool(r["ckpt"])) for r in _snapshot(client, spec.name).values())
+            == [("FINISHED", True), ("RUNNING", True)]
+        ),
+    )
     for i, name_ in enumerate(signals):
         if i:
             time.sleep(0.3)
@@ -410,10 +407,7 @@ def test_a_tracking_store_locked_for_15_s_mid_sweep_loses_nothing(
     out = tmp_path / "driver.out"
     with out.open("w") as sink:
         driver = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=sink, stderr=sink)
-    deadline = time.monotonic() + 300
-    while "[1/4]" not in out.read_text() or not list(release.parent.glob("waiting-*")):
-        assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
-        time.sleep(0.2)
+    wait_until_held(release, process_ended(driver, out), also=lambda: "[1/4]" in out.read_text())
     lock = sqlite3.connect(tmp_path / "mlflow.db", timeout=60, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     locked_at = time.monotonic()

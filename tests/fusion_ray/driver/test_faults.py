@@ -21,7 +21,13 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import assert_metrics_of_an_uninterrupted_run, install_held_add, one_long_cell
+from tests.helpers import (
+    assert_metrics_of_an_uninterrupted_run,
+    install_held_add,
+    one_long_cell,
+    process_ended,
+    wait_until_held,
+)
 
 pytestmark = pytest.mark.process
 
@@ -179,11 +185,10 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
         )
     client = MlflowClient(uri)
     try:
-        deadline = time.time() + 300
         # the first cell FINISHED ("[1/4]" is printed after it), the next trial waiting
-        while not list(release.parent.glob("waiting-*")) or "[1/4]" not in out.read_text():
-            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
-            time.sleep(0.2)
+        wait_until_held(
+            release, process_ended(driver, out), also=lambda: "[1/4]" in out.read_text()
+        )
         _stop_server(server)
         release.touch()  # the other trials train and report while the server is down
         time.sleep(30)

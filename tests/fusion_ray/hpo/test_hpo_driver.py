@@ -19,7 +19,7 @@ from mlflow.tracking import MlflowClient
 
 from fusion_ray.schema import PARENT_TAG
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import install_held_add
+from tests.helpers import install_held_add, process_ended, wait_until_held
 
 pytestmark = pytest.mark.process
 
@@ -62,16 +62,8 @@ def _held(tmp_path: Path, hold_after: int) -> Path:
     tuning trial waits after ``hold_after`` training steps until the returned file exists."""
     release = tmp_path / "turns" / "release"
     release.parent.mkdir()
-    install_held_add(tmp_path, release, hold_after=hold_after, hold_first=True)
+    install_held_add(tmp_path, release, hold_after=hold_after, through=0)
     return release
-
-
-def _wait_for_a_held_trial(release: Path, driver: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 300
-    while not list(release.parent.glob("waiting-*")):
-        assert driver.poll() is None, "the HPO driver ended before a trial was held"
-        assert time.monotonic() < deadline, "no tuning trial reached its hold"
-        time.sleep(0.2)
 
 
 def _env(ray_session, data_cache: str, **extra: str) -> dict[str, str]:
@@ -126,7 +118,7 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
     env = _env(ray_session, data_cache)
     first = _start(command, tmp_path, env, tmp_path / "first.err")
     try:
-        _wait_for_a_held_trial(release, first)
+        wait_until_held(release, process_ended(first))
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
@@ -158,7 +150,7 @@ def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     )
     first_err = tmp_path / "first.err"
     first = _start(command, tmp_path, env, first_err)
-    _wait_for_a_held_trial(release, first)
+    wait_until_held(release, process_ended(first))
     _pause_outside_the_store(first, tmp_path / "mlflow.db")
     try:
         time.sleep(5)  # past the TTL: the lease has no living heartbeat
