@@ -352,10 +352,18 @@ class DriverSession:
         """While trials run: signals stop them (``DriverInterrupted``, the parent run KILLED),
         a lost Ray head ends the process (exit 7), and any error marks the parent run FAILED with
         the reason (unless the tracking store itself is gone: then nothing can be marked, and the
-        lease is left to expire)."""
+        lease is left to expire). A signal after the last Tune run, while the driver writes what
+        it decided, stops nothing: that is said, and the driver ends as it would have."""
         try:
             with stop_on_signals(self.signals), self._head_watch():
                 yield
+                if self.signals:
+                    print(
+                        f"{self.signals[0]} came after the last trial had ended: the {self.what} "
+                        "was not stopped; it has finished",
+                        file=sys.stderr,
+                        flush=True,
+                    )
         except KeyboardInterrupt as exc:
             name = self.signals[0] if self.signals else "SIGINT"
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")

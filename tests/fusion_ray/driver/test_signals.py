@@ -86,3 +86,19 @@ def test_tune_is_stopped_and_the_session_raises_at_its_safe_point(tmp_path):
     with pytest.raises(DriverInterrupted) as raised:
         session.stop_if_signalled()
     assert raised.value.signal_name == "SIGTERM"
+
+
+def test_a_signal_after_the_last_tune_run_is_said_not_acted_on(tmp_path, own_handlers, capsys):
+    session = DriverSession("sweep", "s", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path))
+    with session.driving():  # the decisions are written here, after the last Tune run
+        _deliver(signal.SIGINT)
+    assert session.signals == ["SIGINT"]
+    err = capsys.readouterr().err
+    assert "SIGINT came after the last trial had ended: the sweep was not stopped" in err
+
+
+def test_without_a_signal_the_driver_says_nothing_of_one(tmp_path, own_handlers, capsys):
+    session = DriverSession("sweep", "s", f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path))
+    with session.driving():
+        pass
+    assert "came after the last trial" not in capsys.readouterr().err
