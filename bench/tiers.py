@@ -2,7 +2,8 @@
 
 Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``;
 ``unit-n2`` is the unit tier on two pytest-xdist workers), ``--repeat`` times in a row, and
-prints one line per run (wall time, passed / failed / skipped) and the failing tests by name.
+prints one line per run (wall time, passed / failed / skipped) and the failing tests by name;
+each run's whole pytest output is kept in ``--log-dir`` (a new temporary folder unless given).
 ``--load`` keeps every CPU core busy with a spinning process for the whole time, for the loaded
 repetitions of tests that must not race the clock.
 
@@ -19,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,12 +39,14 @@ def _spin() -> None:
         pass
 
 
-def run_tier(tier: str) -> tuple[float, str, list[str]]:
-    """One pytest process for ``tier``: wall seconds, pytest's summary line, failed test ids."""
+def run_tier(tier: str, log: Path) -> tuple[float, str, list[str]]:
+    """One pytest process for ``tier``, its output written to ``log``: wall seconds, pytest's
+    summary line, failed test ids."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[tier]]
     began = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     seconds = time.monotonic() - began
+    log.write_text(done.stdout + done.stderr)
     lines = done.stdout.strip().splitlines()
     summary = next((line for line in reversed(lines) if " in " in line), f"rc {done.returncode}")
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.MULTILINE)
@@ -54,10 +58,13 @@ def main() -> None:
     parser.add_argument("tiers", nargs="*", default=["unit", "ray", "process", "cluster"])
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--load", action="store_true", help="spin every core meanwhile")
+    parser.add_argument("--log-dir", type=Path, help="where each run's pytest output is kept")
     args = parser.parse_args()
     unknown = sorted(set(args.tiers) - set(TIERS))
     if unknown:
         parser.error(f"unknown tier(s) {', '.join(unknown)}; choose from {', '.join(TIERS)}")
+    log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="fusion-ray-tiers-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
     spinners = []
     if args.load:
         spinners = [
@@ -66,10 +73,12 @@ def main() -> None:
         for spinner in spinners:
             spinner.start()
     print(f"{os.cpu_count()} cores{', every one kept busy by a spinner' if args.load else ''}")
+    print(f"each run's output: {log_dir}", flush=True)
     try:
         for tier in args.tiers:
             for i in range(1, args.repeat + 1):
-                seconds, summary, failed = run_tier(tier)
+                name = f"{tier}-{'loaded-' if args.load else ''}run{i}.txt"
+                seconds, summary, failed = run_tier(tier, log_dir / name)
                 print(f"{tier:<8} run {i}: {seconds:7.1f} s  {summary}", flush=True)
                 for test in failed:
                     print(f"    failed: {test}", flush=True)

@@ -264,19 +264,7 @@ def lose_a_node(workdir: str) -> None:
 
 def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
     path, raw = one_long_cell(tmp_path, "lost")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from {__name__} import lose_a_node; lose_a_node({str(tmp_path)!r})",
-        ],
-        cwd=tmp_path,
-        env=_env(data_cache),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _scenario("lose_a_node", tmp_path, _env(data_cache))
     observed = json.loads((tmp_path / "observed.json").read_text())
     assert observed["removed"], observed
     assert len(observed["finished"]) == 1 and not observed["failed"], observed
@@ -287,6 +275,31 @@ def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path,
 
 
 # ----------------------------------------------------------------------------- a lost DDP rank
+
+SCENARIO_HANG_S = 1800
+"""How long a multi-node scenario may run before the test calls it hung: a guard, not a
+deadline. On 2 cores kept busy by another job the DDP scenario ran past 600 s (its clean sweep
+alone took 332 s); idle, the two scenarios take about 2 minutes together."""
+
+
+def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
+    """Runs ``function(tmp_path)`` of this module in a subprocess (its own multi-node Ray), its
+    output kept in scenario_output.txt; fails with that output when it fails or hangs."""
+    command = [
+        sys.executable,
+        "-c",
+        f"from {__name__} import {function}; {function}({str(tmp_path)!r})",
+    ]
+    try:
+        proc = subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SCENARIO_HANG_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        pytest.fail(f"{function} still ran after {SCENARIO_HANG_S} s:\n{(err or '')[-4000:]}")
+    (tmp_path / "scenario_output.txt").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
 
 DRIVER_RESOURCE = "fusion_ray_driver"
 
@@ -385,20 +398,7 @@ def _tune_trial_dir(storage: Path, sweep: str) -> Path:
 def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(tmp_path, data_cache):
     for name in ("clean", "lost"):
         _ddp_sweep(tmp_path, name)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from {__name__} import lose_a_ranks_node; lose_a_ranks_node({str(tmp_path)!r})",
-        ],
-        cwd=tmp_path,
-        env=_env(data_cache),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    (tmp_path / "scenario_output.txt").write_text(proc.stdout + proc.stderr)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _scenario("lose_a_ranks_node", tmp_path, _env(data_cache))
     seen = json.loads((tmp_path / "observed.json").read_text())
     for name in ("clean", "lost"):
         assert len(seen[name]["finished"]) == 1 and not seen[name]["failed"], seen[name]
