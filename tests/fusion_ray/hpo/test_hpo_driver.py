@@ -116,15 +116,16 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
     env = _env(ray_session, data_cache)
-    first = _start(command, tmp_path, env, tmp_path / "first.err")
+    first_err = tmp_path / "first.err"
+    first = _start(command, tmp_path, env, first_err)
     try:
-        wait_until_held(release, process_ended(first))
+        wait_until_held(release, process_ended(first, first_err))
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
     finally:
         release.touch()
-        assert first.wait(timeout=600) == 0, (tmp_path / "first.err").read_text()[-3000:]
+        assert first.wait(timeout=600) == 0, first_err.read_text()[-3000:]
     assert second.returncode == 3, second.stderr[-3000:]
     assert "HPO 'twice' is being run by another driver" in second.stderr
     assert "Traceback" not in second.stderr
@@ -150,7 +151,7 @@ def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     )
     first_err = tmp_path / "first.err"
     first = _start(command, tmp_path, env, first_err)
-    wait_until_held(release, process_ended(first))
+    wait_until_held(release, process_ended(first, first_err))
     _pause_outside_the_store(first, tmp_path / "mlflow.db")
     try:
         time.sleep(5)  # past the TTL: the lease has no living heartbeat
