@@ -3,7 +3,8 @@
 Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``;
 ``unit-n2`` is the unit tier on two pytest-xdist workers), ``--repeat`` times in a row, and
 prints one line per run (wall time, passed / failed / skipped) and the failing tests by name;
-each run's whole pytest output is kept in ``--log-dir`` (a new temporary folder unless given).
+each run's whole pytest output, with every test's duration, is written as it runs to
+``--log-dir`` (a new temporary folder unless given).
 ``--load`` keeps every CPU core busy with a spinning process for the whole time, for the loaded
 repetitions of tests that must not race the clock.
 
@@ -40,16 +41,21 @@ def _spin() -> None:
 
 
 def run_tier(tier: str, log: Path) -> tuple[float, str, list[str]]:
-    """One pytest process for ``tier``, its output written to ``log``: wall seconds, pytest's
+    """One pytest process for ``tier``, its output written to ``log`` as it runs (a run that is
+    stopped midway keeps what it printed, each test's duration included): wall seconds, pytest's
     summary line, failed test ids."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TIERS[tier]]
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=0",
+        *TIERS[tier],
+    ]  # fmt: skip
     began = time.monotonic()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    with log.open("w") as out:
+        done = subprocess.run(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
     seconds = time.monotonic() - began
-    log.write_text(done.stdout + done.stderr)
-    lines = done.stdout.strip().splitlines()
+    output = log.read_text()
+    lines = output.strip().splitlines()
     summary = next((line for line in reversed(lines) if " in " in line), f"rc {done.returncode}")
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", done.stdout, flags=re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, flags=re.MULTILINE)
     return seconds, summary.strip("= "), failed
 
 
