@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pytest
 import yaml
 
 from fusion_ray.data.spec import DataSpec
@@ -208,6 +209,26 @@ def install_held_add(directory: Path, release: Path, hold_after: int = 0, throug
         "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
     )
     return directory
+
+
+SCENARIO_HANG_S = 1800
+"""How long a multi-node scenario subprocess may run before its test calls it hung: a guard, not
+a deadline. On 2 cores kept busy by another job (2026-11-27) the DDP lost-node test took 1,038 s
+and the three-node sweep 291 s; idle, they take about a minute each."""
+
+
+def run_scenario(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs a scenario subprocess (its own multi-node Ray) to its end; fails the test with the
+    scenario's output when it runs past ``SCENARIO_HANG_S``. The caller checks its return code."""
+    try:
+        return subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=SCENARIO_HANG_S
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
+        output = (out or "")[-2000:] + (err or "")[-4000:]
+        pytest.fail(f"{' '.join(command[2:])[:300]} still ran after {SCENARIO_HANG_S} s:\n{output}")
 
 
 def process_ended(process: subprocess.Popen, log: Path | None = None) -> Callable[[], str | None]:

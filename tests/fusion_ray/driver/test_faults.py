@@ -26,6 +26,7 @@ from tests.helpers import (
     install_held_add,
     one_long_cell,
     process_ended,
+    run_scenario,
     wait_until_held,
 )
 
@@ -216,12 +217,6 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
 # ----------------------------------------------------------------------------- a lost node
 
 
-SCENARIO_HANG_S = 1800
-"""How long a multi-node scenario may run before the test calls it hung: a guard, not a
-deadline. On 2 cores kept busy by another job the DDP scenario ran past 600 s (its clean sweep
-alone took 332 s); idle, the two scenarios take about 2 minutes together."""
-
-
 def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
     """Runs ``function(tmp_path)`` of this module in a subprocess (its own multi-node Ray), its
     output kept in scenario_output.txt; fails with that output when it fails or hangs."""
@@ -230,13 +225,7 @@ def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
         "-c",
         f"from {__name__} import {function}; {function}({str(tmp_path)!r})",
     ]
-    try:
-        proc = subprocess.run(
-            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=SCENARIO_HANG_S
-        )
-    except subprocess.TimeoutExpired as exc:
-        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr
-        pytest.fail(f"{function} still ran after {SCENARIO_HANG_S} s:\n{(err or '')[-4000:]}")
+    proc = run_scenario(command, tmp_path, env)
     (tmp_path / "scenario_output.txt").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from tests import helpers
 from tests.conftest import ROOT, tiny_sweep
 
 pytestmark = pytest.mark.process
@@ -123,19 +123,13 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
         "PYTHONPATH": str(ROOT),
     }
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"import sys; from {__name__} import run_scenario; run_scenario(sys.argv[1])",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
+    command = [
+        sys.executable,
+        "-c",
+        f"import sys; from {__name__} import run_scenario; run_scenario(sys.argv[1])",
+        str(tmp_path),
+    ]
+    proc = helpers.run_scenario(command, ROOT, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     seen = json.loads((tmp_path / "observed.json").read_text())
     assert seen["auth_token_mode"]
