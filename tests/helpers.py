@@ -217,7 +217,9 @@ a deadline. On 2 cores kept busy by another job (2026-11-27) the DDP lost-node t
 and the three-node sweep 291 s; idle, they take about a minute each."""
 
 
-def run_scenario(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_with_hang_guard(
+    command: list[str], cwd: Path, env: dict[str, str]
+) -> subprocess.CompletedProcess:
     """Runs a scenario subprocess (its own multi-node Ray) to its end; fails the test with the
     scenario's output when it runs past ``SCENARIO_HANG_S``. The caller checks its return code."""
     try:

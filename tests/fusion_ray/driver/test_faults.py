@@ -26,7 +26,7 @@ from tests.helpers import (
     install_held_add,
     one_long_cell,
     process_ended,
-    run_scenario,
+    run_with_hang_guard,
     wait_until_held,
 )
 
@@ -225,7 +225,7 @@ def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
         "-c",
         f"from {__name__} import {function}; {function}({str(tmp_path)!r})",
     ]
-    proc = run_scenario(command, tmp_path, env)
+    proc = run_with_hang_guard(command, tmp_path, env)
     (tmp_path / "scenario_output.txt").write_text(proc.stdout + proc.stderr)
     assert proc.returncode == 0, proc.stderr[-4000:]
 

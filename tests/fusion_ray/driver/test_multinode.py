@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests import helpers
+from tests.helpers import run_with_hang_guard
 from tests.conftest import ROOT, tiny_sweep
 
 pytestmark = pytest.mark.process
@@ -129,7 +129,7 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
         f"import sys; from {__name__} import run_scenario; run_scenario(sys.argv[1])",
         str(tmp_path),
     ]
-    proc = helpers.run_scenario(command, ROOT, env)
+    proc = run_with_hang_guard(command, ROOT, env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     seen = json.loads((tmp_path / "observed.json").read_text())
     assert seen["auth_token_mode"]
