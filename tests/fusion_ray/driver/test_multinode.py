@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.helpers import run_with_hang_guard
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import run_with_hang_guard
 
 pytestmark = pytest.mark.process
 
