@@ -1,9 +1,11 @@
 """GPU-hours of a sweep file from measured epoch times (no GPU needed to run this).
 
-Reads the H100 measurements in ``bench/results/`` (``epoch_profile.py``'s run 6 of 2026-11-23,
-every variant of every preset in one run: ``graphs`` for a preset with ``train.cuda_graphs``,
-``lean`` (the loop's eager step) otherwise; and ``packing.py``) and the cells of the sweep
-file, then:
+Reads the H100 measurements in ``bench/results/``: ``epoch_profile.py``'s run of 2026-11-27
+(``graphs`` for a preset with ``train.cuda_graphs``, ``lean`` (the profile's eager step)
+otherwise), the loop's own epochs where ``loop_graphs.py`` measured them (ArXiv eager,
+2026-11-27: the loop's eager ArXiv step is faster than the profile's ``lean``; then an epoch is
+the loop's training time plus the profile's validation and checkpoint), ``packing.py``; and the
+cells of the sweep file, then:
 
 - per trial, alone on one H100: epochs x (training + validation + checkpoint) + one test pass
   (the validation pass scaled to the test split's size). ``epochs`` is the preset's maximum: early
@@ -44,7 +46,8 @@ from fusion_ray.config import load_sweep  # noqa: E402
 from fusion_ray.grid import expand  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-EPOCH_PROFILE = RESULTS / "h100_2026-11-23" / "epoch_profile_run6.json"
+EPOCH_PROFILE = RESULTS / "h100_2026-11-27" / "epoch_profile.json"
+LOOP_EPOCHS = RESULTS / "h100_2026-11-27" / "loop_arxiv.json"  # loop_graphs.py --presets arxiv
 PACKING = {  # (dataset, cuda_graphs): packing.py's measurement
     ("ag_news", False): RESULTS / "h100_2026-11-22" / "packing.json",
     ("ag_news", True): RESULTS / "h100_2026-11-23" / "packing_ag_news_graphs.json",
@@ -57,12 +60,28 @@ CLUSTER_GPUS = 8 * 1 + 2 * 4  # cluster.yaml: up to 8 gpu_1x and 2 gpu_4x nodes
 
 
 def measured_epochs() -> dict[tuple[str, str], dict]:
-    """The plain run of each (preset, variant) in the epoch profile."""
-    return {
-        (run["preset"], run["variant"]): {**run, "source": EPOCH_PROFILE.name}
+    """Per (preset, variant): the epoch profile's plain run; where the loop's own epochs were
+    measured (``LOOP_EPOCHS``), its training time (the mean of the epochs after the first,
+    which captures graphs and warms up) replaces the profile's, scaled to the full split."""
+    runs = {
+        (run["preset"], run["variant"]): {**run, "source": "profile " + run["variant"]}
         for run in json.loads(EPOCH_PROFILE.read_text())["runs"]
         if run.get("mode") == "plain" and "error" not in run
     }
+    for loop in json.loads(LOOP_EPOCHS.read_text()):
+        key = (loop["preset"], "graphs" if loop["cuda_graphs"] else "lean")
+        if "error" in loop or key not in runs or len(loop["epoch_seconds"]) < 2:
+            continue
+        run = runs[key]
+        steady = loop["epoch_seconds"][1:]
+        train_s = sum(steady) / len(steady) / loop["scale"]
+        rest = run["epoch_seconds"] - run["epoch_train_seconds"]  # validation + checkpoint
+        runs[key] = {
+            **run,
+            "epoch_seconds": train_s + rest,
+            "source": "loop " + ("graphs" if loop["cuda_graphs"] else "eager"),
+        }
+    return runs
 
 
 def packing_speedup(dataset: str, graphs: bool, trials: int) -> float | None:
@@ -101,7 +120,7 @@ def main() -> None:
     total_card_s = 0.0
     print(
         f"{spec.name}: {sum(cells.values())} cells; H100 epoch times from "
-        f"{EPOCH_PROFILE.relative_to(ROOT)}"
+        f"{EPOCH_PROFILE.relative_to(ROOT)} and {LOOP_EPOCHS.relative_to(ROOT)}"
     )
     print(
         f"{'dataset':<8} {'cells':>5} {'epoch s':>8} {'epochs':>6} {'trial s':>8} "
@@ -124,7 +143,7 @@ def main() -> None:
         total_card_s += card_s
         print(
             f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
-            f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['variant']}"
+            f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}"
         )
     hours = total_card_s / 3600
     if spec.adaptive is None:
