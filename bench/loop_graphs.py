@@ -9,6 +9,13 @@ which must be identical with and without graphs (same kernels, same inputs).
 
     python bench/loop_graphs.py [--presets ag_news imdb arxiv] [--epochs 2] [--out loop.json]
     python bench/loop_graphs.py --device cpu --presets imdb --epochs 1 --scale 0.005  # smoke
+
+With ``--at-once 1 2 4``: instead, eager trials of each preset sharing the device, 1, 2 and 4
+processes started together; reported per count, the middle epochs' mean (not the first, which
+loads and warms up, nor the last, which may run partly alone once the others finish) and the
+documents per second of all trials against one alone (the count 1 is always run first).
+
+    python bench/loop_graphs.py --presets arxiv --epochs 4 --at-once 1 2 4 [--out at_once.json]
 """
 
 from __future__ import annotations
@@ -63,6 +70,55 @@ def one_run(preset: str, graphs: bool, args: argparse.Namespace) -> dict:
     }
 
 
+def child(args: argparse.Namespace, preset: str, graphs: bool) -> list[str]:
+    """The command of one trial in a fresh process (``--one``)."""
+    return [
+        *(sys.executable, __file__, "--one", f"{preset}:{int(graphs)}"),
+        *("--device", args.device, "--epochs", str(args.epochs), "--scale", str(args.scale)),
+        *("--data-root", args.data_root, "--cache-dir", args.cache_dir),
+    ]
+
+
+def at_once(args: argparse.Namespace) -> None:
+    """Eager trials of each preset started ``n`` at a time on one device, for each ``n``."""
+    if args.epochs < 3:
+        raise SystemExit("--at-once needs --epochs 3 or more (it times the middle epochs)")
+    results = []
+    for preset in args.presets:
+        alone = None
+        for n in [1, *(k for k in args.at_once if k != 1)]:
+            procs = [
+                subprocess.Popen(child(args, preset, False), stdout=subprocess.PIPE, text=True)
+                for _ in range(n)
+            ]
+            outputs = [proc.communicate()[0] for proc in procs]
+            if any(proc.returncode != 0 for proc in procs):
+                raise SystemExit(f"{preset}: a trial of {n} at once failed (its stderr is above)")
+            runs = [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+            middle = [s for run in runs for s in run["epoch_seconds"][1:-1]]
+            mean = sum(middle) / len(middle)
+            alone = alone or mean
+            row = {
+                "preset": preset,
+                "at_once": n,
+                "middle_epoch_seconds": mean,
+                "range": [min(middle), max(middle)],
+                "vs_one_alone": n * alone / mean,
+                "trial_seconds": [run["trial_seconds"] for run in runs],
+                "runs": runs,
+            }
+            results.append(row)
+            print(
+                f"{preset:8} {n} at once: middle epochs {mean:.2f} s "
+                f"({min(middle):.2f}-{max(middle):.2f}); all trials' documents per second "
+                f"{row['vs_one_alone']:.2f}x one alone; trials "
+                f"{', '.join(f'{t:.1f}' for t in row['trial_seconds'])} s",
+                flush=True,
+            )
+            if args.out:
+                Path(args.out).write_text(json.dumps(results, indent=1))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
@@ -73,26 +129,26 @@ def main() -> None:
     p.add_argument("--data-root", default=str(tmp / "fusion_ray_stand_ins"))
     p.add_argument("--cache-dir", default=str(tmp / "fusion_ray_bench_cache"))
     p.add_argument("--out", default=None)
+    p.add_argument(
+        "--at-once",
+        type=int,
+        nargs="+",
+        default=None,
+        help="eager trials sharing the device: these numbers of processes started together",
+    )
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # preset:graphs, in a child
     args = p.parse_args()
     if args.one:
         preset, graphs = args.one.split(":")
         print(json.dumps(one_run(preset, graphs == "1", args)))
         return
+    if args.at_once:
+        at_once(args)
+        return
     runs = []
     for preset in args.presets:
         for graphs in (False, True):
-            cmd = [sys.executable, __file__, "--one", f"{preset}:{int(graphs)}"]
-            cmd += [
-                "--device",
-                args.device,
-                "--epochs",
-                str(args.epochs),
-                "--scale",
-                str(args.scale),
-            ]
-            cmd += ["--data-root", args.data_root, "--cache-dir", args.cache_dir]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(child(args, preset, graphs), capture_output=True, text=True)
             if proc.returncode != 0:
                 print(f"{preset} cuda_graphs={graphs} FAILED:\n{proc.stderr[-3000:]}", flush=True)
                 runs.append({"preset": preset, "cuda_graphs": graphs, "error": proc.stderr[-3000:]})
