@@ -11,6 +11,11 @@ from pathlib import Path
 from fusion_ray.redact import redact
 
 
+class RefusedError(RuntimeError):
+    """A check a driver makes before it runs anything, once it holds its lease, refused: one
+    message, and the command exits 2 as for the checks before it (``cli.run_command``)."""
+
+
 def preflight(
     storage_path: str, tracking_uri: str, *, remote: bool = True, timeout_s: float = 5.0
 ) -> list[str]:

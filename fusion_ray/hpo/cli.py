@@ -11,7 +11,7 @@ from fusion_ray.cli import add_file_arguments, common_options, run_command
 from fusion_ray.config import resources_for
 from fusion_ray.driver import quiet_console
 from fusion_ray.grid import Cell, expand
-from fusion_ray.hpo.fragment import short
+from fusion_ray.hpo.fragment import exists_message, short
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
@@ -100,19 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         print_plan(plan)
         return 0
-    if plan.output.exists() and not args.overwrite:
-        print(
-            f"{plan.output} exists; pass --overwrite to replace it (new values give new cell ids, "
-            f"so a sweep that extends it then runs its cells again)",
-            file=sys.stderr,
-        )
+    if plan.output.exists() and not args.overwrite:  # looked at again under the lease
+        print(exists_message(plan.output), file=sys.stderr)
         return 2
 
     print_plan(plan)
     try:
         best = run_command(
             lambda: run_hpo(
-                plan, address=args.address, verbose=args.verbose, take_over=args.take_over
+                plan,
+                address=args.address,
+                verbose=args.verbose,
+                take_over=args.take_over,
+                overwrite=args.overwrite,
             ),
             stopped=lambda name: (
                 f"\nhpo {plan.spec.name}: stopped by {name}; the HPO parent run is marked KILLED "

@@ -3,12 +3,15 @@ they were chosen as comments."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.spec import METRIC, HpoPlan
+from fusion_ray.preflight import RefusedError
 
 if TYPE_CHECKING:
     from fusion_ray.callbacks import Best
@@ -98,3 +101,76 @@ def summary(dataset: str, found: Best | Ranking) -> dict[str, float]:
             f"{dataset}.mean_{METRIC}": chosen.mean_score,
         }
     return {f"{dataset}.{METRIC}": found.value}
+
+
+class FragmentExistsError(RefusedError):
+    """The fragment an HPO command would write is there already: the settings are tuned, and a
+    sweep may extend them. ``--overwrite`` replaces it on purpose; without it nothing is run."""
+
+
+def exists_message(output: Path) -> str:
+    """Why a fragment that exists is not replaced, and how to replace it."""
+    return (
+        f"{output} exists; pass --overwrite to replace it (new values give new cell ids, so a "
+        "sweep that extends it then runs its cells again)"
+    )
+
+
+Stamp = tuple[int, int, int] | None
+"""A file's inode, size and modification time (nanoseconds), or None when it does not exist."""
+
+
+def stamp(path: Path) -> Stamp:
+    """What tells one version of ``path`` from another (None: no file)."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def refuse_if_tuned(plan: HpoPlan, seen: Stamp, *, overwrite: bool) -> None:
+    """Under the lease, before anything runs: ``FragmentExistsError`` when the fragment exists
+    and ``--overwrite`` was not given, or when it changed since this command looked (``seen``):
+    another driver of the same file tuned while this one waited for the lease."""
+    now = stamp(plan.output)
+    if now is None or (overwrite and now == seen):
+        return
+    if now == seen:
+        raise FragmentExistsError(exists_message(plan.output))
+    raise FragmentExistsError(
+        f"{plan.output} was written by another driver of HPO {plan.spec.name!r} after this "
+        "command started (it tuned while this one waited for the lease): nothing was run and "
+        "the fragment is left as that driver wrote it. Run the command again with --overwrite "
+        "only to tune again and replace it"
+    )
+
+
+def write_fragment_file(path: Path, text: str, *, overwrite: bool) -> None:
+    """The fragment put in place whole, so no reader sees half a file: written beside it, then
+    renamed over it (``overwrite``) or linked to its name, which fails when a file has that name
+    (``FragmentExistsError``: it is never replaced without ``overwrite``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(text, encoding="utf-8")
+    try:
+        if overwrite:
+            os.replace(partial, path)
+        else:
+            _create(partial, path, text)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _create(partial: Path, path: Path, text: str) -> None:
+    """``partial`` given the name ``path`` only if no file has it."""
+    try:
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            raise
+        except OSError:  # a file system without hard links: an exclusive create instead
+            with path.open("x", encoding="utf-8") as out:
+                out.write(text)
+    except FileExistsError:
+        raise FragmentExistsError(exists_message(path)) from None

@@ -16,7 +16,13 @@ from pydantic import TypeAdapter
 
 from fusion_ray.config import Resources, resources_for
 from fusion_ray.grid import Cell, cell_id, expand
-from fusion_ray.hpo.fragment import fragment_text, summary
+from fusion_ray.hpo.fragment import (
+    fragment_text,
+    refuse_if_tuned,
+    stamp,
+    summary,
+    write_fragment_file,
+)
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.spec import METRIC, HpoPlan
 from fusion_ray.job import TrialResult
@@ -182,7 +188,12 @@ def tune_dataset(
 
 
 def run_hpo(
-    plan: HpoPlan, *, address: str | None = None, verbose: int = 0, take_over: bool = False
+    plan: HpoPlan,
+    *,
+    address: str | None = None,
+    verbose: int = 0,
+    take_over: bool = False,
+    overwrite: bool = False,
 ) -> dict[str, Best | Ranking]:
     """Tune every dataset of the plan, write the fragment, and log it to the HPO parent run.
 
@@ -191,10 +202,14 @@ def run_hpo(
     more), the parent run KILLED or FAILED with the reason, a lost Ray head and a full storage
     path each one message. Before any run is created, the cluster must be able to place the
     trials (``placement.PlacementError`` otherwise: never an endless wait); a smoke plan on a Ray
-    without GPUs rehearses GPU trials on CPUs."""
+    without GPUs rehearses GPU trials on CPUs. Once the lease is held, the fragment is looked at
+    again (``FragmentExistsError``: it exists without ``overwrite``, or another driver wrote it
+    while this one waited), so two drivers never tune one file twice; it is written only by the
+    lease's holder, and never over a file without ``overwrite``."""
     from fusion_ray import placement
     from fusion_ray.driver import DriverSession, init_ray
 
+    seen = stamp(plan.output)  # the fragment as this command found it
     # every trial of an HPO file is known before it starts: placement is checked before the
     # session creates anything in the tracking store
     init_ray(address or plan.spec.address)
@@ -209,13 +224,14 @@ def run_hpo(
         take_over=take_over,
         resume="it tunes from the start",
     ) as session:
+        refuse_if_tuned(plan, seen, overwrite=overwrite)
         session.open_parent(str(plan.path), _parent_params(plan, rehearsed))
         with session.driving():
             best = {
                 dataset: _tune_one(plan, dataset, session, verbose)
                 for dataset in plan.tune.datasets
             }
-            _write_fragment(plan, best, session)
+            _write_fragment(plan, best, session, overwrite)
         return best
 
 
@@ -257,15 +273,20 @@ def _tune_one(plan: HpoPlan, dataset: str, session: DriverSession, verbose: int)
     return found
 
 
-def _write_fragment(plan: HpoPlan, best: dict[str, Best | Ranking], session: DriverSession) -> None:
-    """The fragment written to its path and logged to the parent run, which then ends."""
+def _write_fragment(
+    plan: HpoPlan, best: dict[str, Best | Ranking], session: DriverSession, overwrite: bool
+) -> None:
+    """The fragment written to its path by the lease's holder (``LeaseLostError`` when another
+    driver took the lease over) and logged to the parent run, which then ends."""
     import tempfile
 
+    from fusion_ray.lease import LeaseLostError
     from fusion_ray.tracking import git_sha, log_report_artifacts
 
     text = fragment_text(plan, best, git_sha())
-    plan.output.parent.mkdir(parents=True, exist_ok=True)
-    plan.output.write_text(text)
+    if not session.lease.holds():
+        raise LeaseLostError(session.lease.lost_message())
+    write_fragment_file(plan.output, text, overwrite=overwrite)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, plan.output.name).write_text(text)
         log_report_artifacts(session.tracker, session.parent_id, tmp)

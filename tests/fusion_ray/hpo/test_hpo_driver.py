@@ -1,7 +1,9 @@
 """The HPO command in the sweep's driver session, with real driver processes: a second driver on
-the same HPO file is refused while the first runs; a driver paused (SIGSTOP) past the lease's TTL
-loses the lease to a second one, and, resumed, stops with exit 4 having written nothing more: no
-tuning run finished by it, no fragment, and the parent run left as the new holder ends it."""
+the same HPO file is refused while the first runs, and a third that found no fragment and waited
+at the lease until the first had written it tunes nothing; a driver paused (SIGSTOP) past the
+lease's TTL loses the lease to a second one, and, resumed, stops with exit 4 having written
+nothing more: no tuning run finished by it, no fragment, and the parent run left as the new
+holder ends it."""
 
 from __future__ import annotations
 
@@ -83,6 +85,31 @@ def _trial_runs(client: MlflowClient, name: str) -> list:
     return client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
 
 
+AT_THE_LEASE = """
+import sys, time
+from pathlib import Path
+
+from fusion_ray import lease
+from fusion_ray.hpo.cli import main
+
+arrived, go = Path(sys.argv[1]), Path(sys.argv[2])
+acquire = lease.SweepLease.acquire
+
+
+def acquire_when_told(self):
+    arrived.touch()
+    while not go.exists():
+        time.sleep(0.1)
+    acquire(self)
+
+
+lease.SweepLease.acquire = acquire_when_told
+sys.exit(main(sys.argv[3:]))
+"""
+"""``python -c AT_THE_LEASE ARRIVED GO HPO.yaml``: the HPO command, waiting just before it takes
+the lease (past every check before it) for the file GO, after creating ARRIVED."""
+
+
 def _start(command: list[str], cwd: Path, env: dict[str, str], err: Path) -> subprocess.Popen:
     with err.open("w") as stream:
         return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=stream)
@@ -110,28 +137,51 @@ def _pause_outside_the_store(driver: subprocess.Popen, db: Path) -> None:
 
 def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, data_cache):
     """The first driver's trial is held (``held_add``) while the second starts: the first still
-    holds the lease whatever the machine's speed."""
+    holds the lease whatever the machine's speed. A third driver starts then too, finds no
+    fragment, and waits just before the lease (``AT_THE_LEASE``) until the first has written the
+    fragment and ended: holding the lease, it finds the fragment and tunes nothing (exit 2)."""
     path = _hpo_file(tmp_path, "twice")
     release = _held(tmp_path, hold_after=0)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
     env = _env(ray_session, data_cache)
-    first_err = tmp_path / "first.err"
+    first_err, third_err = tmp_path / "first.err", tmp_path / "third.err"
+    arrived, go = tmp_path / "turns" / "arrived", tmp_path / "turns" / "go"
     first = _start(command, tmp_path, env, first_err)
+    third = None
     try:
         wait_until_held(release, process_ended(first, first_err))
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
-    finally:
+        third_command = [sys.executable, "-c", AT_THE_LEASE, str(arrived), str(go), str(path)]
+        third = _start(third_command, tmp_path, env, third_err)
+        wait_until_held(release, process_ended(third, third_err), also=arrived.exists)
         release.touch()
         assert first.wait(timeout=600) == 0, first_err.read_text()[-3000:]
+        go.touch()
+        third_code = third.wait(timeout=300)
+    finally:
+        release.touch()
+        for driver in (first, third):
+            if driver is not None and driver.poll() is None:
+                driver.kill()
     assert second.returncode == 3, second.stderr[-3000:]
     assert "HPO 'twice' is being run by another driver" in second.stderr
     assert "Traceback" not in second.stderr
+    fragment = (tmp_path / "tuned" / "twice.yaml").read_text()
     runs = _trial_runs(client, "twice")
     assert len(runs) == 2 and all(r.info.status == "FINISHED" for r in runs)
-    assert (tmp_path / "tuned" / "twice.yaml").is_file()
+    assert any(r.info.run_id in fragment for r in runs)
+
+    assert third_code == 2, third_err.read_text()[-3000:]
+    text = third_err.read_text()
+    assert "was written by another driver of HPO 'twice' after this command started" in text
+    assert "nothing was run" in text and "Traceback" not in text
+    assert {r.info.run_id for r in _trial_runs(client, "twice")} == {r.info.run_id for r in runs}
+    parents = client.search_runs([runs[0].info.experiment_id], filter_string="tags.role != 'trial'")
+    assert len(parents) == 1, "the third driver opened a parent run"
+    assert (tmp_path / "tuned" / "twice.yaml").read_text() == fragment, "fragment rewritten"
 
 
 def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
