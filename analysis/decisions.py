@@ -21,10 +21,15 @@ import pandas as pd
 from analysis.context import ReportContext
 from analysis.drawing import Figure, save
 from analysis.escape import md, md_code
-from analysis.pairing import Pairing
 from analysis.section import Drawn, Section, records, write_csv
+from fusion_ray.decide.questions import Arm, Hypothesis, failures, hypotheses, rows
 from fusion_ray.decide.rules import DEFAULT_RULE, DecisionRule, build_rule
-from fusion_ray.decide.sequential import FIRST_WAVE, decision_rows, family_evidence
+from fusion_ray.decide.sequential import (
+    FIRST_WAVE,
+    decision_rows,
+    decisions_footnotes,
+    family_evidence,
+)
 from fusion_ray.schema import ADAPTIVE_TAG, DECISIONS_FILE
 
 FIGURE = "decisions_e_process"
@@ -32,7 +37,7 @@ FIGURE = "decisions_e_process"
 
 @dataclass
 class DecisionResult:
-    """The rule used, the evidence per comparison, and its rows (``DECISION_COLUMNS``)."""
+    """The rule used, the evidence per hypothesis, and its rows (``DECISION_COLUMNS``)."""
 
     primary: bool
     """True for an adaptive sweep (its decisions are the primary analysis)."""
@@ -45,41 +50,85 @@ class DecisionResult:
     table: pd.DataFrame
 
 
-def _rule(ctx: ReportContext) -> tuple[bool, dict[str, Any]]:
-    """Whether the decisions are primary, and the rule's settings (the sweep's own for an
-    adaptive sweep; a tag without ``rule`` was written when ``sign`` was the only rule)."""
+def _rule(ctx: ReportContext) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+    """Whether the decisions are primary, the rule's settings (the sweep's own for an adaptive
+    sweep; a tag without ``rule`` was written when ``sign`` was the only rule), and how the
+    driver built its family (regimes in the order of length, axis levels, questions)."""
     text = ctx.experiment.parent_tags.get(ADAPTIVE_TAG)
     if text:
         rule = json.loads(text)
-        return True, {
+        setting = {
             "alpha": float(rule["alpha"]),
             "margin": rule.get("margin"),
             "max_seeds": int(rule["max"]),
             "first": int(rule.get("first", FIRST_WAVE)),
             "rule": build_rule(rule.get("rule", "sign"), **rule.get("rule_options", {})),
         }
+        built = {k: rule.get(k) for k in ("regimes", "levels", "decide")}
+        return True, setting, built
     settings = {"alpha": float(ctx.options.settings.alpha), "margin": None, "max_seeds": None}
-    return False, {**settings, "first": None, "rule": build_rule(DEFAULT_RULE)}
+    return False, {**settings, "first": None, "rule": build_rule(DEFAULT_RULE)}, {}
 
 
-def comparison_deltas(pairing: Pairing) -> dict[str, list[float | None]]:
-    """Each comparison's paired deltas (points) in seed order over the experiment's seeds
-    (None where its pair is missing), named like the driver names them."""
-    pairs = pairing.pairs
-    if pairs.empty:
-        return {}
-    seeds = sorted(int(s) for s in pairing.runs["seed"].dropna().unique())
-    keys = list(pairing.keys)
-    delta = (100.0 * (pairs["correct"] - pairs["baseline_correct"]) / pairs["test_total"]).round(9)
-    frame = pairs.assign(delta=delta)
-    out = {}
-    for key, group in frame.groupby([*keys, "operator"], sort=False):
-        *where, operator = key if isinstance(key, tuple) else (key,)
-        by_seed = dict(zip(group["seed"].astype(int), group["delta"].astype(float), strict=True))
-        last = max(by_seed)
-        name = "/".join(str(w) for w in where) + f": {operator} vs {pairing.baseline}"
-        out[name] = [by_seed.get(s) for s in seeds if s <= last]
-    return out
+@dataclass
+class FamilyValues:
+    """The family of hypotheses the runs make, each one's values in seed order and failures."""
+
+    family: list[Hypothesis]
+    values: dict[str, list[float]]
+    failed: dict[str, int]
+
+
+def family_values(ctx: ReportContext, built: dict[str, Any] | None = None) -> FamilyValues:
+    """The hypotheses of ``fusion_ray.decide.questions`` over the experiment's runs, named and
+    valued as the driver names and values them: a FINISHED run's accuracy from its correct
+    counts; a cell whose only runs FAILED scores ``FAILED_SCORE`` (a loss for its arm); seeds
+    in order, each hypothesis up to its first seed that has neither."""
+    built = built or {}
+    pairing, keys = ctx.pairing, list(ctx.pairing.keys)
+    done = pairing.runs
+    failed_runs = _failed_runs(ctx, keys)
+    frames = [f for f in (done, failed_runs) if not f.empty]
+    if not frames:
+        return FamilyValues([], {}, {})
+    seeds = sorted({int(s) for f in frames for s in f["seed"].dropna()})
+    index = {seed: i for i, seed in enumerate(seeds)}
+    scores: dict[tuple[Arm, int], float | None] = {}
+    for _, r in failed_runs.iterrows():
+        scores[(_arm(r, keys), index[int(r["seed"])])] = None
+    for _, r in done.iterrows():
+        scores[(_arm(r, keys), index[int(r["seed"])])] = float(r["test_correct"]) / float(
+            r["test_total"]
+        )
+    arms = list(dict.fromkeys(arm for arm, _ in scores))
+    regimes = built.get("regimes") or ctx.datasets or list(dict.fromkeys(done["dataset"]))
+    levels = built.get("levels") or ctx.axis_levels
+    family = hypotheses(arms, pairing.baseline, regimes, levels, built.get("decide"))
+    values = rows(
+        family, lambda a, s: (a, s) in scores, lambda a, s: scores.get((a, s)), len(seeds)
+    )
+    failed = failures(
+        family, lambda a, s: scores.get((a, s), 0.0), {n: len(v) for n, v in values.items()}
+    )
+    return FamilyValues(family, values, failed)
+
+
+def _arm(run: pd.Series, keys: list[str]) -> Arm:
+    return Arm(tuple((k, str(run[k])) for k in keys), str(run["operator"]))
+
+
+def _failed_runs(ctx: ReportContext, keys: list[str]) -> pd.DataFrame:
+    """The FAILED trial runs of cells that have no FINISHED run (their failures count)."""
+    runs = ctx.experiment.runs
+    if runs.empty or "status" not in runs:
+        return runs.iloc[0:0]
+    failed = runs[runs["status"] == "FAILED"]
+    if failed.empty or any(k not in failed for k in keys):
+        return failed.iloc[0:0]
+    failed = failed.dropna(subset=[*keys, "operator", "seed"])
+    finished = {(_arm(r, keys), int(r["seed"])) for _, r in ctx.pairing.runs.iterrows()}
+    keep = [(_arm(r, keys), int(r["seed"])) not in finished for _, r in failed.iterrows()]
+    return failed[keep].drop_duplicates(subset=[*keys, "operator", "seed"])
 
 
 class DecisionsSection(Section):
@@ -89,11 +138,11 @@ class DecisionsSection(Section):
     follows = "summary"
 
     def compute(self, ctx: ReportContext, warnings: list[str]) -> DecisionResult | None:
-        deltas = comparison_deltas(ctx.pairing)
-        if not deltas:
+        primary, rule, built = _rule(ctx)
+        found = family_values(ctx, built)
+        if not found.values:
             return None
-        primary, rule = _rule(ctx)
-        longest = max(len(d) for d in deltas.values())
+        longest = max((len(v) for v in found.values.values()), default=0)
         if rule["max_seeds"] is not None and longest > rule["max_seeds"]:
             warnings.append(
                 f"decisions: the runs have {longest} seeds, more than the adaptive rule's cap "
@@ -102,13 +151,23 @@ class DecisionsSection(Section):
             rule["max_seeds"] = None
         if rule["first"] is None:  # a fixed list: every seed was planned, the wave is all of them
             rule["first"] = longest
-        evidence = family_evidence(deltas, **rule)
-        table = pd.DataFrame(decision_rows(evidence, rule["rule"], rule["margin"]))
-        return DecisionResult(primary, evidence=evidence, table=table, **rule)
+        kinds = {h.name: h.kind for h in found.family}
+        evidence = family_evidence(found.values, **rule, kinds=kinds)
+        rows = decision_rows(
+            evidence,
+            rule["rule"],
+            rule["margin"],
+            values=found.values,
+            kinds=kinds,
+            failed=found.failed,
+            alpha=rule["alpha"],
+            first=rule["first"],
+        )
+        return DecisionResult(primary, evidence=evidence, table=pd.DataFrame(rows), **rule)
 
     def markdown(self, result: DecisionResult, ctx: ReportContext) -> list[str]:
         saved = _saved(result, ctx) if result.primary else []
-        return [*_intro(result), *saved, "", *_table_lines(result.table), ""]
+        return [*_intro(result), *saved, "", *_table_lines(result.table, result.alpha), ""]
 
     def figures(self, result: DecisionResult, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
         m = len(result.evidence)
@@ -211,20 +270,30 @@ def _fmt(value: Any, spec: str) -> str:
     return format(value, spec)
 
 
-def _table_lines(table: pd.DataFrame) -> list[str]:
+def _interval(low: Any, high: Any) -> str:
+    if low is None or high is None or pd.isna(low) or pd.isna(high):
+        return "-"
+    return f"({_fmt(low, '+.2f')}, {_fmt(high, '+.2f')})"
+
+
+def _table_lines(table: pd.DataFrame, alpha: float = 0.05) -> list[str]:
     lines = [
-        "| comparison | state | seeds used | decided at seed | e (max) | anytime p | "
-        "p family | effect CS (points) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| hypothesis | kind | verdict | decided after (seeds) | seeds | p family | mean | median "
+        "| HL | e-BY interval | simultaneous CS | failed runs | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table.to_dict(orient="records"):
-        decided = "-" if pd.isna(r["decided_at_seed"]) else str(int(r["decided_at_seed"]))
+        after = "-" if pd.isna(r["decided_at_seed"]) else str(int(r["decided_at_seed"]) + 1)
         lines.append(
-            f"| {md(r['comparison'])} | {md(r['state'])} | {r['seeds_used']} | {decided} | "
-            f"{_fmt(r['e_max'], '.3g')} | {_fmt(r['p_anytime'], '.3g')} | "
-            f"{_fmt(r['p_family'], '.3g')} | "
-            f"({_fmt(r['cs_low'], '+.2f')}, {_fmt(r['cs_high'], '+.2f')}) |"
+            f"| {md(r['comparison'])} | {md(r['kind'])} | {md(r['verdict'])} | {after} | "
+            f"{r['seeds_used']} | {_fmt(r['p_family'], '.3g')} | {_fmt(r['mean'], '+.2f')} | "
+            f"{_fmt(r['median'], '+.2f')} | {_fmt(r['hodges_lehmann'], '+.2f')} | "
+            f"{_interval(r['ci_low'], r['ci_high'])} | {_interval(r['cs_low'], r['cs_high'])} | "
+            f"{r['failed_runs']} | {md(r['note'] or '')} |"
         )
+    footnotes = decisions_footnotes(table.to_dict(orient="records"), alpha)
+    for line in footnotes:  # one paragraph each, under the table
+        lines += ["", md(line)]
     return lines
 
 

@@ -157,7 +157,9 @@ ADAPTIVE_TAG = "adaptive_seeds"
 DECISIONS_FILE = "decisions.csv"
 DECISION_COLUMNS = (
     "comparison",
+    "kind",
     "state",
+    "verdict",
     "rule",
     "null",
     "margin",
@@ -170,6 +172,14 @@ DECISION_COLUMNS = (
     "p_family",
     "cs_low",
     "cs_high",
+    "ci_low",
+    "ci_high",
+    "ci_level",
+    "mean",
+    "median",
+    "hodges_lehmann",
+    "failed_runs",
+    "note",
 )
 #: Sweep-parent-run tags ``decisions.<state>``: how many comparisons are in each state.
 DECISIONS_TAG_PREFIX = "decisions."

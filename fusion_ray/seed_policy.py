@@ -18,16 +18,21 @@ restarted driver makes the same choices.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fusion_ray.adaptive import SeedSchedule, finished_results
 from fusion_ray.config import SweepSpec
+from fusion_ray.decide.questions import KINDS, failures
+from fusion_ray.decide.sequential import decision_rows, decisions_text
 from fusion_ray.grid import Cell
-from fusion_ray.plan import Plan
+from fusion_ray.plan import Plan, plan
 from fusion_ray.redact import redact
+from fusion_ray.schema import ADAPTIVE_TAG
 
 if TYPE_CHECKING:
     from fusion_ray.callbacks import MLflowSweepCallback
@@ -131,6 +136,7 @@ class AdaptiveSeedPolicy:
             spec.baseline_label,
             spec.adaptive,
             finished_results(todo.cells, todo.existing),
+            regimes=list(spec.grid.datasets),
         )
 
     def needed(self) -> list[Cell]:
@@ -151,56 +157,68 @@ class AdaptiveSeedPolicy:
     def plan_lines(self) -> list[str]:
         rule, schedule = self.rule, self.schedule
         first = len(schedule.first_wave())
+        kinds = Counter(h.kind for h in schedule.family)
+        family = ", ".join(f"{kinds[k]} {k}" for k in KINDS if kinds[k])
         return [
             f"  adaptive seeds: first wave seeds 0-{rule.first - 1} ({first} cells), then the next "
-            f"seed of each undecided comparison up to {rule.max} seeds; "
-            f"{len(schedule.comparisons)} comparisons vs {schedule.baseline}, alpha {rule.alpha} "
-            f"for every decision (rule {rule.decision_rule().describe()})"
+            f"seed of each undecided hypothesis up to {rule.max} seeds; "
+            f"{len(schedule.family)} hypotheses ({family}; vs {schedule.baseline}), alpha "
+            f"{rule.alpha} for every decision (rule {rule.decision_rule().describe()})"
             + (f", equivalence margin +-{rule.margin} points" if rule.margin else ""),
-            f"  worst case {schedule.worst_case()} cells (every comparison undecided to seed "
+            f"  worst case {schedule.worst_case()} cells (every hypothesis undecided to seed "
             f"{rule.max - 1}); {len(schedule.needed())} needed now given the finished ones",
         ]
 
     def parent_params(self) -> dict[str, str]:
-        from fusion_ray.schema import ADAPTIVE_TAG
-
-        return {ADAPTIVE_TAG: self.rule.model_dump_json(exclude={"adaptive"})}
+        """The rule, and the order of the regimes and levels the contrasts follow, so the report
+        rebuilds the same family."""
+        schedule = self.schedule
+        record = json.loads(self.rule.model_dump_json(exclude={"adaptive"}))
+        record |= {"regimes": schedule.regimes, "levels": schedule.levels}
+        return {ADAPTIVE_TAG: json.dumps(record)}
 
     def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]]:
-        """The decisions, recomputed from the FINISHED runs in the tracking store (as a restarted
-        driver would), logged to the parent run."""
-        from fusion_ray.decide.sequential import decision_rows, family_evidence
-        from fusion_ray.plan import plan
-
+        """The decisions, recomputed from the runs in the tracking store (as a restarted driver
+        would), logged to the parent run: decisions.csv, and every hypothesis's last look as
+        its final metrics."""
         again = AdaptiveSeedPolicy(self.spec, plan(self.spec, tracker))
-        rule = self.rule
-        evidence = family_evidence(
-            again.schedule.deltas(),
-            alpha=rule.alpha,
-            margin=rule.margin,
-            max_seeds=rule.max,
-            first=rule.first,
-            rule=rule.decision_rule(),
-        )
-        rows = decision_rows(evidence, rule.decision_rule(), rule.margin)
+        rows, evidence = decision_table(again.schedule, with_evidence=True)
         tracker.log_decisions(parent_id, rows)
+        tracker.log_decision_looks(parent_id, {n: looks[-1:] for n, looks in evidence.items()})
         return rows
 
     def closing_lines(
         self, decisions: list[dict[str, Any]] | None, ran: int, cells: int
     ) -> list[str]:
-        from fusion_ray.decide.sequential import decisions_text
-
         rows = decisions
         if rows is None:
             return []
         return [
-            f"\ndecisions (anytime-valid over the {len(rows)} comparisons; "
-            "CS = the effect's confidence sequence, simultaneous):",
+            f"\ndecisions (anytime-valid over the {len(rows)} hypotheses, one closed test):",
             decisions_text(rows, self.rule.alpha),
             f"adaptive seeds: {ran} trials of the {cells} this grid has at the cap of "
             f"{self.rule.max} fixed seeds ({ran / max(cells, 1):.0%}); trial time in the report",
         ]
+
+
+def decision_table(schedule: SeedSchedule, with_evidence: bool = False) -> Any:
+    """The rows of every hypothesis of ``schedule`` (``decision_rows``), as every surface
+    shows them; with ``with_evidence`` also the evidence they came from."""
+    rule = schedule.rule
+    values = schedule.deltas()
+    evidence = schedule.evidence(with_sequences=True)
+    failed = failures(schedule.family, schedule.accuracy, {n: len(r) for n, r in values.items()})
+    rows = decision_rows(
+        evidence,
+        rule.decision_rule(),
+        rule.margin,
+        values=values,
+        kinds=schedule.kinds,
+        failed=failed,
+        alpha=rule.alpha,
+        first=rule.first,
+    )
+    return (rows, evidence) if with_evidence else rows
 
 
 def policy_for(spec: SweepSpec, todo: Plan) -> SeedPolicy:
@@ -211,24 +229,40 @@ def policy_for(spec: SweepSpec, todo: Plan) -> SeedPolicy:
 
 
 def live_decisions(callback: MLflowSweepCallback) -> Callable[[SeedSchedule], None]:
-    """After each result: every comparison's looks not logged yet, as metrics of the parent run
-    (step = seeds so far), so the MLflow UI charts the decisions as they form. Stops writing
-    once the lease is lost (another driver owns the sweep)."""
-    logged: dict[str, int] = {}
+    """After each result: every hypothesis's looks not logged yet, and its last look again
+    where the family's later looks changed it, as metrics of the parent run (step = its seeds
+    so far), so the MLflow UI charts the decisions as they form and each one's last point is
+    its state now. Each change of a verdict is also said on the console, in the words of the
+    final table. Stops writing once the lease is lost (another driver owns the sweep)."""
+    logged: dict[str, tuple[int, Any]] = {}
 
     def log_looks(schedule: SeedSchedule) -> None:
         if callback.lease is not None and callback.lease.lost.is_set():
             return
         evidence = schedule.evidence()
-        new = {name: looks[logged.get(name, 0) :] for name, looks in evidence.items()}
-        new = {name: looks for name, looks in new.items() if looks}
+        new: dict[str, list[Any]] = {}
+        for name, looks in evidence.items():
+            count, last = logged.get(name, (0, None))
+            fresh = looks[count:]
+            if not fresh and looks and looks[-1] != last:
+                fresh = looks[-1:]  # the same seed, a later look of the family
+            if fresh:
+                new[name] = fresh
         if not new:
             return
+        for name, looks in new.items():
+            before = logged.get(name, (0, None))[1]
+            if looks[-1].state != (before.state if before is not None else "open"):
+                h = schedule.by_name[name]
+                log.info(
+                    "decision: %s %s after %d seeds (p family %.3g)",
+                    name, h.verdict(looks[-1].state), looks[-1].seed + 1, looks[-1].p_family,
+                )  # fmt: skip
         try:
             callback.tracker.log_decision_looks(callback.parent_id, new)
         except Exception as exc:  # noqa: BLE001 - a chart is not worth the sweep; said, not raised
             log.warning("could not log the decisions' evidence to the parent run: %s", redact(exc))
             return
-        logged.update({name: len(looks) for name, looks in evidence.items()})
+        logged.update({name: (len(looks), looks[-1]) for name, looks in evidence.items() if looks})
 
     return log_looks

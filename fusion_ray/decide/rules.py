@@ -92,6 +92,18 @@ class DecisionRule:
         (running intersection over the looks): an open interval, infinite ends when unbounded."""
         raise NotImplementedError(f"decision rule {self.name!r} defines no interval()")
 
+    def selective_interval(self, row: Row, *, level: float, first: int) -> tuple[float, float]:
+        """The effects not rejected by the e-value of the row's last look alone, at error
+        ``level`` ({mu : E(row - mu) < 1 / level}, its hull): what e-BY reports for a decided
+        hypothesis at ``level = alpha * R / m`` (``fusion_ray.decide.sequential``). The
+        default: no such interval (infinite ends)."""
+        return -math.inf, math.inf
+
+    def max_log_e(self, n: int) -> float:
+        """The largest log two-sided e-value ``n`` seeds can give (inf: no known ceiling):
+        how many seeds an interval at a level needs before it can be bounded."""
+        return math.inf
+
     def describe(self) -> str:
         """How the report names this rule with its options, e.g. ``magnitude(theta=1.5)``."""
         options = {k: v for k, v in vars(self).items() if not k.startswith("_")}
@@ -187,9 +199,11 @@ class MagnitudeRule(DecisionRule):
             return Evidence(up, down)
         return Evidence(up, down, *_equivalence_bets(row, margin))
 
-    def _excluded(self, row: Row, shifts: np.ndarray, level: float, first: int) -> np.ndarray:
+    def _excluded(
+        self, row: Row, shifts: np.ndarray, level: float, first: int, last: bool = False
+    ) -> np.ndarray:
         """Per shift mu: whether the two-sided e-process of ``row - mu`` reached 1 / level at a
-        look after the first wave."""
+        look after the first wave (``last``: at the row's last look)."""
         values = np.array([np.nan if d is None else d for d in row], dtype=float)
         centred = values[None, :] - shifts[:, None]  # [shifts, seeds]
         present = ~np.isnan(centred)
@@ -203,29 +217,51 @@ class MagnitudeRule(DecisionRule):
         up = np.cumprod(1 + step, axis=1)
         down = np.cumprod(1 - step, axis=1)
         two_sided = (up + down) / 2
+        if last:
+            return two_sided[:, -1] >= 1 / level
         return (two_sided[:, wave_end:] >= 1 / level).any(axis=1)
 
-    def interval(self, row: Row, *, level: float, first: int) -> tuple[float, float]:
+    def max_log_e(self, n: int) -> float:
+        # every seed at most multiplies P by 1 + tanh(theta) (equal magnitudes), and
+        # E = (P + N) / 2 <= (P + 1) / 2 once a seed has a sign
+        return n * math.log1p(math.tanh(self.theta)) - math.log(2.0) if n else 0.0
+
+    def selective_interval(self, row: Row, *, level: float, first: int) -> tuple[float, float]:
+        return self.interval(row, level=level, first=first, last=True)
+
+    def interval(
+        self, row: Row, *, level: float, first: int, last: bool = False
+    ) -> tuple[float, float]:
         values = [d for d in row if d is not None]
         if len(row) < first or not values:
             return -math.inf, math.inf
         spread = max(max(values) - min(values), max(abs(v) for v in values), 1e-9)
         grid = np.linspace(min(values) - 3 * spread, max(values) + 3 * spread, 601)
-        excluded = self._excluded(row, grid, level, first)
+        excluded = self._excluded(row, grid, level, first, last)
         kept = np.flatnonzero(~excluded)
         if kept.size == 0:
             return math.nan, math.nan
         lo_i, hi_i = kept[0], kept[-1]
-        lo = -math.inf if lo_i == 0 else self._edge(row, grid[lo_i - 1], grid[lo_i], level, first)
-        last = len(grid) - 1
-        hi = math.inf if hi_i == last else self._edge(row, grid[hi_i + 1], grid[hi_i], level, first)
+        end = len(grid) - 1
+        lo = (
+            -math.inf
+            if lo_i == 0
+            else self._edge(row, grid[lo_i - 1], grid[lo_i], level, first, last)
+        )
+        hi = (
+            math.inf
+            if hi_i == end
+            else self._edge(row, grid[hi_i + 1], grid[hi_i], level, first, last)
+        )
         return float(lo), float(hi)
 
-    def _edge(self, row: Row, out: float, inside: float, level: float, first: int) -> float:
+    def _edge(
+        self, row: Row, out: float, inside: float, level: float, first: int, last: bool
+    ) -> float:
         """Bisection between an excluded and a kept shift; returns the excluded side's end."""
         for _ in range(30):
             mid = (out + inside) / 2
-            if self._excluded(row, np.array([mid]), level, first)[0]:
+            if self._excluded(row, np.array([mid]), level, first, last)[0]:
                 out = mid
             else:
                 inside = mid
@@ -264,20 +300,22 @@ def _one_sided_sign(wins: int, losses: int) -> tuple[float, float]:
     return 2 * e * upper, 2 * e * (1.0 - upper)
 
 
-def sign_confidence_sequence(row: Row, level: float) -> tuple[float, float]:
+def sign_confidence_sequence(row: Row, level: float, last: bool = False) -> tuple[float, float]:
     """The running-intersection confidence sequence for the median of ``row`` at e-threshold
-    1 / ``level``, as an open interval (lo, hi) whose ends are the nearest excluded values."""
+    1 / ``level``, as an open interval (lo, hi) whose ends are the nearest excluded values
+    (``last``: from the e-value of the row's last look alone)."""
     values = sorted({d for d in row if d is not None})
     if not values:
         return -math.inf, math.inf
     candidates = [values[0] - 1.0, *values, values[-1] + 1.0]
     candidates += [(a + b) / 2 for a, b in zip(values, values[1:], strict=False)]
     threshold = math.log(1.0 / level)
-    kept = [
-        mu
-        for mu in sorted(candidates)
-        if max(math.log(e) for e in sign_e_values(row, mu)) < threshold
-    ]
+
+    def log_e_at(mu: float) -> float:
+        e = sign_e_values(row, mu)
+        return math.log(e[-1]) if last else max(math.log(v) for v in e)
+
+    kept = [mu for mu in sorted(candidates) if log_e_at(mu) < threshold]
     if not kept:
         return math.nan, math.nan
     below = [c for c in candidates if c < kept[0]]
@@ -313,3 +351,9 @@ class SignRule(DecisionRule):
 
     def interval(self, row: Row, *, level: float, first: int) -> tuple[float, float]:
         return sign_confidence_sequence(row, level)
+
+    def selective_interval(self, row: Row, *, level: float, first: int) -> tuple[float, float]:
+        return sign_confidence_sequence(row, level, last=True)
+
+    def max_log_e(self, n: int) -> float:
+        return log_e(n, n)

@@ -50,6 +50,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from fusion_ray.decide.rules import (
     DEFAULT_RULE,
     DecisionRule,
@@ -65,6 +67,15 @@ DECIDED = ("better", "worse", "equivalent", "futile")
 FIRST_WAVE = 6
 """Seeds every comparison has before the magnitude rule decides, unless the sweep says otherwise."""
 FUTILE_AFTER, FUTILE_BELOW = 8, 0.3
+FUTILITY: dict[str, tuple[int, float] | None] = {
+    "operator": (FUTILE_AFTER, FUTILE_BELOW),
+    "length": None,
+    "interaction": None,
+}
+"""Per kind of hypothesis (``fusion_ray.decide.questions``): the heuristic futility stop (after
+that many seeds, an e-value below that), or None for the exact stop alone (no remaining seed could
+reach 1 / alpha). A contrast of two deltas has about twice a delta's variance, so its e-value
+grows more slowly; bench/adaptive.py measures what each setting loses."""
 
 __all__ = [
     "STATES",
@@ -73,7 +84,9 @@ __all__ = [
     "confidence_sequence",
     "decision_rows",
     "decisions",
+    "decisions_footnotes",
     "decisions_text",
+    "fewest_seeds",
     "family_evidence",
     "log_e",
     "replay_adaptive",
@@ -117,6 +130,11 @@ class _Setting:
     margin: float | None
     max_seeds: int | None
     first: int
+    kinds: Mapping[str, str] | None = None
+
+    def late_stop(self, name: str) -> tuple[int, float] | None:
+        kind = (self.kinds or {}).get(name, "operator")
+        return FUTILITY.get(kind, FUTILITY["operator"])
 
 
 def _check(deltas: Mapping[str, Sequence[float | None]], s: _Setting) -> None:
@@ -254,8 +272,10 @@ def _futile(family: _Family, name: str, seed: int, p_cs: tuple[float, float] | N
     if seed + 1 < s.first:
         return False
 
+    heuristic = s.late_stop(name)
+
     def hopeless(e: float) -> bool:
-        late = seed + 1 >= FUTILE_AFTER and e < FUTILE_BELOW
+        late = heuristic is not None and seed + 1 >= heuristic[0] and e < heuristic[1]
         return e * 2.0**remaining < 1.0 / s.alpha or late
 
     e = family.e_two_sided(name, seed)
@@ -284,10 +304,13 @@ def family_evidence(
     first: int = FIRST_WAVE,
     rule: str | DecisionRule = DEFAULT_RULE,
     with_sequences: bool = True,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, list[Look]]:
     """Every comparison's evidence and state after each of its seeds (see the module notes).
-    ``with_sequences=False`` skips the confidence sequences where no decision needs them."""
-    s = _Setting(alpha, margin, max_seeds, first)
+    ``with_sequences=False`` skips the confidence sequences where no decision needs them;
+    ``kinds`` maps a hypothesis to its kind (``fusion_ray.decide.questions``; default
+    ``operator``), which sets its futility stop (``FUTILITY``)."""
+    s = _Setting(alpha, margin, max_seeds, first, kinds)
     _check(deltas, s)
     the_rule = build_rule(rule)
     family = _Family(deltas, the_rule, s)
@@ -360,6 +383,7 @@ def run_family(
     max_seeds: int | None = None,
     first: int = FIRST_WAVE,
     rule: str | DecisionRule = DEFAULT_RULE,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, list[str]]:
     """Each comparison's state after each of its seeds: one of "open", "better", "worse",
     "equivalent", "futile". ``deltas`` maps each comparison's name to its per-seed paired
@@ -374,6 +398,7 @@ def run_family(
         first=first,
         rule=rule,
         with_sequences=False,
+        kinds=kinds,
     )
     return {name: [look.state for look in looks] for name, looks in evidence.items()}
 
@@ -401,22 +426,77 @@ def decisions(evidence: Mapping[str, list[Look]]) -> list[Decision]:
     return out
 
 
+def _estimates(row: Sequence[float | None]) -> tuple[float, float, float]:
+    """Mean, median and Hodges-Lehmann estimate (median of the Walsh averages) of a row."""
+    x = np.array([d for d in row if d is not None], dtype=float)
+    if x.size == 0:
+        return math.nan, math.nan, math.nan
+    walsh = (x[:, None] + x[None, :])[np.triu_indices(x.size)] / 2
+    return float(x.mean()), float(np.median(x)), float(np.median(walsh))
+
+
+def _sign(x: float) -> int:
+    return 0 if math.isnan(x) or x == 0 else (1 if x > 0 else -1)
+
+
+def fewest_seeds(rule: DecisionRule, m: int, alpha: float) -> int | None:
+    """The fewest seeds at which the rule's interval for one hypothesis at alpha / m can be
+    bounded (its e-value's real ceiling reaches m / alpha); None without a known ceiling."""
+    target = math.log(m / alpha)
+    for n in range(1, 200):
+        if rule.max_log_e(n) >= target:
+            return n
+    return None
+
+
 def decision_rows(
     evidence: Mapping[str, list[Look]],
     rule: str | DecisionRule = DEFAULT_RULE,
     margin: float | None = None,
+    *,
+    values: Mapping[str, Sequence[float | None]] | None = None,
+    kinds: Mapping[str, str] | None = None,
+    failed: Mapping[str, int] | None = None,
+    alpha: float = 0.05,
+    first: int = FIRST_WAVE,
 ) -> list[dict[str, object]]:
-    """One row per comparison (the names of ``fusion_ray.schema.DECISION_COLUMNS``): its state,
-    the rule, its null and the margin that decided it, seeds used, the seed it was decided at,
-    its last e-values, anytime p (raw and family-adjusted) and confidence sequence."""
+    """One row per hypothesis (the names of ``fusion_ray.schema.DECISION_COLUMNS``): its kind,
+    state and verdict in its kind's words, the rule, its null and margin, seeds used, the seed
+    it was decided at, its last e-values, anytime p (raw and family-adjusted), the simultaneous
+    confidence sequence (alpha / m), and, for a decided hypothesis, the e-BY interval: the
+    effects its last e-value does not reject at alpha * R / m, R the number decided (a false
+    coverage rate of at most alpha over the decided ones, Xu, Wang & Ramdas 2022); mean, median
+    and Hodges-Lehmann estimate of its values (``values``: the rows the evidence came from), its
+    failed runs and a note where the estimates disagree in sign or may over-state the effect."""
+    from fusion_ray.decide.questions import VERDICTS
+
     the_rule = build_rule(rule)
+    found = decisions(evidence)
+    m = max(1, len(found))
+    decided = [d for d in found if d.state in ("better", "worse", "equivalent")]
+    level = alpha * max(1, len(decided)) / m
     rows = []
-    for decision in decisions(evidence):
+    for decision in found:
         last = decision.last
+        kind = (kinds or {}).get(decision.name, "operator")
+        row = (values or {}).get(decision.name)
+        mean, median, hl = _estimates(row) if row is not None else (math.nan,) * 3
+        ci = (math.nan, math.nan)
+        if decision in decided and row is not None:
+            ci = the_rule.selective_interval(row, level=level, first=first)
+        notes = []
+        signs = {_sign(v) for v in (mean, median, hl)} - {0}
+        if len(signs) > 1:
+            notes.append("mean, median and HL differ in sign")
+        near_zero = ci[0] if mean > 0 else -ci[1]
+        if decision.state in ("better", "worse") and near_zero < abs(mean) / 2:
+            notes.append("may over-state the effect")
         rows.append(
             {
                 "comparison": decision.name,
+                "kind": kind,
                 "state": decision.state,
+                "verdict": VERDICTS.get(kind, {}).get(decision.state, decision.state),
                 "rule": the_rule.describe(),
                 "null": the_rule.null,
                 "margin": margin,
@@ -429,44 +509,82 @@ def decision_rows(
                 "p_family": last.p_family if last else 1.0,
                 "cs_low": last.cs_low if last else -math.inf,
                 "cs_high": last.cs_high if last else math.inf,
+                "ci_low": ci[0],
+                "ci_high": ci[1],
+                "ci_level": level if decision in decided else math.nan,
+                "mean": mean,
+                "median": median,
+                "hodges_lehmann": hl,
+                "failed_runs": (failed or {}).get(decision.name, 0),
+                "note": "; ".join(notes),
             }
         )
     return rows
 
 
+def _interval(low: object, high: object) -> str:
+    lo, hi = float(low), float(high)  # type: ignore[arg-type]
+    if math.isnan(lo) or math.isnan(hi):
+        return "-"
+    return f"({lo:+.2f}, {hi:+.2f})"
+
+
 def decisions_text(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) -> str:
-    """The decisions as a console table (the effect's confidence sequence is simultaneous over
-    the family, valid however the seeds were stopped)."""
+    """The decisions as a console table: each hypothesis's verdict, the seeds it was decided
+    after, its estimates, the e-BY interval of a decided one and the simultaneous sequence."""
     width = max([len(str(r["comparison"])) for r in rows] + [10])
     lines = [
-        f"{'comparison':<{width}}  {'state':<10} {'seeds':>5} {'decided':>7} {'e max':>9} "
-        f"{'p family':>8}  effect CS (points)"
+        f"{'hypothesis':<{width}}  {'kind':<11} {'verdict':<10} {'after':>5} {'seeds':>5} "
+        f"{'p family':>8} {'mean':>7} {'median':>7} {'HL':>7}  {'e-BY interval':<17} "
+        f"{'simultaneous CS':<17} failed  note"
     ]
     for r in rows:
-        decided = "-" if r["decided_at_seed"] is None else str(r["decided_at_seed"])
+        after = "-" if r["decided_at_seed"] is None else str(int(r["decided_at_seed"]) + 1)
         lines.append(
-            f"{r['comparison']:<{width}}  {r['state']:<10} {r['seeds_used']:>5} {decided:>7} "
-            f"{r['e_max']:>9.3g} {r['p_family']:>8.3g}  "
-            f"({r['cs_low']:+.2f}, {r['cs_high']:+.2f})"
+            f"{r['comparison']:<{width}}  {r.get('kind', 'operator'):<11} "
+            f"{r.get('verdict', r['state']):<10} {after:>5} {r['seeds_used']:>5} "
+            f"{r['p_family']:>8.3g} {r.get('mean', math.nan):>+7.2f} "
+            f"{r.get('median', math.nan):>+7.2f} {r.get('hodges_lehmann', math.nan):>+7.2f}  "
+            f"{_interval(r.get('ci_low', math.nan), r.get('ci_high', math.nan)):<17} "
+            f"{_interval(r['cs_low'], r['cs_high']):<17} {r.get('failed_runs', 0):>6}  "
+            f"{r.get('note', '')}"
         )
-    unbounded = [
-        r for r in rows if math.isinf(float(r["cs_low"])) or math.isinf(float(r["cs_high"]))
-    ]
-    if unbounded:
-        need = math.ceil(math.log2(2 * len(rows) / alpha))
-        lines.append(
-            f"an infinite CS end: too few seeds to bound the effect on its own at alpha / m (each "
-            f"seed at most doubles the evidence, so it takes at least {need} seeds with "
-            f"m = {len(rows)}); a decision can come earlier, from the family's closed test"
-        )
-    if rows:
-        first = rows[0]
-        margin = first.get("margin")
-        lines.append(
-            f"rule {first.get('rule')}; null: {first.get('null')}"
-            + (f"; equivalence margin ±{margin:g} points" if margin else "")
-        )
+    lines += decisions_footnotes(rows, alpha)
     return "\n".join(lines)
+
+
+def decisions_footnotes(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) -> list[str]:
+    """What every surface says under a decisions table: the columns, the rule, its null and
+    what a verdict means."""
+    if not rows:
+        return []
+    first = rows[0]
+    m = len(rows)
+    rule = build_rule(str(first.get("rule", DEFAULT_RULE)).split("(")[0])
+    need = fewest_seeds(rule, m, alpha)
+    margin = first.get("margin")
+    out = [
+        "after: the seeds a verdict was reached at; seeds: the seeds it has now; failed: its "
+        "runs that failed, each scored 0 accuracy (a loss for its arm)",
+        f"e-BY interval: for decided hypotheses only, at alpha * R / m (R decided of m = {m}): "
+        f"the chance that any of them misses its effect is at most alpha = {alpha:g} on average "
+        "over the decided (false coverage rate); simultaneous CS: every hypothesis at alpha / m"
+        + (
+            f", unbounded before {need} seeds (the rule's evidence after n seeds is at most "
+            f"its ceiling, which reaches m / alpha = {m / alpha:g} at {need})"
+            if need
+            else ""
+        ),
+        f"rule {first.get('rule')}; null: {first.get('null')}"
+        + (f"; equivalence margin ±{float(margin):g} points" if margin else ""),
+        "a verdict says the paired values lean to one side by their signed sizes (the typical "
+        "seed), not that the mean is higher: compare mean, median and HL; 'futile' means the "
+        "comparison was stopped (it could no longer be decided by the cap, or its evidence was "
+        "low after 8 seeds), not that there is no effect; 'may over-state': its interval "
+        "reaches below half its mean, where the benchmark measured means of decided effects "
+        "over-stating small effects (1.8x at 0.5 paired SD)",
+    ]
+    return out
 
 
 def replay_adaptive(
@@ -477,6 +595,7 @@ def replay_adaptive(
     margin: float | None = None,
     max_seeds: int | None = None,
     rule: str | DecisionRule = DEFAULT_RULE,
+    kinds: Mapping[str, str] | None = None,
 ) -> dict[str, list[str]]:
     """What adaptive seeds would have run on deltas logged for a fixed list of seeds: every
     comparison gets its first ``first`` seeds, then one more seed at a time while it is open
@@ -493,6 +612,7 @@ def replay_adaptive(
             max_seeds=max_seeds,
             first=first,
             rule=the_rule,
+            kinds=kinds,
         )
         grow = [
             name

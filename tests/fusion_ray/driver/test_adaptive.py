@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fusion_ray.adaptive import SeedSchedule, comparison_name, group_of
+from fusion_ray.adaptive import SeedSchedule, group_of
 from fusion_ray.config import load_sweep
+from fusion_ray.decide.questions import operator_hypothesis
 from fusion_ray.grid import expand
 from fusion_ray.schema import STATE_CODES
 from tests.conftest import tiny_sweep
@@ -45,8 +46,8 @@ def test_the_first_wave_runs_every_cell_and_then_only_open_comparisons_get_seeds
         _finish(schedule, schedule.needed(), lambda c: acc[c.fusion])
     states = {name: s[-1] for name, s in schedule.states().items()}
     group = group_of(schedule.cells[0])
-    better = comparison_name(group, "gate_scalar", "add")
-    tied = comparison_name(group, "concat", "add")
+    better = operator_hypothesis(group, "gate_scalar", "add").name
+    tied = operator_hypothesis(group, "concat", "add").name
     assert states[better] == "better"
     decided_at = schedule.states()[better].index("better")
     # gate_scalar stopped once decided; the tied comparison (every delta 0: its e-value stays 1)
@@ -84,17 +85,21 @@ def test_a_restarted_schedule_from_the_same_results_asks_for_the_same_cells(tmp_
 
 
 @pytest.mark.unit
-def test_a_failed_cell_leaves_its_pair_out_and_the_comparison_goes_on(tmp_path):
+def test_a_failed_cell_counts_as_a_loss_for_its_arm_and_is_not_run_again(tmp_path):
     spec = _adaptive_sweep(tmp_path, first=2, most=12)
     schedule = _schedule(spec)
     wave = schedule.needed()
     for cell in wave:
-        failed = cell.fusion == "gate_scalar" and cell.seed == 1
-        schedule.results[cell.cell_id] = None if failed else 0.5
+        operator_failed = cell.fusion == "gate_scalar" and cell.seed == 1
+        baseline_failed = cell.fusion == "add" and cell.seed == 0
+        schedule.results[cell.cell_id] = None if operator_failed or baseline_failed else 0.5
     deltas = schedule.deltas()
-    name = comparison_name(group_of(wave[0]), "gate_scalar", "add")
-    assert deltas[name] == [0.0, None]
-    assert any(c.seed == 2 and c.fusion == "gate_scalar" for c in schedule.needed())
+    group = group_of(wave[0])
+    # seed 0: the baseline failed (0 accuracy), a win for both operators; seed 1: gate_scalar's
+    # run failed, a loss of its whole 50 points
+    assert deltas[operator_hypothesis(group, "gate_scalar", "add").name] == [50.0, -50.0]
+    assert deltas[operator_hypothesis(group, "concat", "add").name] == [50.0, 0.0]
+    assert not any(c.cell_id in schedule.results for c in schedule.needed())
 
 
 @pytest.mark.ray

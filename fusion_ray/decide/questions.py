@@ -1,0 +1,263 @@
+"""The study's questions as hypotheses of one family (pure: no Ray, no MLflow).
+
+Every hypothesis is a signed sum of runs' test accuracies at one seed, in points, so its value at
+seed t is a number that is symmetric about 0 under its null, and the decision rules of
+``fusion_ray.decide.rules`` turn its values in seed order into e-processes like any comparison's:
+
+- ``operator``: the operator's delta against the baseline inside one group (dataset, position,
+  attention position, setting-axis levels): acc(op) - acc(base). Null: the operator has no
+  effect there (swapping its run and the baseline's run of a seed is as likely as not).
+- ``length``: per operator and setting arm (everything but the dataset), the delta on the
+  longest regime minus the delta on the shortest, regimes in the sweep file's order of
+  ``grid.datasets`` (the study's order of length): [acc(op, long) - acc(base, long)] -
+  [acc(op, short) - acc(base, short)]. Null: the operator's effect is the same on both regimes
+  (both regimes' deltas symmetric about one centre, any centre). "grows" / "shrinks".
+- ``interaction``: per operator, group and setting axis, the delta at a level minus the delta
+  at the axis's reference level (its first in the sweep file). Null: the operator's effect does
+  not depend on that axis. "larger" / "smaller".
+
+The four runs of a contrast are independent runs of one seed, so under its null the contrast is
+symmetric about 0 given the past, and one closed test over every hypothesis keeps one alpha
+(``fusion_ray.decide.sequential``).
+
+Failed runs count (``FAILED_SCORE``): a trial that failed scores 0 accuracy, so a failure is a
+loss for the arm whose run failed (a tie when both failed). That keeps each null's symmetry
+(swapping two runs of a seed swaps their failures too) and no outcome-dependent failure can make
+an operator look better by dropping its worst seeds.
+
+Names are built here and nowhere else, so the console, decisions.csv, the MLflow metrics and the
+report spell a hypothesis the same way: the group's values joined by ``/`` (a setting axis as
+``scale_embeddings=true``), then ``: OP vs BASE``; the slot a contrast varies shows both ends,
+``long-short`` or ``scale_embeddings=false-true`` (the first end minus the second).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+KINDS = ("operator", "length", "interaction")
+"""The questions a sweep can decide, in the order the console and the report list them."""
+FIXED_KEYS = ("dataset", "position", "attention_position")
+"""The group keys every cell has; setting axes (dotted keys) follow them."""
+FAILED_SCORE = 0.0
+"""The test accuracy a failed trial counts as (a loss for its arm; see the module notes)."""
+VERDICTS = {
+    "operator": {"better": "better", "worse": "worse"},
+    "length": {"better": "grows", "worse": "shrinks"},
+    "interaction": {"better": "larger", "worse": "smaller"},
+}
+"""What a rejection in each direction means, per kind (a positive value: ``better``)."""
+ESTIMANDS = {
+    "operator": "acc(operator) - acc(baseline) on one seed, points",
+    "length": "[delta on the longest regime] - [delta on the shortest] on one seed, points",
+    "interaction": "[delta at the level] - [delta at the reference level] on one seed, points",
+}
+
+Group = tuple[tuple[str, str], ...]
+"""A group of cells: (key, value) pairs, the fixed keys first, then the setting axes."""
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One operator's runs inside one group (one run per seed)."""
+
+    group: Group
+    fusion: str
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One question: its name, its kind, the operator it is about and its signed arms."""
+
+    name: str
+    kind: str
+    operator: str
+    terms: tuple[tuple[Arm, int], ...]
+    """(arm, +1 or -1): the value at a seed is 100 * sum of sign * accuracy of the arm's run."""
+
+    @property
+    def arms(self) -> tuple[Arm, ...]:
+        return tuple(arm for arm, _ in self.terms)
+
+    def verdict(self, state: str) -> str:
+        """The state in this kind's words (``better`` of a length contrast is ``grows``)."""
+        return VERDICTS[self.kind].get(state, state)
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _slot(key: str, value: str) -> str:
+    return value if key in FIXED_KEYS else f"{_short(key)}={value}"
+
+
+def group_text(group: Group, varied: str | None = None, ends: tuple[str, str] = ("", "")) -> str:
+    """The group as a name shows it; ``varied`` names the key a contrast varies, shown as
+    ``first-second``."""
+    parts = []
+    for key, value in group:
+        if key == varied:
+            shown = f"{ends[0]}-{ends[1]}"
+            parts.append(shown if key in FIXED_KEYS else f"{_short(key)}={shown}")
+        else:
+            parts.append(_slot(key, value))
+    return "/".join(parts)
+
+
+def _with(group: Group, key: str, value: str) -> Group:
+    return tuple((k, value if k == key else v) for k, v in group)
+
+
+def operator_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:
+    """The comparison of ``operator`` with ``baseline`` inside ``group``."""
+    terms = ((Arm(group, operator), 1), (Arm(group, baseline), -1))
+    return Hypothesis(f"{group_text(group)}: {operator} vs {baseline}", "operator", operator, terms)
+
+
+def contrast_hypothesis(
+    kind: str, group: Group, key: str, ends: tuple[str, str], operator: str, baseline: str
+) -> Hypothesis:
+    """The operator's delta at ``key = ends[0]`` minus its delta at ``key = ends[1]``."""
+    high, low = _with(group, key, ends[0]), _with(group, key, ends[1])
+    terms = (
+        (Arm(high, operator), 1),
+        (Arm(high, baseline), -1),
+        (Arm(low, operator), -1),
+        (Arm(low, baseline), 1),
+    )
+    name = f"{group_text(group, key, ends)}: {operator} vs {baseline}"
+    return Hypothesis(name, kind, operator, terms)
+
+
+def possible(
+    groups: Iterable[Group], regimes: Sequence[str], levels: Mapping[str, Sequence[str]]
+) -> tuple[str, ...]:
+    """The kinds a grid of ``groups`` makes possible: ``operator`` always, ``length`` with two
+    regimes or more, ``interaction`` with a setting axis of two levels or more."""
+    present = {dict(g)["dataset"] for g in groups}
+    kinds = ["operator"]
+    if sum(r in present for r in regimes) >= 2:
+        kinds.append("length")
+    if any(len(v) >= 2 for v in levels.values()):
+        kinds.append("interaction")
+    return tuple(kinds)
+
+
+def hypotheses(
+    arms: Iterable[Arm],
+    baseline: str,
+    regimes: Sequence[str],
+    levels: Mapping[str, Sequence[str]],
+    decide: Sequence[str] | None = None,
+) -> list[Hypothesis]:
+    """Every hypothesis of the family, in the order the surfaces list them (kinds in
+    ``KINDS`` order; within a kind, the grid's order).
+
+    ``arms``: every (group, operator) of the grid, in the grid's order; ``regimes``: the
+    datasets in the order of length (the sweep file's ``grid.datasets``); ``levels``: each
+    setting axis's levels, the reference first; ``decide``: the kinds to include (None: every
+    kind the grid makes possible)."""
+    arms = list(arms)
+    groups = list(dict.fromkeys(a.group for a in arms))
+    have = {(a.group, a.fusion) for a in arms}
+    kinds = possible(groups, regimes, levels) if decide is None else tuple(decide)
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown:
+        raise ValueError(f"decide: unknown question(s) {unknown}; choose from {list(KINDS)}")
+    operators = [f for f in dict.fromkeys(a.fusion for a in arms) if f != baseline]
+    out: list[Hypothesis] = []
+
+    def complete(*gs: Group, op: str) -> bool:
+        return all((g, f) in have for g in gs for f in (op, baseline))
+
+    if "operator" in kinds:
+        out += [
+            operator_hypothesis(g, op, baseline)
+            for g in groups
+            for op in operators
+            if complete(g, op=op)
+        ]
+    if "length" in kinds:
+        out += _length(groups, operators, baseline, regimes, complete)
+    if "interaction" in kinds:
+        out += _interactions(groups, operators, baseline, levels, complete)
+    return out
+
+
+def _length(groups, operators, baseline, regimes, complete) -> list[Hypothesis]:
+    out, seen = [], set()
+    for g in groups:
+        rest = tuple((k, v) for k, v in g if k != "dataset")
+        if rest in seen:
+            continue
+        seen.add(rest)
+        present = [r for r in regimes if _with(g, "dataset", r) in groups]
+        if len(present) < 2:
+            continue
+        ends = (present[-1], present[0])
+        anchor = _with(g, "dataset", ends[0])
+        for op in operators:
+            if complete(_with(g, "dataset", ends[0]), _with(g, "dataset", ends[1]), op=op):
+                out.append(contrast_hypothesis("length", anchor, "dataset", ends, op, baseline))
+    return out
+
+
+def _interactions(groups, operators, baseline, levels, complete) -> list[Hypothesis]:
+    out = []
+    for key, values in levels.items():
+        if len(values) < 2:
+            continue
+        reference = values[0]
+        for g in groups:
+            if dict(g).get(key) != reference:
+                continue
+            for level in values[1:]:
+                other = _with(g, key, level)
+                if other not in groups:
+                    continue
+                for op in operators:
+                    if complete(g, other, op=op):
+                        ends = (level, reference)
+                        out.append(
+                            contrast_hypothesis("interaction", other, key, ends, op, baseline)
+                        )
+    return out
+
+
+Resolved = Callable[[Arm, int], bool]
+"""Whether an arm's run of a seed has ended (finished or failed), or does not exist."""
+Accuracy = Callable[[Arm, int], float | None]
+"""An arm's test accuracy (0-1) at a seed; None when its run failed."""
+
+
+def rows(
+    family: Sequence[Hypothesis], resolved: Resolved, accuracy: Accuracy, max_seeds: int
+) -> dict[str, list[float]]:
+    """Each hypothesis's values (points) in seed order, up to its first seed with a run not yet
+    resolved; a failed run counts as ``FAILED_SCORE``."""
+    out: dict[str, list[float]] = {}
+    for h in family:
+        row: list[float] = []
+        for seed in range(max_seeds):
+            if not all(resolved(arm, seed) for arm in h.arms):
+                break
+            total = 0.0
+            for arm, sign in h.terms:
+                acc = accuracy(arm, seed)
+                total += sign * (FAILED_SCORE if acc is None else acc)
+            # rounded as the report's values from correct counts are, so both see equal ties
+            row.append(round(100.0 * total, 9))
+        out[h.name] = row
+    return out
+
+
+def failures(
+    family: Sequence[Hypothesis], accuracy: Accuracy, seeds: Mapping[str, int]
+) -> dict[str, int]:
+    """Per hypothesis: how many of its runs over its first ``seeds[name]`` seeds failed."""
+    return {
+        h.name: sum(accuracy(arm, s) is None for arm in h.arms for s in range(seeds[h.name]))
+        for h in family
+    }

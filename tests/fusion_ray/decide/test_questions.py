@@ -1,0 +1,204 @@
+"""The study's questions as one family (fusion_ray.decide.questions): which hypotheses a grid
+makes, their values from runs (failed runs counted), the length contrast's and the interaction's
+validity by exact enumeration, their futility stop, and what a decided hypothesis prints (e-BY
+interval, estimates, notes)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from fusion_ray.decide.questions import (
+    FAILED_SCORE,
+    Arm,
+    failures,
+    hypotheses,
+    possible,
+    rows,
+)
+from fusion_ray.decide.rules import build_rule
+from fusion_ray.decide.sequential import (
+    decision_rows,
+    decisions_text,
+    family_evidence,
+    fewest_seeds,
+    run_family,
+)
+
+SCALE = "model.scale_embeddings"
+REGIMES = ["short", "medium", "long"]
+
+
+def _group(dataset: str, scale: str) -> tuple[tuple[str, str], ...]:
+    return (
+        ("dataset", dataset),
+        ("position", "sinusoidal"),
+        ("attention_position", "none"),
+        (SCALE, scale),
+    )
+
+
+def _quickstart_arms() -> list[Arm]:
+    return [
+        Arm(_group(d, s), f) for d in REGIMES for s in ("true", "false") for f in ("add", "gate")
+    ]
+
+
+@pytest.mark.unit
+def test_the_quickstart_grid_makes_six_comparisons_two_trends_and_three_interactions():
+    family = hypotheses(_quickstart_arms(), "add", REGIMES, {SCALE: ["true", "false"]})
+    kinds = [h.kind for h in family]
+    assert kinds == ["operator"] * 6 + ["length"] * 2 + ["interaction"] * 3
+    names = [h.name for h in family]
+    assert names[0] == "short/sinusoidal/none/scale_embeddings=true: gate vs add"
+    assert names[6] == "long-short/sinusoidal/none/scale_embeddings=true: gate vs add"
+    assert names[8] == "short/sinusoidal/none/scale_embeddings=false-true: gate vs add"
+    assert len(set(names)) == len(names)
+    trend = family[6]
+    assert {(a.group[0][1], a.fusion, sign) for a, sign in trend.terms} == {
+        ("long", "gate", 1),
+        ("long", "add", -1),
+        ("short", "gate", -1),
+        ("short", "add", 1),
+    }
+    assert trend.verdict("better") == "grows" and family[8].verdict("worse") == "smaller"
+
+
+@pytest.mark.unit
+def test_decide_selects_questions_and_the_default_is_what_the_grid_allows():
+    arms = _quickstart_arms()
+    levels = {SCALE: ["true", "false"]}
+    only = hypotheses(arms, "add", REGIMES, levels, decide=["length"])
+    assert [h.kind for h in only] == ["length", "length"]
+    one_regime = [a for a in arms if a.group[0][1] == "short"]
+    assert possible({a.group for a in one_regime}, REGIMES, levels) == ("operator", "interaction")
+    assert possible({a.group for a in arms}, REGIMES, {SCALE: ["true"]}) == ("operator", "length")
+    with pytest.raises(ValueError, match="unknown question"):
+        hypotheses(arms, "add", REGIMES, levels, decide=["lenght"])
+
+
+@pytest.mark.unit
+def test_values_are_signed_sums_of_accuracies_and_a_failed_run_scores_zero():
+    family = hypotheses(_quickstart_arms(), "add", REGIMES, {SCALE: ["true", "false"]})
+    acc = {("short", "add"): 0.80, ("short", "gate"): 0.85, ("long", "add"): 0.70}
+    acc[("long", "gate")] = 0.90
+    failed = {(("long", "gate"), 1)}  # the long gate run of seed 1 failed
+
+    def accuracy(arm: Arm, seed: int) -> float | None:
+        key = (arm.group[0][1], arm.fusion)
+        if (key, seed) in failed:
+            return None
+        return acc.get(key, 0.5)
+
+    def resolved(arm: Arm, seed: int) -> bool:
+        return seed < 2
+
+    values = rows(family, resolved, accuracy, max_seeds=5)
+    trend = "long-short/sinusoidal/none/scale_embeddings=true: gate vs add"
+    # seed 0: (90 - 70) - (85 - 80) = 15; seed 1: (0 - 70) - (85 - 80) = -75; seed 2 unresolved
+    assert values[trend] == [15.0, 100 * (FAILED_SCORE - 0.70) - 5.0]
+    assert values["long/sinusoidal/none/scale_embeddings=true: gate vs add"] == [20.0, -70.0]
+    counts = failures(family, accuracy, {h.name: 2 for h in family})
+    assert (
+        counts[trend] == 1
+        and counts["short/sinusoidal/none/scale_embeddings=true: gate vs add"] == 0
+    )
+
+
+def _contrast_family(signs_short, signs_long, mags_short, mags_long, effect=0.0):
+    """Operator deltas in two regimes and their contrast (long minus short), the deltas' noise
+    flipped by the given signs around a common effect."""
+    short = [effect + s * m for s, m in zip(signs_short, mags_short, strict=True)]
+    long = [effect + s * m for s, m in zip(signs_long, mags_long, strict=True)]
+    return {
+        "short": short,
+        "long": long,
+        "trend": [b - a for a, b in zip(short, long, strict=True)],
+    }
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("effect", [0.0, 3.0])
+def test_the_length_contrast_in_the_closure_is_valid_by_exact_enumeration(effect):
+    """Two regimes' deltas symmetric about one centre (0: every hypothesis true; 3: only the
+    contrast true): over every sign pattern of the noise given its sizes, the chance of a false
+    rejection in the family (closed test over 2 comparisons + the contrast) is at most alpha."""
+    n, alpha = 6, 0.25
+    mags_short = [1.0, 2.5, 0.5, 1.5, 3.0, 0.8]
+    mags_long = [2.0, 0.7, 1.2, 3.5, 0.4, 1.1]
+    kinds = {"short": "operator", "long": "operator", "trend": "length"}
+    false = 0
+    patterns = list(itertools.product((1.0, -1.0), repeat=n))
+    for signs_short in patterns:
+        for signs_long in patterns:
+            rows_ = _contrast_family(signs_short, signs_long, mags_short, mags_long, effect)
+            states = run_family(rows_, alpha=alpha, max_seeds=n, first=n, kinds=kinds)
+            true_nulls = ["trend"] if effect else list(rows_)
+            false += any(states[h][-1] in ("better", "worse") for h in true_nulls)
+    assert false / len(patterns) ** 2 <= alpha
+
+
+@pytest.mark.unit
+def test_a_contrast_is_not_stopped_by_the_operators_heuristic_futility():
+    """Values leaning neither way (e = 0.020 after 8 seeds) stop an operator comparison (its
+    heuristic: below 0.3 after 8 seeds), never a contrast while its remaining seeds could still
+    reach 1 / alpha (2^12 x 0.020 > 1 / 0.05)."""
+    flat = [3.0, -1.0, -1.0, 1.0, 2.0, -2.0, 0.5, -0.5]
+    rows_ = {"op": flat, "trend": flat}
+    states = run_family(rows_, max_seeds=20, kinds={"op": "operator", "trend": "length"})
+    assert states["op"][-1] == "futile" and states["trend"][-1] == "open"
+    # 4 seeds left with e = 1 (2^4 = 16 < 20): no longer reachable, futile for any kind
+    late = run_family({"trend": [0.0] * 16}, max_seeds=20, kinds={"trend": "length"})
+    assert late["trend"][-1] == "futile"
+
+
+@pytest.mark.unit
+def test_fewest_seeds_for_a_bounded_interval_come_from_the_rules_ceiling():
+    magnitude, sign = build_rule("magnitude"), build_rule("sign")
+    # (1 + tanh 1.5)^n / 2 reaches 6 / 0.05 = 120 at n = 9; the KT sign e-value at n = 10
+    assert fewest_seeds(magnitude, 6, 0.05) == 9
+    assert fewest_seeds(magnitude, 12, 0.05) == 10
+    assert fewest_seeds(sign, 6, 0.05) == 10
+    row = [5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0, 5.0]  # the ceiling's own path: 8 seeds short
+    assert math.isinf(magnitude.interval(row, level=0.05 / 6, first=6)[0])
+    assert math.isfinite(magnitude.interval([*row, 5.0], level=0.05 / 6, first=6)[0])
+
+
+@pytest.mark.unit
+def test_the_e_by_interval_inverts_the_last_e_value_at_alpha_r_over_m():
+    rule = build_rule("magnitude")
+    row = [6.0, 4.0, 7.5, 5.0, 3.0, 6.5, 5.5]
+    low, high = rule.selective_interval(row, level=0.05, first=6)
+    assert low < sum(row) / len(row) < high and math.isfinite(low) and math.isfinite(high)
+
+    def last_e(mu: float) -> float:
+        ev = rule.evidence([d - mu for d in row], first=6, margin=None)
+        return ev.two_sided(len(row) - 1)
+
+    assert last_e(low) >= 20 - 1e-6 and last_e(high) >= 20 - 1e-6
+    assert last_e(low + 0.05) < 20 and last_e(high - 0.05) < 20
+    wider = rule.selective_interval(row, level=0.05 / 6, first=6)  # R = 1 of m = 6
+    assert wider[0] <= low and high <= wider[1]
+
+
+@pytest.mark.unit
+def test_decision_rows_bound_every_decided_hypothesis_and_say_what_disagrees():
+    values = {
+        "clear": [9.0, 11.0, 10.0, 12.0, 8.0, 10.5, 9.5, 11.5, 10.0],
+        "skewed": [1.0, 1.5, 1.2, 0.8, 1.1, -30.0, 1.3, 0.9],
+        "null": [1.0, -1.0, 0.5, -0.5, 2.0, -2.0],
+    }
+    evidence = family_evidence(values, max_seeds=14)
+    rows_ = decision_rows(evidence, "magnitude", values=values, failed={"skewed": 1})
+    by = {r["comparison"]: r for r in rows_}
+    assert by["clear"]["state"] == "better"
+    assert math.isfinite(by["clear"]["ci_low"]) and by["clear"]["ci_low"] > 0
+    decided = sum(r["state"] in ("better", "worse") for r in rows_)
+    assert by["clear"]["ci_level"] == pytest.approx(0.05 * decided / 3)
+    assert math.isnan(by["null"]["ci_low"])  # not decided: no e-BY interval
+    assert by["skewed"]["mean"] < 0 < by["skewed"]["median"]
+    assert "differ in sign" in by["skewed"]["note"] and by["skewed"]["failed_runs"] == 1
+    text = decisions_text(rows_)
+    assert "e-BY interval" in text and "differ in sign" in text
