@@ -175,6 +175,72 @@ def worker_start_commands(setup: NodeSetup) -> list[str]:
     ]
 
 
+# ----------------------------------------------------------------------------- shell words
+
+
+def text_problem(what: str, value: str) -> str | None:
+    """Why ``value`` (given as ``what``) cannot be carried into a generated file at all, or None:
+    a NUL (no shell word or command-line argument holds one) or text that is not Unicode (a lone
+    surrogate that is no undecodable byte of a file name)."""
+    if "\0" in value:
+        return f"{what}: contains a NUL character, which no command-line argument can hold"
+    try:
+        value.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return f"{what} {ascii(value)[:80]}: not valid text (a lone UTF-16 surrogate)"
+    return None
+
+
+#: A sweep file edit as ``fusion-ray sweep`` takes it: a dotted key, ``=``, a YAML value.
+_OVERRIDE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=.*", re.ASCII | re.DOTALL)
+
+
+def sweep_command_problems(sweep_file: str, overrides: Sequence[str]) -> list[str]:
+    """What keeps ``python -m fusion_ray.sweep SWEEP_FILE OVERRIDES...`` from taking these as
+    its sweep file and edits: a word starting with '-' would be read as an option (an override
+    ``--address=...`` would move the sweep to another cluster)."""
+    out = []
+    if not sweep_file or sweep_file.startswith("-"):
+        out.append(
+            f"the sweep file {sweep_file!r}: a path not starting with '-' (write "
+            f"./{sweep_file} for a file of that name)"
+        )
+    for i, override in enumerate(overrides):
+        if not _OVERRIDE.fullmatch(override):
+            out.append(
+                f"override {i + 1} {override!r}: write KEY=VALUE with a dotted key, e.g. "
+                "train.epochs=3"
+            )
+    return out
+
+
+def shell_word(value: str) -> str:
+    """``value`` as one bash word written in printable characters on one line: ``shlex.quote``
+    when ``value`` is printable, else bash's ``$'...'`` with every other character written as
+    its UTF-8 bytes (``\\xHH``), so that no newline, carriage return, control character or
+    Unicode line separator reaches a generated file as itself. Refuses what ``text_problem``
+    refuses."""
+    problem = text_problem("a shell word", value)
+    if problem:
+        raise ValueError(problem)
+    if value.isprintable():
+        return shlex.quote(value)
+    out = []
+    for char in value:
+        if char in "\\'":
+            out.append("\\" + char)
+        elif char.isprintable():
+            out.append(char)
+        else:
+            out += [f"\\x{byte:02x}" for byte in char.encode("utf-8", "surrogateescape")]
+    return "$'" + "".join(out) + "'"
+
+
+def shell_join(words: Sequence[str]) -> str:
+    """``words`` as one line of bash words (``shell_word`` each)."""
+    return " ".join(shell_word(word) for word in words)
+
+
 # ----------------------------------------------------------------------------- YAML text
 
 

@@ -20,6 +20,9 @@ N times: a chain of runs of one job id, one driver at a time. (A job array would
 drivers on one sweep at once; the sweep's lease lets only one of them run, so an array buys
 nothing here.)
 
+Every value reaches the script quoted where it is used, or is refused with an error naming its
+flag (``render_slurm``); docs/how-to/slurm.md says what each option takes.
+
 ``python -m fusion_ray.slurm wait-for-nodes`` is the step of the script that waits for the
 nodes; it is not meant to be run by hand.
 """
@@ -28,30 +31,40 @@ from __future__ import annotations
 
 import argparse
 import re
-import shlex
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fusion_ray.cluster import DRIVER_RESOURCE, DRIVER_SLOTS
+from fusion_ray.cluster import (
+    DRIVER_RESOURCE,
+    DRIVER_SLOTS,
+    shell_join,
+    shell_word,
+    sweep_command_problems,
+    text_problem,
+)
 
 #: Exit code of the script when the Ray nodes did not all join (or one stopped) in time.
 JOIN_FAILED_EXIT = 11
 
 _TIME = re.compile(
     r"(?:(?P<d>\d+)-(?P<dh>\d+)(?::(?P<dm>\d+)(?::(?P<ds>\d+))?)?)"
-    r"|(?:(?P<h>\d+):(?P<m>\d+):(?P<s>\d+))|(?:(?P<mm>\d+):(?P<ss>\d+))|(?P<min>\d+)"
+    r"|(?:(?P<h>\d+):(?P<m>\d+):(?P<s>\d+))|(?:(?P<mm>\d+):(?P<ss>\d+))|(?P<min>\d+)",
+    re.ASCII,
 )
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
-_MEM = re.compile(r"\d+[KMGT]?")
+_MEM = re.compile(r"\d+[KMGT]?", re.ASCII)
+#: Words that sbatch takes, anywhere in a directive line, for the start of a heterogeneous job's
+#: next component.
+_HETJOB = ("hetjob", "packjob")
 
 
 def time_limit_seconds(text: str) -> int | None:
     """SLURM's ``--time`` formats (minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in
     seconds; None when ``text`` is none of them."""
-    match = _TIME.fullmatch(text.strip())
+    match = _TIME.fullmatch(text)
     if match is None:
         return None
     g = {k: int(v) if v is not None else 0 for k, v in match.groupdict().items()}
@@ -87,12 +100,15 @@ class SlurmJob:
     """Memory per node (``--mem``, e.g. 64G); None: the partition's default."""
     activate: str | None = None
     """One shell line that puts the environment with Ray and this project first, e.g.
-    ``source ~/venvs/fusion-ray/bin/activate`` or ``module load cuda; conda activate fr``."""
+    ``source ~/venvs/fusion-ray/bin/activate`` or ``module load cuda; conda activate fr``. It is
+    code on purpose and runs as written (``eval`` of it, one quoted word, in the script's shell);
+    no newline or other control character."""
     workdir: str | None = None
     """The checkout to run in (absolute); None: the folder ``sbatch`` was run from."""
     job_name: str = "fusion-ray"
     output: str = "fusion-ray-%x-%j.out"
-    """The job's log (``--output``; appended to across requeues)."""
+    """The job's log (``--output``; appended to across requeues): no spaces, quotes, '\\' or
+    '#', which sbatch reads in a directive its own way."""
     signal_seconds: int = 300
     """Seconds before the time limit at which the sweep is told to stop (SLURM may send it up
     to a minute earlier); leave enough for an epoch's checkpoint and the runs' KILLED status."""
@@ -101,10 +117,13 @@ class SlurmJob:
     requeue_on_time_limit: int = 0
     """Requeue itself after the time-limit warning, up to this many times (0: never)."""
     node_tmp: str = "${SLURM_TMPDIR:-${TMPDIR:-/tmp}}"
-    """Node-local folder for Ray's per-job temp dir, expanded on each node (keep it short:
-    Ray's socket paths under it must stay below 107 characters)."""
+    """Node-local folder for Ray's per-job temp dir, expanded on each node: a path with
+    ``$VAR``, ``${VAR}`` or ``${VAR:-DEFAULT}`` and nothing else a shell expands
+    (``node_tmp_problem``). Keep it short: Ray's socket paths under it must stay below 107
+    characters."""
     node_ip_command: str = "hostname --ip-address | awk '{print $1}'"
-    """A shell command printing the address by which the other nodes reach this node."""
+    """A shell command printing the address by which the other nodes reach this node; code on
+    purpose, run as written (``eval``) on each node, one line."""
     port: int | None = None
     """The Ray head's port; None: 20000 + the job id modulo 20000 (jobs sharing a node differ)."""
     join_timeout_s: int = 300
@@ -148,7 +167,13 @@ class SlurmJob:
         return out
 
     def _text_problems(self) -> list[str]:
-        out = []
+        out = [
+            problem
+            for what, value in self._texts()
+            if value is not None and (problem := text_problem(what, value))
+        ]
+        if out:
+            return out
         for what, value in [
             ("--partition", self.partition),
             ("--account", self.account),
@@ -158,20 +183,65 @@ class SlurmJob:
                 out.append(f"{what} {value!r}: letters, digits, '.', '-' and '_' only")
         if self.mem is not None and not _MEM.fullmatch(self.mem):
             out.append(f"--mem {self.mem!r}: a number with an optional K, M, G or T (e.g. 64G)")
+        out += self._directive_problems() + self._command_problems()
         if self.workdir is not None and not self.workdir.startswith("/"):
             out.append(f"--workdir {self.workdir!r}: an absolute path (the checkout on the nodes)")
+        problem = node_tmp_problem(self.node_tmp)
+        if problem:
+            out.append(f"--node-tmp {self.node_tmp!r}: {problem}")
+        return out
+
+    def _texts(self) -> list[tuple[str, str | None]]:
+        """Every text the script is made from, with the flag (or argument) that sets it."""
+        return [
+            ("the sweep file", self.sweep_file),
+            *((f"override {i + 1}", override) for i, override in enumerate(self.overrides)),
+            ("--time", self.time), ("--partition", self.partition),
+            ("--account", self.account), ("--mem", self.mem), ("--activate", self.activate),
+            ("--workdir", self.workdir), ("--job-name", self.job_name),
+            ("--output", self.output), ("--node-tmp", self.node_tmp),
+            ("--node-ip-command", self.node_ip_command),
+        ]  # fmt: skip
+
+    def _directive_problems(self) -> list[str]:
+        """sbatch reads its directives split at whitespace, with quotes, '\\' and '#' of their
+        own meaning, and a heterogeneous job's separator anywhere in a line: such text cannot
+        be a directive's value."""
+        out = []
+        output = self.output
+        if not output or not output.isprintable() or any(c in output for c in " '\"\\#"):
+            out.append(
+                f"--output {output!r}: a path without spaces, quotes, '\\', '#' or control "
+                "characters (sbatch splits its directives there)"
+            )
+        for what, value in [
+            ("--output", output),
+            ("--job-name", self.job_name),
+            ("--partition", self.partition),
+            ("--account", self.account),
+        ]:
+            if value is not None and any(word in value.lower() for word in _HETJOB):
+                out.append(
+                    f"{what} {value!r}: sbatch reads 'hetjob' and 'packjob' in a directive as "
+                    "the start of another job component; choose another name"
+                )
+        return out
+
+    def _command_problems(self) -> list[str]:
+        out = sweep_command_problems(self.sweep_file, self.overrides)
         for what, value in [
             ("--activate", self.activate),
-            ("--output", self.output),
-            ("--node-tmp", self.node_tmp),
             ("--node-ip-command", self.node_ip_command),
         ]:
-            if value is not None and ("\n" in value or not value.strip()):
-                out.append(f"{what}: one non-empty line")
+            if value is not None and (not value.isprintable() or not value.strip()):
+                out.append(
+                    f"{what} {value!r}: one non-empty line of shell without control characters "
+                    "(it runs as written)"
+                )
         return out
 
     def argv(self) -> list[str]:
-        """The command that renders this script (written into its header)."""
+        """The command that renders this script (written into its header, quoted)."""
         args = ["fusion-ray", "cluster", "slurm", self.sweep_file, *self.overrides]
         defaults = SlurmJob(sweep_file=self.sweep_file)
         for name, (flag, _) in _FLAGS.items():
@@ -181,8 +251,55 @@ class SlurmJob:
             if isinstance(value, bool):
                 args.append(flag if value else f"--no-{flag[2:]}")
             else:
-                args += [flag, str(value)]
+                args.append(f"{flag}={value}")  # one word: a value may start with '-'
         return args
+
+
+_VARIABLE = r"[A-Za-z_][A-Za-z0-9_]*"
+#: Characters ``--node-tmp`` may hold as themselves: printable, and nothing that a shell reads
+#: inside double quotes (``$`` only as a variable reference, below).
+_TMP_LITERAL = re.compile(r"""[^$`\\"'{}]""")
+_TMP_REFERENCE = re.compile(
+    rf"\$(?:(?P<bare>{_VARIABLE})|\{{(?P<name>{_VARIABLE})(?P<default>:?-)?)"
+)
+
+
+def node_tmp_problem(text: str) -> str | None:
+    """Why ``text`` is no ``--node-tmp``, or None: a path of printable characters (no quotes,
+    backquote, '\\', '{' or '}'), with ``$VAR``, ``${VAR}`` and ``${VAR:-DEFAULT}`` (``DEFAULT``
+    of the same form) expanded on each node, and nothing else a shell would run or expand."""
+    if not text.isprintable() or not text.strip():
+        return "one non-empty line without control characters"
+    at, depth, wrong = 0, 0, None  # depth: the ${VAR:-... open around ``at``
+    while at < len(text) and wrong is None:
+        at, depth, wrong = _node_tmp_step(text, at, depth)
+    if wrong is None and depth:
+        wrong = "a '${' not closed"
+    if wrong is None:
+        return None
+    return (
+        f"{wrong}: a path, with only $VAR, ${{VAR}} or ${{VAR:-DEFAULT}} expanded on the node (no "
+        "quotes, '\\', backquotes or $(...); ~ is not expanded: write $HOME)"
+    )
+
+
+def _node_tmp_step(text: str, at: int, depth: int) -> tuple[int, int, str | None]:
+    """One step of ``node_tmp_problem`` at ``at``: the next position and depth, or what is
+    wrong there."""
+    reference = _TMP_REFERENCE.match(text, at)
+    if _TMP_LITERAL.match(text, at):
+        return at + 1, depth, None
+    if text[at] == "}" and depth:
+        return at + 1, depth - 1, None
+    if reference is None:
+        return at, depth, f"{text[at]!r} at character {at + 1}"
+    if reference.group("default") is not None:
+        return reference.end(), depth + 1, None
+    if reference.group("name") is None:
+        return reference.end(), depth, None
+    if text.startswith("}", reference.end()):
+        return reference.end() + 1, depth, None
+    return at, depth, f"no '}}' at character {reference.end() + 1}"
 
 
 _FLAGS = {
@@ -243,7 +360,7 @@ _BODY = r"""
 set -uo pipefail
 log() { echo "[fusion-ray $(date -u +%H:%M:%S)] $*"; }
 @ACTIVATE@
-cd @WORKDIR@ || { log "cannot enter the checkout on $(hostname)"; exit 2; }
+cd -- @WORKDIR@ || { log "cannot enter the checkout on $(hostname)"; exit 2; }
 
 # Ray's token authentication, with a token of this job's own: in the environment of this script
 # and of its srun steps only, never on disk.
@@ -253,17 +370,19 @@ RAY_AUTH_TOKEN=$(python -c 'import secrets; print(secrets.token_hex(32))') ||
 export RAY_AUTH_TOKEN
 unset RAY_ADDRESS
 
-node_ip() { @NODE_IP@; }
-# One Ray node, in the foreground of its srun step until stopped, with a temp dir of its own on
-# node-local disk (removed when the job stops Ray).
+node_ip() { eval -- @NODE_IP@; }
+# This node's Ray temp dir, on node-local disk (--node-tmp, expanded on the node), in $dir.
+ray_tmp_dir() { dir="@NODE_TMP@/fr-$SLURM_JOB_ID-$SLURMD_NODENAME"; }
+# One Ray node, in the foreground of its srun step until stopped, with a temp dir of its own
+# (removed when the job stops Ray).
 ray_node() {
     local dir
-    dir="@NODE_TMP@/fr-$SLURM_JOB_ID-$SLURMD_NODENAME"
-    mkdir -p "$dir" || exit 1
+    ray_tmp_dir
+    mkdir -p -- "$dir" || exit 1
     ray start --node-ip-address="$(node_ip)" --temp-dir="$dir" --num-cpus=@CPUS@ \
         --num-gpus=@GPUS@ --disable-usage-stats --block "$@"
 }
-export -f node_ip ray_node
+export -f node_ip ray_tmp_dir ray_node
 
 port=@PORT@
 head_node=$SLURMD_NODENAME  # the batch host: the job's first node
@@ -288,7 +407,7 @@ stop_ray() {
     [ "${#steps[@]}" -eq 0 ] && return
     # the temp dirs (srun's stop ends the Ray steps with SIGKILL, before their own clean-up)
     srun --overlap --nodes=${#nodes[@]} --ntasks=${#nodes[@]} --ntasks-per-node=1 \
-        bash -c 'rm -rf "@NODE_TMP@/fr-$SLURM_JOB_ID-$SLURMD_NODENAME"'
+        bash -c 'ray_tmp_dir && rm -rf -- "$dir"'
     log "Ray stopped on every node"
 }
 trap stop_ray EXIT
@@ -352,11 +471,13 @@ exit "$status"
 
 
 def _header(job: SlurmJob) -> str:
+    """Comment lines only, in printable characters: the command that renders the script (each
+    word quoted for bash, no line break in any), what it needs."""
     gpus = f", {job.gpus_per_node} GPU(s)" if job.gpus_per_node else ""
     lines = [
         "#!/bin/bash",
         "# fusion-ray: a sweep on a Ray cluster of this job's nodes. Rendered by",
-        f"#   {shlex.join(job.argv())}",
+        f"#   {shell_join(job.argv())}",
         "# (fusion_ray/slurm.py); render it again rather than editing. Submit from the checkout:",
         "#   sbatch THIS_FILE",
         f"# {job.nodes} node(s) of {job.cpus_per_node} CPU(s){gpus}: the Ray head, the sweep",
@@ -367,20 +488,33 @@ def _header(job: SlurmJob) -> str:
     return "\n".join(lines) + "\n"
 
 
+_PLACEHOLDER = re.compile(r"@[A-Z_]+@")
+
+
 def render_slurm(job: SlurmJob) -> str:
-    """The batch script for ``job``. Raises ValueError listing every problem of ``job``."""
+    """The batch script for ``job``. Raises ValueError listing every problem of ``job``.
+
+    Every value of ``job`` reaches the script quoted for the shell where it is used (one word,
+    in printable characters: ``shell_word``), or checked where it cannot be quoted: the
+    directives' values, and ``--node-tmp``, which is expanded on each node inside double
+    quotes. ``--activate`` and ``--node-ip-command`` are shell code by design: each is one
+    word given to ``eval``, so it runs as written and cannot change the script around it."""
     problems = job.problems()
     if problems:
         raise ValueError("cannot render the SLURM script:\n  " + "\n  ".join(problems))
-    sweep = shlex.join([job.sweep_file, *job.overrides])
     driver_args = "" if job.report else " --no-report"
     gres = f"--gres=gpu:{job.gpus_per_node} " if job.gpus_per_node else ""
     port = str(job.port) if job.port else "$((20000 + SLURM_JOB_ID % 20000))"
+    activate = (
+        f"eval -- {shell_word(job.activate)}"
+        if job.activate
+        else "# (no activation line: the submitting shell's PATH)"
+    )
     replacements = {
-        "@ACTIVATE@": job.activate or "# (no activation line: the submitting shell's PATH)",
-        "@WORKDIR@": shlex.quote(job.workdir) if job.workdir else '"$SLURM_SUBMIT_DIR"',
-        "@NODE_IP@": job.node_ip_command,
-        "@NODE_TMP@": job.node_tmp,
+        "@ACTIVATE@": activate,
+        "@WORKDIR@": shell_word(job.workdir) if job.workdir else '"$SLURM_SUBMIT_DIR"',
+        "@NODE_IP@": shell_word(job.node_ip_command),
+        "@NODE_TMP@": job.node_tmp,  # checked by node_tmp_problem: inside "..." as it is
         "@CPUS@": str(job.cpus_per_node),
         "@GPUS@": str(job.gpus_per_node),
         "@GRES@": gres,
@@ -389,13 +523,12 @@ def render_slurm(job: SlurmJob) -> str:
         "@DRIVER_SLOTS@": str(DRIVER_SLOTS),
         "@JOIN_TIMEOUT@": str(job.join_timeout_s),
         "@JOIN_FAILED@": str(JOIN_FAILED_EXIT),
-        "@SWEEP@": sweep,
+        "@SWEEP@": shell_join([job.sweep_file, *job.overrides]),
         "@DRIVER_ARGS@": driver_args,
         "@REQUEUES@": str(job.requeue_on_time_limit),
     }
-    body = _BODY
-    for key, value in replacements.items():
-        body = body.replace(key, value)
+    # one pass: a value that holds a placeholder's name stays as it is
+    body = _PLACEHOLDER.sub(lambda match: replacements[match.group(0)], _BODY)
     return _header(job) + "\n".join(_directives(job)) + "\n" + body
 
 

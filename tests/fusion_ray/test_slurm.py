@@ -74,7 +74,7 @@ def test_the_script_has_every_option_and_the_multi_node_path():
         "--signal=B:USR1@600", "--requeue", "--open-mode=append",
     ):  # fmt: skip
         assert f"#SBATCH {directive}\n" in text, directive
-    assert "\nsource /scratch/me/venv/bin/activate\n" in text
+    assert "\neval -- 'source /scratch/me/venv/bin/activate'\n" in text  # runs as written
     assert "export RAY_AUTH_MODE=token" in text and "export RAY_AUTH_TOKEN" in text
     assert "secrets.token_hex(32)" in text  # a token per job, not a fixed one
     assert "--num-cpus=16" in text and "--num-gpus=4" in text
@@ -372,7 +372,8 @@ def _sweep(
 
 
 def _script(slurm: Slurm, path: Path, **options) -> Path:
-    job = SlurmJob(
+    """The job's script, beside the sweep file; ``options`` set or replace SlurmJob's fields."""
+    fields = dict(
         sweep_file=str(path),
         cpus_per_node=1,
         activate=f". {Path(sys.executable).parent / 'activate'}"
@@ -384,10 +385,9 @@ def _script(slurm: Slurm, path: Path, **options) -> Path:
         node_ip_command=f"echo {NODE_IP}",
         port=_free_ports(1)[0],
         report=False,
-        **options,
     )
     script = path.parent / "job.sh"
-    script.write_text(render_slurm(job))
+    script.write_text(render_slurm(SlurmJob(**{**fields, **options})))
     return script
 
 
@@ -457,8 +457,18 @@ def _one_finished_run_per_cell(path: Path, cells: int) -> list:
 
 @pytest.mark.cluster
 def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
+    """Also: the sweep file and the folder the job runs in have a space and a single quote in
+    their paths (and so the script's path): quoted in the script, they reach the driver
+    intact."""
     path = _sweep(tmp_path, "slurm_two", epochs=2, concurrent=2)
-    script = _script(slurm, path, nodes=2)
+    hostile = tmp_path / "it's a sweep" / path.name
+    hostile.parent.mkdir()
+    path = path.rename(hostile)
+    workdir = tmp_path / "the job's folder"  # the package comes from PYTHONPATH (_job_env)
+    workdir.mkdir()
+    script = _script(
+        slurm, path, nodes=2, workdir=str(workdir), output=str(tmp_path / "job-%j.out")
+    )
     submitted = time.time()
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
     log = tmp_path / f"job-{job_id}.out"
