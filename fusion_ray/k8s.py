@@ -11,8 +11,10 @@ from another Secret; checkpoints go to a shared ReadWriteMany volume or to S3, t
 ``FUSION_RAY_STORAGE``, which the sweep files read. A failed or evicted run is retried
 ``backoff_limit`` times, each resuming from the checkpoints and the tracking store.
 
-The manifests are checked offline against the Kubernetes object schemas (tests/fusion_ray/test_k8s.py) and
-have not been run on a live cluster.
+The manifest is built as Python objects and written with ``yaml.safe_dump``: every value is a
+YAML string of its own, the entrypoint's words are quoted with ``shlex``, and the comments above
+it hold printable text only. The manifests are checked offline against the Kubernetes object
+schemas (tests/fusion_ray/test_k8s.py) and have not been run on a live cluster.
 """
 
 from __future__ import annotations
@@ -28,10 +30,24 @@ from typing import Any
 
 import yaml
 
-from fusion_ray.cluster import DRIVER_RESOURCE, DRIVER_SLOTS, RAY_VERSION
+from fusion_ray.cluster import (
+    DRIVER_RESOURCE,
+    DRIVER_SLOTS,
+    RAY_VERSION,
+    shell_join,
+    shell_word,
+    sweep_command_problems,
+    text_problem,
+)
 
+_S3 = re.compile(r"s3://[^/\s]+(/\S*)?")
 _DNS = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?")
+_QUANTITY = re.compile(r"\d+(\.\d+)?(m|k|M|G|T|Ki|Mi|Gi|Ti)?", re.ASCII)
+#: An extended resource's name, as device plugins register it: DOMAIN/NAME (nvidia.com/gpu).
+_RESOURCE = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+    r"/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+)
 MOUNT = "/mnt/fusion-ray"
 
 
@@ -72,13 +88,16 @@ class KubeJob:
 
     def problems(self) -> list[str]:
         """Every reason the manifest could not work, each with its fix; empty when it can."""
-        out = []
+        out = self._text_problems()
+        if out:
+            return out
+        out = sweep_command_problems(self.sweep_file, self.overrides)
         names = [("--name", self.name), ("--token-secret", self.token_secret)]
         names += [("--tracking-secret", self.tracking_secret), ("--namespace", self.namespace)]
         names += [("--s3-secret", self.s3_secret)]
         if self.storage.startswith("pvc:"):
             names.append(("--storage pvc:", self.storage[4:]))
-        elif not re.fullmatch(r"s3://[^/\s]+(/\S*)?", self.storage):
+        elif not (self.storage.isprintable() and _S3.fullmatch(self.storage)):
             out.append(f"--storage {self.storage!r}: pvc:CLAIM or s3://BUCKET/PREFIX")
         for what, value in names:
             if value is not None and not (_DNS.fullmatch(value) and len(value) <= 63):
@@ -100,10 +119,31 @@ class KubeJob:
                             ("--head-memory", self.head_memory)]:  # fmt: skip
             if not _QUANTITY.fullmatch(value):
                 out.append(f"{what} {value!r}: a Kubernetes quantity, e.g. 32Gi")
-        if not self.image or any(c.isspace() for c in self.image):
+        if not self.image.isprintable() or not self.image or " " in self.image:
             out.append(f"--image {self.image!r}: an image reference without spaces")
+        if not _RESOURCE.fullmatch(self.gpu_resource):
+            out.append(
+                f"--gpu-resource {self.gpu_resource!r}: a device plugin's resource name, "
+                "DOMAIN/NAME (e.g. nvidia.com/gpu, amd.com/gpu)"
+            )
         if not self.workdir.startswith("/"):
             out.append(f"--workdir {self.workdir!r}: an absolute path inside the image")
+        return out
+
+    def _text_problems(self) -> list[str]:
+        """Text no manifest can carry: a NUL, or what is not UTF-8 (Kubernetes takes JSON)."""
+        texts = [("the sweep file", self.sweep_file)]
+        texts += [(f"override {i + 1}", override) for i, override in enumerate(self.overrides)]
+        texts += [(flag, getattr(self, name)) for name, flag in _FLAGS.items()]
+        out = []
+        for what, value in texts:
+            if not isinstance(value, str):
+                continue
+            problem = text_problem(what, value)
+            if problem is None and any("\ud800" <= c <= "\udfff" for c in value):
+                problem = f"{what} {ascii(value)[:80]}: not UTF-8 (Kubernetes takes UTF-8 only)"
+            if problem:
+                out.append(problem)
         return out
 
 
@@ -224,15 +264,17 @@ def render_k8s(job: KubeJob) -> str:
     storage = (
         f"the ReadWriteMany claim {job.storage[4:]} (mounted at {MOUNT})"
         if job.storage.startswith("pvc:")
-        else f"{job.storage} (credentials from "
+        else f"{shell_word(job.storage)} (credentials from "
         + (f"Secret {job.s3_secret})" if job.s3_secret else "the pods' service account)")
     )
+    # comments in printable characters only, every value quoted as a shell word: no line break
+    # (YAML also ends a comment at U+0085, U+2028 and U+2029) reaches the file from a value
     header = [
         "# fusion-ray: a sweep as a KubeRay RayJob (untested on a live cluster; the manifest is",
         "# checked against the Kubernetes schemas offline). Rendered by",
-        f"#   {shlex.join(['fusion-ray', 'cluster', 'k8s', *_argv(job)])}",
+        f"#   {shell_join(['fusion-ray', 'cluster', 'k8s', *_argv(job)])}",
         "# Needs: the KubeRay operator; the image (Ray "
-        f"{RAY_VERSION} and this project at {job.workdir});",
+        f"{RAY_VERSION} and this project at {shell_word(job.workdir)});",
         f"# Secret {job.token_secret} (key token), Secret {job.tracking_secret} (key uri; "
         "username, password optional);",
         f"# checkpoints on {storage}.",
@@ -265,7 +307,7 @@ def _argv(job: KubeJob) -> list[str]:
         if isinstance(value, bool):
             args.append(flag if value else f"--no-{flag[2:]}")
         else:
-            args += [flag, str(value)]
+            args.append(f"{flag}={value}")  # one word: a value may start with '-'
     return args
 
 

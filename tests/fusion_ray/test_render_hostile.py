@@ -1,6 +1,6 @@
-"""Hostile values in every input of ``fusion-ray cluster slurm``
+"""Hostile values in every input of ``fusion-ray cluster slurm`` and ``fusion-ray cluster k8s``
 (newlines, carriage returns, quotes, ``$(...)``, backquotes, ``---``, ``#``, backslashes, Unicode
-line separators, undecodable bytes, very long text): the renderer refuses the value with an
+line separators, undecodable bytes, very long text): each renderer refuses the value with an
 error naming its flag, or writes it where it belongs and nowhere else.
 
 The SLURM script, read as sbatch and bash read it: every line before the first ``#SBATCH`` is a
@@ -11,11 +11,13 @@ scontrol, ray and python on an otherwise empty PATH, it gives the sweep driver e
 exactly one argument with its exact text, enters the exact workdir, makes and removes the exact
 node temp dir, hands ``--activate`` and ``--node-ip-command`` to ``eval`` as one word each, and
 runs nothing else (a ``canary`` and a ``touch`` on PATH record any call). The header's command
-renders the same script again.
+renders the same script again. The manifest: ``yaml.safe_load_all`` gives one document of the
+same shape as a benign render's, the value exactly where it belongs, and the entrypoint, split
+by shlex, the exact words.
 
 The values: fixed payloads (among them the ones that broke the renderers: a newline in an
 override, in the sweep file's name or in --workdir ending the header comment ahead of the
-#SBATCH lines; a quote or ``$(...)`` in --node-tmp; a space
+#SBATCH lines or starting a second YAML document; a quote or ``$(...)`` in --node-tmp; a space
 in --output) and strings drawn from them by a seeded generator (the same every run).
 """
 
@@ -25,6 +27,7 @@ import dataclasses
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -33,8 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from fusion_ray import slurm
+from fusion_ray import k8s, slurm
+from fusion_ray.k8s import KubeJob, manifest, render_k8s
 from fusion_ray.slurm import SlurmJob, render_slurm
 
 PAYLOADS = (
@@ -548,3 +553,205 @@ def test_slurm_reproductions_run_nothing(tmp_path, field, value):
     _run_cases(tmp_path, [case])
     assert not (tmp_path / "injected.log").exists(), (tmp_path / "injected.log").read_text()
     _check_run(case)
+
+
+# ----------------------------------------------------------------------------- Kubernetes
+
+
+def _kube(**changes: Any) -> KubeJob:
+    base = KubeJob(
+        sweep_file="sweeps/tiny.yaml",
+        image="lab/fusion-ray:1",
+        overrides=("train.epochs=1",),
+        namespace="lab",
+        storage="pvc:shared",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def _containers(doc: dict) -> list[dict]:
+    spec = doc["spec"]
+    cluster = spec["rayClusterSpec"]
+    templates = [spec["submitterPodTemplate"], cluster["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["workerGroupSpecs"]]
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+def _ray_containers(doc: dict) -> list[dict]:
+    return [c for c in _containers(doc) if c["name"] != "ray-job-submitter"]
+
+
+def _env_values(doc: dict, name: str) -> list[str]:
+    return [e["value"] for c in _ray_containers(doc) for e in c["env"] if e["name"] == name]
+
+
+def _claims(doc: dict) -> list[str]:
+    cluster = doc["spec"]["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"]]
+    templates += [group["template"] for group in cluster["workerGroupSpecs"]]
+    return [
+        v["persistentVolumeClaim"]["claimName"] for t in templates for v in t["spec"]["volumes"]
+    ]
+
+
+def _secret_names(doc: dict) -> list[str]:
+    return [e["valueFrom"]["secretKeyRef"]["name"] for c in _containers(doc) for e in c["env"]
+            if "valueFrom" in e]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KubeField:
+    flag: str
+    job: Callable[[str], KubeJob]
+    benign: str
+    #: where the value must be in the manifest: (what is there, what must be there)
+    where: Callable[[dict, str], tuple[Any, Any]]
+
+
+def _words(doc: dict) -> list[str]:
+    return shlex.split(doc["spec"]["entrypoint"])
+
+
+KUBE_FIELDS = {
+    "sweep_file": KubeField(
+        "the sweep file", lambda v: _kube(sweep_file=v), "s.yaml",
+        lambda d, v: (_words(d)[3], v),
+    ),
+    "override": KubeField(
+        "override 2", lambda v: _kube(overrides=("train.epochs=1", "note.text=" + v)), "x",
+        lambda d, v: (_words(d)[4:], ["train.epochs=1", "note.text=" + v]),
+    ),
+    "image": KubeField(
+        "--image", lambda v: _kube(image=v), "img",
+        lambda d, v: ({c["image"] for c in _containers(d)}, {v}),
+    ),
+    "workdir": KubeField(
+        "--workdir", lambda v: _kube(workdir="/w/" + v), "x",
+        lambda d, v: ({c["workingDir"] for c in _ray_containers(d)}, {"/w/" + v}),
+    ),
+    "name": KubeField(
+        "--name", lambda v: _kube(name=v), "x", lambda d, v: (d["metadata"]["name"], v)
+    ),
+    "namespace": KubeField(
+        "--namespace", lambda v: _kube(namespace=v), "x",
+        lambda d, v: (d["metadata"]["namespace"], v),
+    ),
+    "memory_per_worker": KubeField(
+        "--memory-per-worker", lambda v: _kube(memory_per_worker=v), "1Gi",
+        lambda d, v: (_ray_containers(d)[-1]["resources"]["limits"]["memory"], v),
+    ),
+    "head_memory": KubeField(
+        "--head-memory", lambda v: _kube(head_memory=v), "1Gi",
+        lambda d, v: (_ray_containers(d)[0]["resources"]["limits"]["memory"], v),
+    ),
+    "gpu_resource": KubeField(
+        "--gpu-resource", lambda v: _kube(gpu_resource=v), "example.com/x",
+        lambda d, v: (v in _ray_containers(d)[-1]["resources"]["limits"], True),
+    ),
+    "token_secret": KubeField(
+        "--token-secret", lambda v: _kube(token_secret=v), "x",
+        lambda d, v: (v in _secret_names(d), True),
+    ),
+    "tracking_secret": KubeField(
+        "--tracking-secret", lambda v: _kube(tracking_secret=v), "x",
+        lambda d, v: (v in _secret_names(d), True),
+    ),
+    "storage_pvc": KubeField(
+        "--storage", lambda v: _kube(storage="pvc:" + v), "x",
+        lambda d, v: (set(_claims(d)), {v}),
+    ),
+    "storage_s3": KubeField(
+        "--storage", lambda v: _kube(storage="s3://bucket/" + v), "x",
+        lambda d, v: (set(_env_values(d, "FUSION_RAY_STORAGE")),
+                      {("s3://bucket/" + v).rstrip("/") + "/ray_results"}),
+    ),
+    "s3_secret": KubeField(
+        "--s3-secret", lambda v: _kube(storage="s3://b/p", s3_secret=v), "x",
+        lambda d, v: ({c["envFrom"][0]["secretRef"]["name"] for c in _ray_containers(d)}, {v}),
+    ),
+}  # fmt: skip
+
+
+def _shape(value: Any, gpu: str) -> Any:
+    """``value`` with every string value replaced by "<str>" (and the GPU resource's key)."""
+    if isinstance(value, dict):
+        return {("<gpu>" if k == gpu else k): _shape(v, gpu) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shape(v, gpu) for v in value]
+    return "<str>" if isinstance(value, str) else value
+
+
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def check_manifest(text: str, job: KubeJob, benign_shape: Any) -> dict:
+    """One YAML document of the benign render's shape, after comment lines of printable text
+    only; the entrypoint's words are the sweep's."""
+    assert _printable_lines(text), "a control character or line separator in the manifest"
+    lines = text.split("\n")
+    body = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert lines[body].startswith("apiVersion:"), lines[: body + 1]
+    docs = list(yaml.load_all(text, Loader=_LOADER))
+    assert len(docs) == 1, f"{len(docs)} documents"
+    (doc,) = docs
+    assert _shape(doc, job.gpu_resource) == benign_shape
+    words = ["python", "-m", "fusion_ray.sweep", job.sweep_file, *job.overrides]
+    assert _words(doc) == words + ([] if job.report else ["--no-report"])
+    return doc
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field", KUBE_FIELDS)
+def test_k8s_hostile_values_are_refused_or_serialised_where_they_belong(field):
+    spec = KUBE_FIELDS[field]
+    benign = spec.job(spec.benign)
+    benign_shape = _shape(manifest(benign), benign.gpu_resource)
+    rendered = 0
+    for value in hostile(field):
+        job = spec.job(value)
+        text = _refused_or_rendered(render_k8s, job, spec.flag)
+        if text is None:
+            continue
+        doc = check_manifest(text, job, benign_shape)
+        found, wanted = spec.where(doc, value)
+        assert found == wanted, (field, value[:60])
+        rendered += 1
+    if field in ("sweep_file", "override", "workdir"):
+        assert rendered > 40, "most values are legal here: the check must see them rendered"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "field", ["workdir", "override", "sweep_file", "gpu_resource", "image", "storage_s3"]
+)
+def test_k8s_reproduction_a_newline_starts_no_second_document(field):
+    """A newline in --workdir, an override, the sweep file's name or --gpu-resource used to
+    start YAML of its own after the header comment (a ClusterRoleBinding was applied so)."""
+    spec = KUBE_FIELDS[field]
+    value = "x\n---\napiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\n"
+    text = _refused_or_rendered(render_k8s, spec.job(value), spec.flag)
+    if text is not None:
+        benign = spec.job(spec.benign)
+        check_manifest(text, spec.job(value), _shape(manifest(benign), benign.gpu_resource))
+        assert "ClusterRoleBinding" not in [d.get("kind") for d in yaml.safe_load_all(text)]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field", KUBE_FIELDS)
+def test_k8s_a_nul_or_a_lone_surrogate_is_refused_naming_the_flag(field):
+    spec = KUBE_FIELDS[field]
+    for value in ("a\0b", "a\udcffb"):
+        with pytest.raises(ValueError, match=re.escape(spec.flag)):
+            render_k8s(spec.job(value))
+
+
+@pytest.mark.process  # bash reads the header's command
+def test_k8s_header_commands_with_hostile_values_render_the_same_manifest(tmp_path):
+    _shim_path(tmp_path)
+    texts = []
+    for field, spec in KUBE_FIELDS.items():
+        for value in hostile(field, count=2):
+            text = _refused_or_rendered(render_k8s, spec.job(value), spec.flag)
+            if text is not None:
+                texts.append(text)
+    _check_headers(tmp_path, texts, "k8s", k8s.main)
