@@ -23,7 +23,9 @@ in --output) and strings drawn from them by a seeded generator (the same every r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import random
 import re
@@ -525,9 +527,6 @@ def _check_headers(root: Path, texts: list[str], target: str, main: Callable) ->
         else:
             current.append(word)
     assert len(commands) == len(texts)
-    import contextlib
-    import io
-
     for command, text in zip(commands, texts, strict=True):
         assert command[:3] == ["fusion-ray", "cluster", target]
         out = io.StringIO()
