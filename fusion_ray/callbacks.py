@@ -111,6 +111,15 @@ class TrackingCallback(Callback):
     def key(self, trial: Any) -> str:
         raise NotImplementedError
 
+    def __getstate__(self) -> dict:
+        """Tune pickles its run config, callbacks included, under storage_path (``tuner.pkl``;
+        an adaptive searcher's state holds this callback too) for a ``Tuner.restore`` no driver
+        here does: the copy keeps no tracker and no lease, so no tracking URI or MLflow client
+        reaches the storage, and a restored copy writes nothing (``store_lost`` is set)."""
+        state = self.__dict__.copy()
+        state.update(tracker=None, lease=None, store_lost="a copy restored from storage_path")
+        return state
+
     def close_unfinished(self) -> list[str]:
         """Mark runs this driver opened but never ended as KILLED (driver interrupted: a sweep
         resumes them); the keys of those runs. A driver that lost its lease leaves them as they

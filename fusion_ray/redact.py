@@ -6,13 +6,17 @@ query-string values whose names look secret (``?secret_key=...``, ``token=``, ``
 ``signature=`` ...), and the values of environment variables whose names look secret
 (``MLFLOW_TRACKING_PASSWORD``, ``AWS_SECRET_ACCESS_KEY``, ``*_TOKEN`` ...) wherever they appear.
 Standard library only, so both packages import it (like the schema).
+
+``split_credentials`` is its other half: an ``http(s)://user:password@host`` URI as the URI
+without them plus the user and password, so a process can hand the credentials to a client
+through the environment and keep (and show, log or pickle) only the URI without them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 MASK = "***"
 _SECRET_NAME = re.compile(
@@ -60,3 +64,21 @@ def redact(text: object) -> str:
     for value in _secret_values():
         out = out.replace(value, MASK)
     return out
+
+
+def split_credentials(uri: str) -> tuple[str, str | None, str | None]:
+    """An ``http(s)`` URI with ``user:password@`` in it as (the URI without them, the user, the
+    password), both percent-decoded as an HTTP client sends them; any other URI (no password,
+    another scheme: a database URI needs its password in the URI) as (``uri``, None, None)."""
+    try:
+        parts = urlsplit(uri)
+    except ValueError:
+        return uri, None, None
+    if parts.scheme.lower() not in ("http", "https") or "@" not in parts.netloc:
+        return uri, None, None
+    userinfo, host = parts.netloc.rsplit("@", 1)
+    if ":" not in userinfo:
+        return uri, None, None
+    user, password = userinfo.split(":", 1)
+    bare = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+    return bare, unquote(user), unquote(password)

@@ -29,7 +29,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from fusion_ray.redact import redact
+from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
     CHECKPOINT_TAG,
@@ -100,6 +100,28 @@ def _store_init_lock(tracking_uri: str) -> Any:
     return FileLock(str(db) + ".lock")
 
 
+USERNAME_ENV, PASSWORD_ENV = "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"
+"""Where MLflow's client reads a tracking server's basic-auth credentials (every request)."""
+RUN_LINKS_ENV = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+"""MLflow's switch for the ``View run ... at: URL`` lines its client prints when a run ends."""
+
+
+def client_uri(tracking_uri: str) -> str:
+    """The tracking URI as this process's MLflow client gets it: without the password.
+
+    A ``user:password@`` in an ``http(s)`` URI moves into ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD`` of this process (over any values there: the URI names the
+    store's user), which MLflow's client sends as basic auth with every request, as it sent the
+    URI's. So no client, run link, error message or pickled object holds the password, only this
+    process's environment. MLflow's own ``View run`` lines are off too (the driver prints its own
+    progress), unless ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT`` is set."""
+    bare, user, password = split_credentials(tracking_uri)
+    if password is not None:
+        os.environ[USERNAME_ENV], os.environ[PASSWORD_ENV] = user or "", password
+    os.environ.setdefault(RUN_LINKS_ENV, "true")
+    return bare
+
+
 @dataclass
 class CellRun:
     """What MLflow already holds for a cell."""
@@ -132,16 +154,17 @@ class Tracker:
             if not Path(tracking_uri.removeprefix("sqlite:///")).is_file():
                 return None
         with access_errors(tracking_uri):
-            experiment = MlflowClient(tracking_uri=tracking_uri).get_experiment_by_name(sweep)
+            client = MlflowClient(tracking_uri=client_uri(tracking_uri))
+            experiment = client.get_experiment_by_name(sweep)
         if experiment is None or experiment.lifecycle_stage == "deleted":
             return None
         return cls(tracking_uri, sweep)
 
     def __init__(self, tracking_uri: str, sweep: str) -> None:
-        self.tracking_uri, self.sweep = tracking_uri, sweep
+        self.tracking_uri, self.sweep = client_uri(tracking_uri), sweep
         with access_errors(tracking_uri):
             with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
-                self.client = MlflowClient(tracking_uri=tracking_uri)
+                self.client = MlflowClient(tracking_uri=self.tracking_uri)
                 experiment = self.client.get_experiment_by_name(sweep)
             self._store_file = _sqlite_file(tracking_uri)
             self._store_inode = _inode(self._store_file)
@@ -464,12 +487,19 @@ def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError
     status = re.search(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b", text)
     if status:
         forbidden = "403" in status.group(0) or "PERMISSION" in status.group(0)
+        fix = (
+            "fix the user and password in tracking_uri (they are used over "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), or remove them and set those "
+            "variables (or MLFLOW_TRACKING_TOKEN),"
+            if split_credentials(tracking_uri)[2] is not None
+            else "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
+            "MLFLOW_TRACKING_TOKEN)"
+        )
         return TrackingAccessError(
             "auth",
             f"the MLflow server at {where} refused this driver's credentials "
-            f"({'403 forbidden' if forbidden else '401 unauthenticated'}): set "
-            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) for "
-            "a user that may write to the experiment, then run the same command again",
+            f"({'403 forbidden' if forbidden else '401 unauthenticated'}): {fix} for a user that "
+            "may write to the experiment, then run the same command again",
         )
     if "database is locked" in text:
         return TrackingAccessError(

@@ -16,6 +16,7 @@ from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
 from fusion_ray.preflight import preflight
+from fusion_ray.redact import redact
 
 
 def print_plan(plan: HpoPlan) -> None:
@@ -34,7 +35,7 @@ def print_plan(plan: HpoPlan) -> None:
         )
     print(
         f"hpo {plan.spec.name}: {len(t.datasets)} dataset(s) x {how}; "
-        f"metric {METRIC} (validation only); MLflow at {plan.spec.tracking_uri}"
+        f"metric {METRIC} (validation only); MLflow at {redact(plan.spec.tracking_uri)}"
     )
     first: dict[str, Cell] = {}
     for cell in expand(plan.spec):

@@ -1,13 +1,18 @@
 """Credentials never leave the process (fusion_ray.redact): URIs keep their shape but lose their
 password and secret query values; secret environment values are blanked in any text; the
-pre-flight messages that name a storage path or tracking URI say what is wrong without them."""
+pre-flight messages that name a storage path or tracking URI say what is wrong without them; an
+HTTP tracking URI's password reaches MLflow's client through the environment only, and a pickled
+tracking callback (Tune's tuner.pkl) carries no tracker."""
 
 from __future__ import annotations
+
+import os
+import pickle
 
 import pytest
 
 from fusion_ray.preflight import preflight
-from fusion_ray.redact import redact, redact_uri
+from fusion_ray.redact import redact, redact_uri, split_credentials
 
 pytestmark = pytest.mark.unit
 
@@ -40,3 +45,63 @@ def test_a_tracking_uri_with_user_info_is_checked_without_dns_and_shown_without_
     problems = preflight(str(tmp_path), "http://bob:pa55-word-9@127.0.0.1:9", timeout_s=1.0)
     assert len(problems) == 1 and "pa55-word-9" not in problems[0]
     assert "bob:***@127.0.0.1:9" in problems[0] and "Name or service" not in problems[0]
+
+
+def test_an_http_uris_password_is_split_off_and_other_uris_are_left_whole():
+    bare, user, password = split_credentials("https://alice:p%40ss%3Aw0rd@mlflow.lab:443/x?a=1")
+    assert (bare, user, password) == ("https://mlflow.lab:443/x?a=1", "alice", "p@ss:w0rd")
+    assert split_credentials("http://a:b@c@host:5000") == ("http://host:5000", "a", "b@c")
+    for whole in (
+        "http://alice@host:5000",  # no password: nothing to move
+        "postgresql://mlflow:db-pass@127.0.0.1/mlflow",  # the database needs it in the URI
+        "sqlite:///mlflow.db",
+        "http://host:5000",
+    ):
+        assert split_credentials(whole) == (whole, None, None)
+
+
+def test_the_mlflow_client_gets_the_uri_without_its_password_and_the_password_from_the_environment(
+    monkeypatch,
+):
+    from fusion_ray.tracking import client_uri
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "someone-else")
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "")  # setenv: put back as it was afterwards
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "")
+    os.environ.pop("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
+    assert client_uri("http://bob:Zz-9%2Fsecret@127.0.0.1:5000") == "http://127.0.0.1:5000"
+    assert os.environ["MLFLOW_TRACKING_USERNAME"] == "bob"  # the URI's user, over the old one
+    assert os.environ["MLFLOW_TRACKING_PASSWORD"] == "Zz-9/secret"
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"  # no run links
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "false")
+    assert client_uri("sqlite:///m.db") == "sqlite:///m.db"
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "false"  # the user's choice
+
+
+def test_refused_credentials_in_the_uri_are_named_as_the_thing_to_fix():
+    from fusion_ray.tracking import access_problem
+
+    refused = Exception("API request failed with error code 401 != 200")
+    in_uri = access_problem(refused, "http://bob:Zz-9-secret@127.0.0.1:5000")
+    assert in_uri is not None and in_uri.kind == "auth" and "Zz-9-secret" not in str(in_uri)
+    assert "bob:***@127.0.0.1:5000" in str(in_uri) and "in tracking_uri" in str(in_uri)
+    from_env = access_problem(refused, "http://127.0.0.1:5000")
+    assert from_env is not None and "set MLFLOW_TRACKING_USERNAME" in str(from_env)
+
+
+def test_a_pickled_tracking_callback_holds_no_tracker_and_its_copy_writes_nothing(
+    tmp_path, monkeypatch
+):
+    from fusion_ray.callbacks import MLflowSweepCallback
+    from fusion_ray.tracking import Tracker
+
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # as the tracker sets it
+    store = tmp_path / "store-only-the-live-callback-knows.db"
+    tracker = Tracker(f"sqlite:///{store}", "pickled")
+    callback = MLflowSweepCallback(tracker, {}, {}, "parent", str(tmp_path / "ray_results"))
+    data = pickle.dumps(callback)
+    assert store.name.encode() not in data
+    copy = pickle.loads(data)
+    assert copy.tracker is None and copy.store_lost and callback.tracker is tracker
+    copy.on_trial_start(0, [], object())  # would open a run: returns before touching a tracker
+    assert copy.run_ids == {}
