@@ -14,6 +14,7 @@ from analysis.escape import line_start, md, md_code, md_prose
 from analysis.section import PARTS, Section
 from analysis.stats import method_lines
 from analysis.tables import latency_note, stats_table
+from fusion_ray.decide.questions import operator_hypothesis
 from fusion_ray.redact import redact
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
@@ -133,17 +134,7 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
     else the fixed-n test after Holm."""
     baseline = md(ctx.baseline)
     if decided is not None:
-        state, seeds = decided["state"], decided["seeds_used"]
-        words = {
-            "better": f"better than {baseline}",
-            "worse": f"worse than {baseline}",
-            "equivalent": f"equivalent to {baseline} within the margin",
-            "futile": "undecidable within the cap (futile)",
-            "open": "undecided at the cap",
-        }[state]
-        if state in ("better", "worse"):
-            return f"**{words}** after {seeds} seeds (anytime p family {decided['p_family']:.3g})"
-        return f"**{words}** after {seeds} seeds"
+        return _decided_words(decided, f"than {baseline}", f"to {baseline}")
     alpha = ctx.options.settings.alpha
     if bool(row.get("significant")):
         side = "better" if row["mean_delta"] > 0 else "worse"
@@ -151,37 +142,53 @@ def _verdict(row: pd.Series, ctx: ReportContext, decided: dict[str, Any] | None)
     return f"no significant difference (p Holm {row['p_holm']:.3g} > {alpha:g})"
 
 
-def _anytime_effect(row: pd.Series, decided: dict[str, Any]) -> str:
-    """Mean delta and wins, then the decision's confidence sequence, and why they may seem to
-    disagree with the verdict."""
-    low, high = decided["cs_low"], decided["cs_high"]
+def _decided_words(decided: dict[str, Any], than: str = "", to: str = "") -> str:
+    """A decision row's verdict in words, with the seeds it was reached at."""
+    state, verdict = decided["state"], decided.get("verdict", decided["state"])
+    after = decided.get("decided_at_seed")
+    seeds = decided["seeds_used"] if after is None or pd.isna(after) else int(after) + 1
+    words = {
+        "better": f"{verdict} {than}".strip(),
+        "worse": f"{verdict} {than}".strip(),
+        "equivalent": f"equivalent {to} within the margin".replace("  ", " "),
+        "futile": "stopped as futile (it could no longer be decided by the cap)",
+        "open": "undecided at the cap",
+    }[state]
+    if state in ("better", "worse"):
+        return f"**{words}** after {seeds} seeds (anytime p family {decided['p_family']:.3g})"
+    return f"**{words}** after {seeds} seeds"
+
+
+def _interval_words(decided: dict[str, Any]) -> str:
+    """The estimates of a decision row, and its e-BY interval where it was decided."""
     text = (
-        f"mean delta {row['mean_delta']:+.2f} points, {int(row['wins'])} of "
-        f"{int(row['n_pairs'])} seeds won; anytime-valid interval "
+        f"mean {decided['mean']:+.2f}, median {decided['median']:+.2f}, Hodges-Lehmann "
+        f"{decided['hodges_lehmann']:+.2f} points"
     )
-    decided_now = decided["state"] in ("better", "worse")
-    if math.isnan(low) or math.isnan(high):
-        return text + "empty (no effect value is consistent with every look: deltas that disagree)"
-    if math.isinf(low) or math.isinf(high):
-        text += f"{low:+.2f} to {high:+.2f}"
-        if math.isinf(low) and math.isinf(high):
-            text = text.removesuffix(f"{low:+.2f} to {high:+.2f}") + "not yet bounded"
-        if decided_now:
-            text += (
-                " (too few seeds to bound the effect on its own at alpha / m; the decision comes "
-                "from the closed test, which weighs every comparison's evidence)"
-            )
-        return text
-    text += f"{low:+.2f} to {high:+.2f}"
-    if decided_now and low < 0 < high:
-        text += " (it holds 0: the decision comes from the closed test, which weighs every comparison's evidence)"
-    elif not decided_now and not low < 0 < high:
-        text += " (it excludes 0 but the family's test has not rejected)"
+    low, high = decided.get("ci_low", math.nan), decided.get("ci_high", math.nan)
+    if decided["state"] in ("better", "worse", "equivalent") and not (
+        pd.isna(low) or pd.isna(high)
+    ):
+        text += (
+            f"; e-BY interval {low:+.2f} to {high:+.2f} (false coverage rate at most alpha over "
+            "the decided hypotheses)"
+        )
+    if decided.get("failed_runs"):
+        text += f"; {int(decided['failed_runs'])} failed run(s) counted as losses"
+    note = decided.get("note")
+    if isinstance(note, str) and note:
+        text += f" ({md(note)})"
     return text
 
 
+def _anytime_effect(row: pd.Series, decided: dict[str, Any]) -> str:
+    """Wins, the estimates and the e-BY interval of a decided comparison."""
+    return f"{int(row['wins'])} of {int(row['n_pairs'])} seeds won; " + _interval_words(decided)
+
+
 def _summary(ctx: ReportContext) -> list[str]:
-    """One line per comparison a reader can paste: effect, interval, seeds, verdict."""
+    """One line per comparison a reader can paste: effect, interval, seeds, verdict; in an
+    adaptive sweep then one line per length and interaction hypothesis."""
     table = ctx.comparisons.table
     if not len(table):
         return []
@@ -191,7 +198,8 @@ def _summary(ctx: ReportContext) -> list[str]:
     lines = ["## Summary", ""]
     for _, row in table.iterrows():
         where = _where(row, ctx)
-        name = "/".join(str(row[k]) for k in ctx.keys) + f": {row['operator']} vs {ctx.baseline}"
+        group = tuple((k, str(row[k])) for k in ctx.keys)
+        name = operator_hypothesis(group, str(row["operator"]), str(ctx.baseline)).name
         decided = rows.get(name) if primary else None
         if decided is not None:
             effect = _anytime_effect(row, decided)
@@ -205,11 +213,21 @@ def _summary(ctx: ReportContext) -> list[str]:
             lines.append(head + _verdict(row, ctx, decided) + f"; {effect}.")
         else:
             lines.append(head + f"{effect}, " + _verdict(row, ctx, decided) + ".")
+    contrasts = [r for r in rows.values() if r.get("kind") in ("length", "interaction")]
+    if contrasts:
+        lines += ["", "Does the effect depend on length, or on a setting?", ""]
+        for r in contrasts:
+            what = "length" if r["kind"] == "length" else "interaction"
+            lines.append(
+                f"- {what} {md_code(r['comparison'])}: {_decided_words(r)}; {_interval_words(r)}."
+            )
     which = (
         "The verdicts are the anytime-valid decisions of this adaptive sweep (the primary "
-        "analysis, next section); each interval is the effect's confidence sequence, valid "
-        "however the seeds were stopped and simultaneous over the comparisons. The fixed-n "
-        "intervals and p-values further down are descriptive only."
+        "analysis, next section): one closed test over every hypothesis, the operator "
+        "comparisons, the length contrasts (the operator's delta on the longest regime minus "
+        "the shortest, per seed) and the interactions (its delta at a setting level minus at "
+        "the reference), valid however the seeds were stopped. The fixed-n intervals and "
+        "p-values further down are descriptive only."
         if primary
         else "The verdicts are exact Wilcoxon signed-rank tests, Holm-adjusted over the "
         "comparisons (the primary analysis of a fixed-seed sweep)."

@@ -7,6 +7,7 @@ against 10 fixed seeds with exact tests. Prints rates and ratios; asserts nothin
     python bench/adaptive.py --replay             # the rules on the quickstart's 20 logged seeds
     python bench/adaptive.py --replay --csv FILE  # ... on another per-seed accuracy CSV
     python bench/adaptive.py --export EXPERIMENT --tracking-uri URI --csv FILE  # make one
+    python bench/adaptive.py --questions          # only the study's questions (bench/questions.py)
 
 Settings: first wave 6, cap 20, a look after every seed, a comparison stops when decided (or
 futile), alpha 0.05; m comparisons share each seed's baseline run (deltas are each operator's
@@ -14,15 +15,23 @@ score minus the baseline's, so they are correlated).
 
 - validity: the largest family-wise error over symmetric nulls (normal, t3, Cauchy, contaminated
   normal, tie-heavy integers; m = 1, 4, 6, 12), counting every decision type: all-null families
-  (a false better/worse), mixed families with a 1-SD margin (half the comparisons at 0, half at
+  (a false better/worse), mixed families with a margin of 1 paired SD (half the comparisons at 0, half at
   exactly the margin: a false better/worse, a false equivalent, a wrong direction) and families
-  of small effects (+0.2 SD: a "worse" is a wrong direction);
+  of small effects (+0.2 paired SD: a "worse" is a wrong direction);
 - efficiency: correct decisions per trial (baseline runs included) over the same for 10 fixed
   seeds with exact Wilcoxon + Holm, at 0.5, 1 and 2 paired SD and m = 4, 6, 12, and at effect 0
-  with a 1-SD margin against 10 fixed seeds with an exact Wilcoxon TOST + Holm; the geometric
+  with a margin of 1 paired SD against 10 fixed seeds with an exact Wilcoxon TOST + Holm; the geometric
   mean of the 12 ratios last;
 - the skewed-null caveat: median 0, mean 0.31 SD (centred exponential), m = 1;
-- a check that the vectorised simulation takes the decisions of ``fusion_ray.decide.sequential``.
+- a check that the vectorised simulation takes the decisions of ``fusion_ray.decide.sequential``;
+- the study's questions in one family (``bench/questions.py``): length contrasts and
+  interactions beside the operator comparisons, their error, power and cost, intervals at
+  decision, the estimate's bias, failed runs, efficiency against 10 fixed seeds.
+
+Units: effects and margins are in paired SD, the SD of a paired delta (its scale for Cauchy):
+each arm's noise is drawn with its own spread and the effect is added in units of the delta's
+(``UNITS``), so "1 paired SD" is the same signal-to-noise for every noise. bench/questions.py
+works in accuracy points (a paired delta's SD about 5).
 """
 
 from __future__ import annotations
@@ -38,6 +47,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import questions  # noqa: E402  (bench/questions.py)
 
 from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 from fusion_ray.decide.rules import log_e  # noqa: E402
@@ -250,10 +262,18 @@ def paired(
     Cauchy; for ties, of the integer deltas' SD)."""
     scores = noise(kind, (reps, m + 1, CAP), rng)
     d = scores[:, 1:, :] - scores[:, :1, :]
-    unit = {"normal": 1.0, "t3": math.sqrt(6.0), "cauchy": 2.0, "contaminated": math.sqrt(2 * 3.4),
-            "ties": math.sqrt(2 * 40 * 0.9 * 0.1)}[kind]  # fmt: skip
-    d = d + (effects[None, :, None] * unit)
+    d = d + (effects[None, :, None] * UNITS[kind])
     return np.round(d) if kind == "ties" else d
+
+
+UNITS = {
+    "normal": math.sqrt(2.0),
+    "t3": math.sqrt(6.0),
+    "cauchy": 2.0,
+    "contaminated": math.sqrt(2 * 3.4),
+    "ties": math.sqrt(2 * 40 * 0.9 * 0.1),
+}
+"""The paired delta's SD (Cauchy: its scale) per noise: one paired SD in the noise's units."""
 
 
 # ----------------------------------------------------------------------------- the baseline
@@ -296,7 +316,7 @@ def validity(reps: int, rng: np.random.Generator) -> dict[str, float]:
     settings = (
         [("all null", None, 0.0)]
         + [("half null, half at the margin", 1.0, None)]
-        + [("all at +0.2 SD (direction)", None, 0.2)]
+        + [("all at +0.2 paired SD (direction)", None, 0.2)]
     )
     for label, margin, effect in settings:
         for kind in NOISES:
@@ -310,7 +330,7 @@ def validity(reps: int, rng: np.random.Generator) -> dict[str, float]:
                 d = paired(kind, reps, m, effects, rng)
                 cells = []
                 for rule in RULES:
-                    state, _ = simulate(rule, d, margin=margin)
+                    state, _ = simulate(rule, d, margin=margin and margin * UNITS[kind])
                     null = effects[None, :] == 0
                     wrong = null & ((state == BETTER) | (state == WORSE))
                     wrong |= ~null & (state == WORSE)  # effects are positive here
@@ -348,6 +368,7 @@ def efficiency(reps: int, rng: np.random.Generator) -> dict[str, list[float]]:
     for effect, margin in [(0.5, None), (1.0, None), (2.0, None), (0.0, 1.0)]:
         for m in (4, 6, 12):
             d = paired("normal", reps, m, np.full(m, effect), rng)
+            margin = margin and margin * UNITS["normal"]
             if margin:
                 fixed_correct = fixed_tost(d, margin).sum(axis=1).mean()
             else:
@@ -361,7 +382,7 @@ def efficiency(reps: int, rng: np.random.Generator) -> dict[str, list[float]]:
                 ratio = (correct / trials(used).mean()) / fixed_rate if fixed_rate > 0 else math.nan
                 ratios[rule].append(ratio)
                 cells.append(f"{correct:>15.2f} {trials(used).mean():>7.1f} {ratio:>6.2f}x")
-            label = f"{effect:g} SD" + (" (margin 1 SD)" if margin else "")
+            label = f"{effect:g} paired SD" + (" (margin 1)" if margin else "")
             print(
                 f"  {label:>10} {m:>3}  {fixed_correct:>18.2f}  "
                 + "  ".join(f"{c:>32}" for c in cells)
@@ -390,6 +411,7 @@ def agreement(rng: np.random.Generator, families: int = 150) -> None:
         for margin, m, kind in [(None, 4, "ties"), (None, 6, "normal"), (1.0, 4, "normal")]:
             effects = np.array([0.0, 0.5, 1.0, 2.0, 0.0, -1.0][:m])
             d = paired(kind, families, m, effects, rng)
+            margin = margin and margin * UNITS[kind]
             state, used = simulate(rule, d, margin=margin)
             same = total = 0
             for f in range(families):
@@ -519,6 +541,7 @@ def main() -> None:
     parser.add_argument("--caps", type=int, nargs="+", default=[14, 20])
     parser.add_argument("--export", metavar="EXPERIMENT", help="write its runs to --csv")
     parser.add_argument("--tracking-uri", default="sqlite:///mlflow.db")
+    parser.add_argument("--questions", action="store_true", help="only bench/questions.py")
     args = parser.parse_args()
     if args.export:
         export(args.export, args.tracking_uri, args.csv)
@@ -529,10 +552,16 @@ def main() -> None:
         return
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
+    if args.questions:
+        questions.run(args.reps, rng)
+        print(f"\n({time.perf_counter() - started:.0f} s)")
+        return
     worst = validity(args.reps, rng)
     ratios = efficiency(args.reps, rng)
     skewed(args.reps, rng)
     agreement(rng)
+    print()
+    questions.run(args.reps, rng)
     print(f"\n({time.perf_counter() - started:.0f} s)")
     for rule in RULES:
         values = np.array(ratios[rule])

@@ -175,7 +175,7 @@ class AdaptiveSeedPolicy:
         schedule = self.schedule
         record = json.loads(self.rule.model_dump_json(exclude={"adaptive"}))
         record |= {"regimes": schedule.regimes, "levels": schedule.levels}
-        return {ADAPTIVE_TAG: json.dumps(record)}
+        return {ADAPTIVE_TAG: json.dumps(record, separators=(",", ":"))}
 
     def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]]:
         """The decisions, recomputed from the runs in the tracking store (as a restarted driver

@@ -25,6 +25,10 @@ flag (``render_slurm``); docs/how-to/slurm.md says what each option takes.
 
 ``python -m fusion_ray.slurm wait-for-nodes`` is the step of the script that waits for the
 nodes; it is not meant to be run by hand.
+
+Why one module of this size: the script's template, the checks of every value that reaches it
+and the quoting where each is pasted make one guarantee (no value can add a command, a line or
+a directive); apart, a value could be checked in one place and pasted unchecked in another.
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     todo = plan(spec, tracker)
     schedule = AdaptiveSeedPolicy(spec, todo).schedule
     assert schedule.needed() == []
-    replay = SeedSchedule(todo.cells, "add", spec.adaptive)
+    replay = SeedSchedule(todo.cells, spec.baseline_label, spec.adaptive)
     by_id = {c.cell_id: c for c in todo.cells}
     ran = set()
     while replay.needed():
@@ -156,14 +156,19 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert bow == trial.data.metrics["reference.bag_of_words.test_acc"] and 0 < bow <= 1
     assert '"max":9' in parent.data.tags["adaptive_seeds"]
     assert '"rule":"sign"' in parent.data.tags["adaptive_seeds"] and row["rule"] == "sign"
+    assert '"regimes":["short"]' in parent.data.tags["adaptive_seeds"]  # the report's family
+    assert (row["kind"], row["verdict"], row["failed_runs"]) == ("operator", "futile", 0)
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     # the evidence as it formed, one step per seed, on the parent run (the MLflow UI charts it)
     (key,) = [k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")]
     history = tracker.client.get_metric_history(parent.info.run_id, key)
-    assert [(m.step, m.value) for m in history] == [(1, 0), (2, 0), (3, STATE_CODES["futile"])]
+    # every look as it came, then the final state logged again at the last step: the metric's
+    # last point is the state decisions.csv has
+    points = sorted((m.step, m.timestamp, m.value) for m in history)
+    assert [(step, value) for step, _, value in points][:3] == [(1, 0), (2, 0), (3, 3)]
+    assert {step for step, _, _ in points} == {1, 2, 3}
+    assert points[-1][2] == STATE_CODES["futile"] == parent.data.metrics[key]
     e_key = key.removesuffix(".state") + ".e_value"
-    assert [m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)] == [
-        1
-    ] * 3
+    assert {m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)} == {1}
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
