@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,8 @@ class ReportContext:
     """The setting of Tables 1 and 2 and of the summary figures (column -> value)."""
     tables: dict[str, Table] = field(default_factory=dict)
     """Tables 1, 2 and 3 (the sections' tables are theirs: ``Section.tables``)."""
+    table_inputs: TableInputs | None = None
+    """What Tables 1-3 were made from (``mark_decisions`` makes them again)."""
     results: dict[str, Any] = field(default_factory=dict)
     """Section name -> its result (None: nothing to show), in the order computed."""
     warnings: list[str] = field(default_factory=list)
@@ -223,8 +225,23 @@ def arrange(ctx: ReportContext) -> None:
         [*levels],
         levels,
     )
-    ctx.tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
-    ctx.tables["table3"].footnotes += alias_footnotes(pairing)
+    ctx.table_inputs = inputs
+    ctx.tables = study_tables(inputs, pairing)
+
+
+def study_tables(inputs: TableInputs, pairing: Pairing) -> dict[str, Table]:
+    """Tables 1, 2 and 3 from ``inputs``."""
+    tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
+    tables["table3"].footnotes += alias_footnotes(pairing)
+    return tables
+
+
+def mark_decisions(ctx: ReportContext, decided: dict[tuple, str], note: str) -> None:
+    """Tables 1-3 again, their cells marked with an adaptive sweep's anytime decisions
+    (``decided``: (group..., operator) -> state) and ``note`` as their footnote, instead of the
+    fixed-n tests' stars."""
+    inputs = replace(ctx.table_inputs, decided=decided, decided_note=note)
+    ctx.tables = study_tables(inputs, ctx.pairing)
 
 
 def alias_footnotes(pairing: Pairing) -> list[str]:

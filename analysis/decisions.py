@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,21 @@ class DecisionResult:
     rule: DecisionRule
     evidence: dict[str, list[Any]]
     table: pd.DataFrame
+    marks: dict[tuple, str] = field(default_factory=dict)
+    """(group values..., operator) -> the state of its operator comparison (the tables' marks)."""
+
+    def table_note(self, baseline: str) -> str:
+        """The footnote of tables whose cells carry these decisions."""
+        m = len(self.table)
+        margin = f", equivalence margin ±{self.margin:g} points" if self.margin else ""
+        return (
+            f"Mean ± sd (ddof = 1) of test accuracy (%) over the seeds each cell ran (adaptive "
+            f"seeds, first wave {self.first}, cap {self.max_seeds}). ↑ / ↓ / ≈: decided better / "
+            f"worse than / equivalent to {baseline} by the anytime-valid rule "
+            f"{self.rule.describe()} (one closed test over the sweep's m = {m} hypotheses, "
+            f"alpha = {self.alpha:g}{margin}; null: {self.rule.null}). The seeds each cell got "
+            "depended on the evidence, so no fixed-n test marks these cells."
+        )
 
 
 def _rule(ctx: ReportContext) -> tuple[bool, dict[str, Any], dict[str, Any]]:
@@ -163,7 +178,14 @@ class DecisionsSection(Section):
             alpha=rule["alpha"],
             first=rule["first"],
         )
-        return DecisionResult(primary, evidence=evidence, table=pd.DataFrame(rows), **rule)
+        states = {r["comparison"]: r["state"] for r in rows}
+        marks = {
+            (*(v for _, v in h.terms[0][0].group), h.operator): states[h.name]
+            for h in found.family
+            if h.kind == "operator"
+        }
+        table = pd.DataFrame(rows)
+        return DecisionResult(primary, evidence=evidence, table=table, marks=marks, **rule)
 
     def markdown(self, result: DecisionResult, ctx: ReportContext) -> list[str]:
         saved = _saved(result, ctx) if result.primary else []

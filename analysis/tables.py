@@ -232,7 +232,15 @@ def latex_cell(text: str) -> str:
     out = out.replace("×", "$\\times$").replace("–", "--")
     if out.endswith("*"):
         out = out[:-1] + "$^{*}$"
+    for mark, tex in ANYTIME_TEX.items():
+        if out.endswith(mark):
+            out = out[: -len(mark)] + tex
     return out
+
+
+ANYTIME_MARKS = {"better": "↑", "worse": "↓", "equivalent": "≈"}
+"""An adaptive sweep's cells carry its anytime decision, never a fixed-n star."""
+ANYTIME_TEX = {"↑": "$^{\\uparrow}$", "↓": "$^{\\downarrow}$", "≈": "$^{\\approx}$"}
 
 
 # ----------------------------------------------------------------------------- the tables
@@ -275,10 +283,8 @@ def significance_footnote(
     return notes
 
 
-def _cell(summary_row: Any, marked: bool, n_typical: int) -> str:
-    text = fmt(summary_row["acc_mean"], summary_row["acc_sd"])
-    if marked:
-        text += "*"
+def _cell(summary_row: Any, mark: str, n_typical: int) -> str:
+    text = fmt(summary_row["acc_mean"], summary_row["acc_sd"]) + mark
     if int(summary_row["n"]) != n_typical:
         text += f" (n={int(summary_row['n'])})"
     return text
@@ -305,17 +311,34 @@ class TableInputs:
     """The extra grid axes among ``keys``: Tables 1 and 2 get a row per level."""
     levels: Mapping[str, Sequence[str]] = field(default_factory=dict)
     """axis -> its levels, the reference first (the order of rows)."""
+    decided: Mapping[tuple, str] | None = None
+    """An adaptive sweep's decisions, (group..., operator) -> state: the marks come from them
+    (``ANYTIME_MARKS``) instead of the fixed-n tests, which are descriptive after adaptive
+    stopping."""
+    decided_note: str = ""
+    """The footnote that says which rule, null, alpha and margin decided the marks."""
 
     @cached_property
-    def marks(self) -> dict[tuple, bool]:
-        """(group..., operator) -> significant after Holm."""
-        return _marks(self.comparisons, self.keys)
+    def marks(self) -> dict[tuple, str]:
+        """(group..., operator) -> its mark: the anytime decision's, or ``*`` for significant
+        after Holm."""
+        if self.decided is not None:
+            return {_text_key(k): ANYTIME_MARKS.get(v, "") for k, v in self.decided.items()}
+        marks = _marks(self.comparisons, self.keys)
+        return {_text_key(k): "*" if v else "" for k, v in marks.items()}
 
     def footnotes(self) -> list[str]:
+        if self.decided is not None:
+            return [self.decided_note]
         return significance_footnote(self.comparisons, self.settings, self.baseline)
 
-    def marked(self, group: tuple, op: str) -> bool:
-        return self.marks.get((*group, op), False)
+    def marked(self, group: tuple, op: str) -> str:
+        return self.marks.get(_text_key((*group, op)), "")
+
+
+def _text_key(key: tuple) -> tuple[str, ...]:
+    """A (group..., operator) key with every value as text, so tags and typed columns match."""
+    return tuple(str(v) for v in key)
 
 
 def accuracy_table(
@@ -349,8 +372,8 @@ def accuracy_table(
             srow = index.loc[(*rkey, op)]
             # callers filter the summary so that a row and an operator name one group
             assert isinstance(srow, pd.Series), f"several groups for {rkey} {op}"
-            sig = inputs.marked(tuple(full[k] if k in full else srow[k] for k in keys), op)
-            disp[op] = _cell(srow, sig, n_typical)
+            mark = inputs.marked(tuple(full[k] if k in full else srow[k] for k in keys), op)
+            disp[op] = _cell(srow, mark, n_typical)
             data_rows.append(
                 {
                     **full,
@@ -358,7 +381,8 @@ def accuracy_table(
                     "n": int(srow["n"]),
                     "acc_mean": srow["acc_mean"],
                     "acc_sd": srow["acc_sd"],
-                    "significant": sig,
+                    "significant": mark == "*",
+                    "mark": mark,
                 }
             )
         if show_reference:
@@ -515,7 +539,7 @@ def table2(inputs: TableInputs) -> Table:
         base_lat = float(base["latency_mean"].iloc[0]) if len(base) else math.nan
         for op in operator_order(sub["operator"], baseline):
             r = sub[sub["operator"] == op].iloc[0]
-            sig = inputs.marked(tuple(r[k] for k in inputs.keys), op)
+            mark = inputs.marked(tuple(r[k] for k in inputs.keys), op)
             ratio, source = _latency_ratio(r, base_lat)
             sources.append(source)
             display_rows.append(
@@ -523,7 +547,7 @@ def table2(inputs: TableInputs) -> Table:
                     "dataset": d,
                     **level,
                     "operator": op,
-                    "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]) + ("*" if sig else ""),
+                    "accuracy (%)": fmt(r["acc_mean"], r["acc_sd"]) + mark,
                     "latency (ms/sample)": fmt(r["latency_mean"], r["latency_sd"], 3),
                     f"latency / {baseline}": "–" if math.isnan(ratio) else f"{ratio:.2f}×",
                     "params": "–" if pd.isna(r["num_params"]) else f"{int(r['num_params']):,}",
@@ -543,7 +567,8 @@ def table2(inputs: TableInputs) -> Table:
                     "latency_ratio": ratio,
                     "latency_ratio_source": source,
                     "num_params": r["num_params"],
-                    "significant": sig,
+                    "significant": mark == "*",
+                    "mark": mark,
                 }
             )
     if set(sources) == {LATENCY_LOGGED, LATENCY_MEANS}:

@@ -119,8 +119,12 @@ def scores(
 
 
 def values(fam: Family, runs: np.ndarray) -> np.ndarray:
-    """Hypothesis values [reps, m, cap] from run accuracies [reps, arms, cap]."""
-    return np.einsum("ha,fat->fht", fam.signs, runs)
+    """Hypothesis values [reps, m, cap] from run accuracies [reps, arms, cap]; nan where one of
+    a hypothesis's own runs is nan (a dropped run)."""
+    missing = np.isnan(runs)
+    out = np.einsum("ha,fat->fht", fam.signs, np.where(missing, 0.0, runs))
+    gone = np.einsum("ha,fat->fht", np.abs(fam.signs), missing.astype(float)) > 0
+    return np.where(gone, np.nan, out)
 
 
 def truth(fam: Family, effects: dict[tuple[str, str], float]) -> np.ndarray:

@@ -98,9 +98,31 @@ def test_table1_marks_only_significant_cells_and_footnotes_the_test():
         "acc_mean",
         "acc_sd",
         "significant",
+        "mark",
     ]
     tex = t.to_latex()
     assert "gate\\_scalar" in tex and "$^{*}$" in tex and "\\toprule" in tex
+
+
+def test_an_adaptive_sweeps_tables_mark_its_anytime_decisions_and_no_fixed_n_star():
+    summary = operator_summary(runs_frame(), KEYS)
+    setting = {"position": "sinusoidal", "attention_position": "none"}
+    decided = {
+        ("arxiv", "sinusoidal", "none", "gate_scalar"): "worse",
+        ("imdb", "sinusoidal", "none", "gate_scalar"): "better",
+    }
+    inputs = TableInputs(
+        summary, comparisons(), SETTINGS, "add", KEYS, ["imdb", "arxiv"], setting,
+        decided=decided, decided_note="decided by the anytime-valid rule magnitude",
+    )  # fmt: skip
+    t = table1(inputs)
+    row = {r["dataset"]: r for _, r in t.display.iterrows()}
+    assert row["arxiv"]["gate_scalar"].endswith("↓") and row["imdb"]["gate_scalar"].endswith("↑")
+    assert not any("*" in str(v) for v in t.display.to_numpy().ravel())  # Holm's star is gone
+    assert t.footnotes == ["decided by the anytime-valid rule magnitude"]
+    assert "$^{\\uparrow}$" in t.to_latex() and "$^{\\downarrow}$" in t.to_latex()
+    t2 = table2(inputs)
+    assert set(t2.data["mark"]) == {"", "↑", "↓"} and not t2.data["significant"].any()
 
 
 def test_table2_latency_ratio_and_table3_rows(tmp_path):
