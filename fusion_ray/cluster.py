@@ -17,6 +17,12 @@ A lab's file is rendered rather than written with placeholders because Ray's clu
 expands no environment variables, and its ``local`` provider takes no node types: the addresses,
 and the head's resources as ``ray start`` flags, have to be in the file itself.
 
+Every value from the command line reaches the file through ``yaml.safe_dump`` and, inside a
+shell command, as a quoted shell word; the comments hold printable text only, so no value (a
+carriage return or U+2028 in ``--ssh-proxy-command`` included) ends a comment or adds a key.
+Text that no file can carry (a control character where a command must stay one line, a NUL) is
+refused, naming its flag, before anything is written.
+
 Why one module of this size: both launcher files are rendered from one ``NodeSetup`` whose
 setup and start commands they share; apart, a change to how a node is made ready could reach
 one file and not the other.
@@ -63,9 +69,10 @@ class NodeSetup:
     file mounts, setup commands and start commands."""
 
     storage: str
-    """The shared root, as a shell word: checkpoints go to ``<storage>/ray_results`` (the sweep
-    files' ``storage_path`` through ``FUSION_RAY_STORAGE``), MLflow artifacts to
-    ``<storage>/mlflow``. ``$FUSION_RAY_S3`` (from the env file) or a literal path or URI."""
+    """The shared root as bash reads it inside double quotes: checkpoints go to
+    ``<storage>/ray_results`` (the sweep files' ``storage_path`` through ``FUSION_RAY_STORAGE``),
+    MLflow artifacts to ``<storage>/mlflow``. ``$FUSION_RAY_S3`` (from the env file), or a path or
+    URI through ``in_double_quotes``."""
     storage_check: str | None = None
     """Run first on every node; fails, saying how to fix it, when the storage cannot be used."""
     env_file: bool = False
@@ -105,11 +112,11 @@ def _environment_commands(setup: NodeSetup) -> list[str]:
             f"test -x ~/venv/bin/python || ~/.local/bin/uv venv --python {PYTHON_VERSION} ~/venv",
             f"~/.local/bin/uv pip install --python ~/venv/bin/python {packages} -e ~/fusion-ray",
         ]
-    env = setup.python_env
+    word, text = shell_word(setup.python_env), in_double_quotes(setup.python_env)
     return [
-        f"test \"$({env}/bin/python -c 'import ray; print(ray.__version__)')\" = {RAY_VERSION} || "
-        f"{{ echo \"{env}/bin/python on $(hostname) must have Ray {RAY_VERSION} (the laptop's) "
-        f"and this project's dependencies, e.g. {env}/bin/pip install "
+        f"test \"$({word}/bin/python -c 'import ray; print(ray.__version__)')\" = {RAY_VERSION} || "
+        f"{{ echo \"{text}/bin/python on $(hostname) must have Ray {RAY_VERSION} (the laptop's) "
+        f"and this project's dependencies, e.g. {text}/bin/pip install "
         f"'ray[default,tune,train]=={RAY_VERSION}' -e CHECKOUT\" >&2; exit 1; }}"
     ]
 
@@ -117,7 +124,7 @@ def _environment_commands(setup: NodeSetup) -> list[str]:
 def profile_lines(setup: NodeSetup) -> list[str]:
     """``~/.fusion-ray-profile``, sourced by every shell Ray opens on a node. The same on every
     node, so nodes that share a home directory (NFS) agree; only the head runs a driver."""
-    env = "$HOME/venv" if setup.python_env is None else setup.python_env
+    env = "$HOME/venv" if setup.python_env is None else in_double_quotes(setup.python_env)
     lines = [f'export PATH="{env}/bin:$PATH"']
     if setup.python_env is not None:
         lines.append('export PYTHONPATH="$HOME/fusion-ray"')  # the synced commit runs
@@ -241,26 +248,79 @@ def shell_join(words: Sequence[str]) -> str:
     return " ".join(shell_word(word) for word in words)
 
 
+def in_double_quotes(value: str) -> str:
+    """``value`` to be written between double quotes in bash: '\\', '"', '$' and '`' escaped, so
+    that bash reads back exactly ``value`` (where a path is followed by more text, e.g.
+    ``"PATH/bin:$PATH"``)."""
+    return re.sub(r'([\\"$`])', r"\\\1", value)
+
+
 # ----------------------------------------------------------------------------- YAML text
 
 
-def _dump(value: object) -> str:
-    return yaml.safe_dump(value, width=10**6, sort_keys=False, default_flow_style=False)
+class _Dumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper, writing the styles of ``_Flow`` and ``_Quoted``."""
+
+    indent_lists = False
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        return super().increase_indent(flow, indentless and not self.indent_lists)
 
 
-def _commands(key: str, commands: list[str]) -> str:
-    return f"{key}:\n" + "".join("  " + line + "\n" for line in _dump(commands).splitlines())
+class _IndentedDumper(_Dumper):
+    """Lists under a key indented (``key:`` then ``  - item``), as the command lists are."""
+
+    indent_lists = True
+
+
+class _Flow(list):
+    """A list written on one line, ``[a, b]``."""
+
+
+class _Quoted(str):
+    """A string written between double quotes."""
+
+
+_Dumper.add_representer(
+    _Flow, lambda dumper, v: dumper.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True)
+)
+_Dumper.add_representer(
+    _Quoted, lambda dumper, v: dumper.represent_scalar("tag:yaml.org,2002:str", v, style='"')
+)
+
+
+def _dump(value: dict, indent_lists: bool = False) -> str:
+    """``value`` serialised by a safe dumper: every string is a YAML scalar of its own, escaped
+    where it holds a line break or any other character YAML must not see as itself."""
+    dumper = _IndentedDumper if indent_lists else _Dumper
+    return yaml.dump(value, Dumper=dumper, width=10**6, sort_keys=False, default_flow_style=False)
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable written as its escape (``\\r``,
+    ``\\x85``, ``\\u2028``): a comment holding it ends at no line break YAML knows."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
 
 
 def _comment(text: str) -> str:
-    """``text`` as YAML comment lines of at most 100 characters."""
-    return "".join(f"# {line}\n" for line in textwrap.wrap(text, 98, break_on_hyphens=False))
+    """``text`` as YAML comment lines of at most 100 characters, printable characters only."""
+    lines = textwrap.wrap(_printable(text), 98, break_on_hyphens=False)
+    return "".join(f"# {line}\n" for line in lines)
+
+
+def _comment_lines(*lines: str) -> str:
+    """Comment lines as given (``#`` included), printable characters only."""
+    return "".join(_printable(line) + "\n" for line in lines)
+
+
+def _block(comment: str | None, keys: dict, indent_lists: bool = False) -> str:
+    """Top-level keys, serialised, after a comment saying what they do."""
+    return (_comment(comment) if comment else "") + _dump(keys, indent_lists)
 
 
 def _shared_sections(setup: NodeSetup) -> str:
-    """file_mounts .. worker_start_ray_commands, with their comments: the same text in both files
-    but for the setup's parameters."""
-    mounts = "".join(f"  {remote}: {local}\n" for remote, local in file_mounts(setup).items())
+    """file_mounts .. worker_start_ray_commands, with their comments: the same in both files but
+    for the setup's parameters."""
     env = (
         f"Python {PYTHON_VERSION} in ~/venv (uv), the same Ray as the laptop's, this checkout "
         "(editable, so a re-synced checkout is what runs)"
@@ -269,32 +329,46 @@ def _shared_sections(setup: NodeSetup) -> str:
         "this checkout first on its PYTHONPATH (so a re-synced checkout is what runs)"
     )
     env_file = ", cluster.env holds FUSION_RAY_S3" if setup.env_file else ""
-    return (
-        _comment(
+    mounts = {
+        "file_mounts": file_mounts(setup),
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
+        "rsync_exclude": _Flow([_Quoted("**/__pycache__")]),
+        "rsync_filter": [],
+    }
+    setup_keys = {
+        "setup_commands": setup_commands(setup),
+        "head_setup_commands": [],
+        "worker_setup_commands": [],
+    }
+    blocks = [
+        _block(
             "Laptop -> every node. The checkout is a clean clone of the commit being run (so the "
-            f"MLflow `git_sha` tag is that commit), the token is Ray's{env_file}."
-        )
-        + f"file_mounts:\n{mounts}"
-        + "cluster_synced_files: []\nfile_mounts_sync_continuously: false\n"
-        + 'rsync_exclude: ["**/__pycache__"]\nrsync_filter: []\n\ninitialization_commands: []\n\n'
-        + _comment(
+            f"MLflow `git_sha` tag is that commit), the token is Ray's{env_file}.",
+            mounts,
+        ),
+        _block(None, {"initialization_commands": []}),
+        _block(
             f"Every node: {env}; and a login profile, the same on every node (so nodes sharing a "
             "home directory agree): that environment, token authentication, and where the sweep "
             f"driver on the head writes (checkpoints to {setup.storage}/ray_results, runs to the "
-            "MLflow server on the head) and that it joins this cluster."
-        )
-        + _commands("setup_commands", setup_commands(setup))
-        + "head_setup_commands: []\nworker_setup_commands: []\n\n"
-        + _comment(
+            "MLflow server on the head) and that it joins this cluster.",
+            setup_keys,
+            indent_lists=True,
+        ),
+        _block(
             "The MLflow server listens on 127.0.0.1 only (runs in ~/mlflow/mlflow.db on the head's "
             f"disk, artifacts proxied to {setup.storage}/mlflow); it is started unless already up, "
             "and `ray up` waits until it answers. `ray down` leaves it running (its pid is in "
-            "~/mlflow/server.pid). The Ray dashboard is on 127.0.0.1 too."
-        )
-        + _commands("head_start_ray_commands", head_start_commands(setup))
-        + "\n"
-        + _commands("worker_start_ray_commands", worker_start_commands(setup))
-    )
+            "~/mlflow/server.pid). The Ray dashboard is on 127.0.0.1 too.",
+            {"head_start_ray_commands": head_start_commands(setup)},
+            indent_lists=True,
+        ),
+        _block(
+            None, {"worker_start_ray_commands": worker_start_commands(setup)}, indent_lists=True
+        ),
+    ]
+    return "\n".join(blocks)
 
 
 # ----------------------------------------------------------------------------- AWS
@@ -314,6 +388,7 @@ _AWS_IMAGE = (
     "base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
 
+#: The part of cluster.yaml above the shared sections: fixed text, no value from outside.
 _AWS = f"""\
 # fusion-ray on AWS with the Ray cluster launcher: `ray up cluster.yaml` (docs: "Run on a
 # cluster"). Rendered by `python -m fusion_ray.cluster aws > cluster.yaml` from
@@ -449,43 +524,71 @@ class Lab:
             ("--name", self.name, _NAME, "letters, digits, '-' and '_'"),
             *[("--workers", w, _HOST, "IP addresses or host names") for w in self.workers],
         ]:
-            if not pattern.fullmatch(value):
-                out.append(f"{what} {value!r}: expected {expected}")
+            if not (isinstance(value, str) and pattern.fullmatch(value)):
+                out.append(f"{what} {_shown(value)}: expected {expected}")
         if len(set(self.workers)) != len(self.workers) or self.head in self.workers:
-            out.append(f"--workers {','.join(self.workers)}: list each node once, not the head")
+            shown = _printable(",".join(map(str, self.workers)))
+            out.append(f"--workers {shown}: list each node once, not the head")
         if not self.workers and not self.head_trials:
             out.append("no --workers: give some, or --head-trials so that the head runs trials")
-        if not _WORD.fullmatch(self.storage) or not _STORAGE.fullmatch(self.storage):
-            out.append(
-                f"--storage {self.storage!r}: an absolute path mounted on every node (NFS) or "
-                "s3://BUCKET/PREFIX, without spaces or quotes"
-            )
-        if self.python_env is not None and not (
-            _WORD.fullmatch(self.python_env) and self.python_env.startswith("/")
+        storage = self.storage
+        if not (
+            isinstance(storage, str) and _WORD.fullmatch(storage) and _STORAGE.fullmatch(storage)
         ):
             out.append(
-                f"--python-env {self.python_env!r}: an absolute path, the same on every node"
+                f"--storage {_shown(storage)}: an absolute path mounted on every node (NFS) or "
+                "s3://BUCKET/PREFIX, without spaces or quotes"
             )
-        ports = list(vars(self.ports).values())
-        if len(set(ports)) != len(ports) or not all(0 < p < 65536 for p in ports):
-            out.append(f"ports {ports}: distinct numbers from 1 to 65535")
-        if self.ssh_proxy_command is not None and "\n" in self.ssh_proxy_command:
-            out.append("--ssh-proxy-command: one line")
-        return out
+        env = self.python_env
+        if env is not None and not (
+            isinstance(env, str) and _WORD.fullmatch(env) and env.startswith("/")
+        ):
+            out.append(f"--python-env {_shown(env)}: an absolute path, the same on every node")
+        return out + self._port_problems() + self._proxy_problems()
+
+    def _port_problems(self) -> list[str]:
+        ports = vars(self.ports)
+        wrong = [name for name, p in ports.items() if type(p) is not int]  # not a bool either
+        if wrong:
+            return [
+                f"--{name.replace('_', '-')}-port {_shown(ports[name])}: a whole number from 1 to "
+                "65535"
+                for name in wrong
+            ]
+        values = list(ports.values())
+        if len(set(values)) != len(values) or not all(0 < p < 65536 for p in values):
+            return [f"ports {values}: distinct numbers from 1 to 65535"]
+        return []
+
+    def _proxy_problems(self) -> list[str]:
+        """The proxy command is shell code by design (ssh runs it): written as it is, on one line,
+        so it may hold no character that is not printable."""
+        proxy = self.ssh_proxy_command
+        if proxy is None or (isinstance(proxy, str) and proxy.isprintable()):
+            return []
+        if not isinstance(proxy, str):
+            return [f"--ssh-proxy-command {_shown(proxy)}: a command, as text"]
+        bad = next(char for char in proxy if not char.isprintable())
+        return [
+            f"--ssh-proxy-command {_shown(proxy)}: holds {ascii(bad)[1:-1]} (a line break, control "
+            "character, NUL or text that is not UTF-8); write the command on one line of "
+            "printable characters"
+        ]
 
     def setup(self) -> NodeSetup:
         """The node setup both cluster files share, with this lab's storage and head resources."""
         storage = self.storage.rstrip("/")
         check = None
         if not storage.startswith("s3://"):
+            word = shell_word(storage)
             check = (
-                f'test -d {storage} && test -w {storage} || {{ echo "{storage} is not a writable '
-                'folder on $(hostname), mount the shared storage at the same path on every node" '
-                ">&2; exit 1; }"
+                f'test -d {word} && test -w {word} || {{ echo "{in_double_quotes(storage)} is not '
+                "a writable folder on $(hostname), mount the shared storage at the same path on "
+                'every node" >&2; exit 1; }'
             )
         driver = f"--resources='{{\"{DRIVER_RESOURCE}\":{DRIVER_SLOTS}}}'"
         return NodeSetup(
-            storage=storage,
+            storage=in_double_quotes(storage),
             storage_check=check,
             python_env=self.python_env,
             s3=storage.startswith("s3://"),
@@ -495,20 +598,32 @@ class Lab:
 
     def argv(self) -> list[str]:
         """The command that renders this lab's file."""
-        args = ["python", "-m", "fusion_ray.cluster", "onprem", "--name", self.name]
-        args += ["--head", self.head, "--workers", ",".join(self.workers)]
-        args += ["--user", self.user, "--key", self.key, "--storage", self.storage]
+        args = ["python", "-m", "fusion_ray.cluster", "onprem", *_option("--name", self.name)]
+        args += [*_option("--head", self.head), *_option("--workers", ",".join(self.workers))]
+        args += [*_option("--user", self.user), *_option("--key", self.key)]
+        args += _option("--storage", self.storage)
         if self.python_env:
-            args += ["--python-env", self.python_env]
+            args += _option("--python-env", self.python_env)
         if self.head_trials:
             args.append("--head-trials")
         if self.ssh_proxy_command:
-            args += ["--ssh-proxy-command", self.ssh_proxy_command]
+            args += _option("--ssh-proxy-command", self.ssh_proxy_command)
         defaults = Ports()
         for port, value in vars(self.ports).items():
             if value != getattr(defaults, port):
                 args += [f"--{port.replace('_', '-')}-port", str(value)]
         return args
+
+
+def _option(flag: str, value: str) -> list[str]:
+    """``flag value``, or ``flag=value`` where the value would be read as an option."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def _shown(value: object) -> str:
+    """``value`` in an error message: quoted, escaped (printable), at most 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:76] + "...'"
 
 
 def _lab_header(lab: Lab) -> str:
@@ -533,7 +648,7 @@ def _lab_header(lab: Lab) -> str:
             "at `ray up`). Rendered by the command below; render your own rather than editing "
             "this file:"
         )
-        + f"#   {shlex.join(lab.argv())} > FILE.yaml\n#\n"
+        + _comment_lines(f"#   {shell_join(lab.argv())} > FILE.yaml", "#")
         + _comment(
             f"What it needs: SSH for {lab.user} with {lab.key} from the laptop to every node and "
             f"from the head to the workers (Ray copies the key to the head); {python}; the NVIDIA "
@@ -543,10 +658,13 @@ def _lab_header(lab: Lab) -> str:
             f"`{DRIVER_RESOURCE}` for the drivers of DDP trials, and {head}. Once, on your "
             "laptop, from the checkout's root:"
         )
-        + "#\n"
-        + "#   ray get-auth-token --generate          # Ray token authentication: every node gets this token\n"
-        + "#   rm -rf ~/.fusion-ray/checkout && git clone --quiet . ~/.fusion-ray/checkout   # the commit being run\n"
-        + "#   ray up FILE.yaml -y\n\n"
+        + _comment_lines(
+            "#",
+            "#   ray get-auth-token --generate          # Ray token authentication: every node gets this token",
+            "#   rm -rf ~/.fusion-ray/checkout && git clone --quiet . ~/.fusion-ray/checkout   # the commit being run",
+            "#   ray up FILE.yaml -y",
+            "",
+        )
     )
 
 
@@ -560,19 +678,17 @@ def render_onprem(lab: Lab) -> str:
     if lab.ssh_proxy_command:
         auth["ssh_proxy_command"] = lab.ssh_proxy_command
     provider = {"type": "local", "head_ip": lab.head, "worker_ips": list(lab.workers)}
-    return (
-        _lab_header(lab)
-        + f"cluster_name: {lab.name}\n\n"
-        + _comment(
+    blocks = [
+        _block(None, {"cluster_name": lab.name}),
+        _block(
             "The head's autoscaler starts every worker right after `ray up` and keeps it "
-            "(min_workers = max_workers = the number of worker_ips)."
-        )
-        + _dump({"provider": provider})
-        + "\n"
-        + _dump({"auth": auth})
-        + "\n"
-        + _shared_sections(lab.setup())
-    )
+            "(min_workers = max_workers = the number of worker_ips).",
+            {"provider": provider},
+        ),
+        _block(None, {"auth": auth}),
+        _shared_sections(lab.setup()),
+    ]
+    return _lab_header(lab) + "\n".join(blocks)
 
 
 #: The committed example, cluster-onprem.yaml (documentation addresses, RFC 5737).

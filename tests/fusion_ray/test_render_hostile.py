@@ -1,4 +1,4 @@
-"""Hostile values in every input of ``fusion-ray cluster slurm`` and ``fusion-ray cluster k8s``
+"""Hostile values in every input of ``fusion-ray cluster slurm``, ``k8s`` and ``onprem``
 (newlines, carriage returns, quotes, ``$(...)``, backquotes, ``---``, ``#``, backslashes, Unicode
 line separators, undecodable bytes, very long text): each renderer refuses the value with an
 error naming its flag, or writes it where it belongs and nowhere else.
@@ -13,12 +13,16 @@ node temp dir, hands ``--activate`` and ``--node-ip-command`` to ``eval`` as one
 runs nothing else (a ``canary`` and a ``touch`` on PATH record any call). The header's command
 renders the same script again. The manifest: ``yaml.safe_load_all`` gives one document of the
 same shape as a benign render's, the value exactly where it belongs, and the entrypoint, split
-by shlex, the exact words.
+by shlex, the exact words. A lab's cluster file: printable text, comment lines only above
+``cluster_name``, one YAML document of a benign render's shape with the value exactly where it
+belongs, the shell commands holding it giving it back as one word when split, and the header's
+command rendering the same file again.
 
 The values: fixed payloads (among them the ones that broke the renderers: a newline in an
 override, in the sweep file's name or in --workdir ending the header comment ahead of the
 #SBATCH lines or starting a second YAML document; a quote or ``$(...)`` in --node-tmp; a space
-in --output) and strings drawn from them by a seeded generator (the same every run).
+in --output; a carriage return or U+2028 in --ssh-proxy-command ending the lab file's header
+comment, the rest read as YAML keys) and strings drawn from them by a seeded generator (the same every run).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ import pytest
 import yaml
 
 from fusion_ray import k8s, slurm
+from fusion_ray.cluster import Lab, Ports, in_double_quotes, render_onprem
+from fusion_ray.cluster import main as cluster_main
 from fusion_ray.k8s import KubeJob, manifest, render_k8s
 from fusion_ray.slurm import SlurmJob, render_slurm
 
@@ -754,3 +760,218 @@ def test_k8s_header_commands_with_hostile_values_render_the_same_manifest(tmp_pa
             if text is not None:
                 texts.append(text)
     _check_headers(tmp_path, texts, "k8s", k8s.main)
+
+
+# ----------------------------------------------------------------------------- on-prem and AWS
+
+LAB_BASE = Lab(
+    head="10.0.0.1",
+    workers=("10.0.0.2",),
+    user="lab",
+    key="~/.ssh/id_ed25519",
+    storage="/mnt/shared/fusion-ray",
+)
+
+
+def _lab(**changes: Any) -> Lab:
+    return dataclasses.replace(LAB_BASE, **changes)
+
+
+def _setup_command(doc: dict, start: str) -> str:
+    (command,) = [c for c in doc["setup_commands"] if c.startswith(start)]
+    return command
+
+
+def _profile(doc: dict) -> list[list[str]]:
+    """The login profile's lines, each split as bash splits it (``printf '%s\\n' LINE...``)."""
+    words = shlex.split(_setup_command(doc, "printf "))
+    assert words[:2] == ["printf", "%s\\n"] and words[-2:] == [">", "~/.fusion-ray-profile"]
+    return [shlex.split(line) for line in words[2:-2]]
+
+
+def _storage_words(doc: dict, root: str) -> tuple[list[str], list[str]]:
+    """Where the storage root is in the commands, and where it must be."""
+    profile = [w for line in _profile(doc) for w in line if w.startswith("FUSION_RAY_STORAGE=")]
+    start = shlex.split(doc["head_start_ray_commands"][1])
+    found = [*profile, start[start.index("--artifacts-destination") + 1]]
+    wanted = [f"FUSION_RAY_STORAGE={root}/ray_results", f"{root}/mlflow"]
+    if not root.startswith("s3://"):  # the check that the shared folder is there
+        check = shlex.split(_setup_command(doc, "test -d "))
+        found += [check[2], check[6], check[10].split(" is not a writable folder")[0]]
+        wanted += [root] * 3
+    return found, wanted
+
+
+def _python_env_words(doc: dict, env: str) -> tuple[list[str], list[str]]:
+    """The environment's interpreter in the version check, and its bin on the profile's PATH."""
+    check = _setup_command(doc, 'test "$(')
+    inner = check[len('test "$(') : check.index(')" = ')]
+    path = [w for line in _profile(doc) for w in line if w.startswith("PATH=")]
+    return [shlex.split(inner)[0], *path], [f"{env}/bin/python", f"PATH={env}/bin:$PATH"]
+
+
+@dataclass(frozen=True)
+class LabField:
+    """One input of ``fusion-ray cluster onprem``: its flag (as errors name it), the lab holding
+    a value there, a benign value, and where the value must be in the file."""
+
+    flag: str
+    lab: Callable[[str], Lab]
+    benign: str
+    where: Callable[[dict, str], tuple[Any, Any]]
+
+
+LAB_FIELDS = {
+    "head": LabField(
+        "--head", lambda v: _lab(head=v), "h1", lambda d, v: (d["provider"]["head_ip"], v)
+    ),
+    "workers": LabField(
+        "--workers", lambda v: _lab(workers=("10.0.0.2", v)), "w3",
+        lambda d, v: (d["provider"]["worker_ips"], ["10.0.0.2", v]),
+    ),
+    "user": LabField(
+        "--user", lambda v: _lab(user=v), "u", lambda d, v: (d["auth"]["ssh_user"], v)
+    ),
+    "key": LabField(
+        "--key", lambda v: _lab(key="~/.ssh/" + v), "id",
+        lambda d, v: (d["auth"]["ssh_private_key"], "~/.ssh/" + v),
+    ),
+    "storage": LabField(
+        "--storage", lambda v: _lab(storage="/mnt/" + v), "shared",
+        lambda d, v: _storage_words(d, ("/mnt/" + v).rstrip("/")),
+    ),
+    "storage_s3": LabField(
+        "--storage", lambda v: _lab(storage="s3://bucket/" + v), "prefix",
+        lambda d, v: _storage_words(d, ("s3://bucket/" + v).rstrip("/")),
+    ),
+    "python_env": LabField(
+        "--python-env", lambda v: _lab(python_env="/opt/" + v), "env",
+        lambda d, v: _python_env_words(d, "/opt/" + v),
+    ),
+    "name": LabField("--name", lambda v: _lab(name=v), "lab", lambda d, v: (d["cluster_name"], v)),
+    "ssh_proxy_command": LabField(
+        "--ssh-proxy-command", lambda v: _lab(ssh_proxy_command=v), "nc %h 2222",
+        lambda d, v: (d["auth"]["ssh_proxy_command"], v),
+    ),
+}  # fmt: skip
+
+_LAB_COMMAND = re.compile(r"^#   (python -m fusion_ray\.cluster onprem .*) > FILE\.yaml$", re.M)
+
+
+def check_lab_file(text: str, lab: Lab, benign_shape: Any) -> dict:
+    """Printable text; comment lines only down to ``cluster_name``; one YAML document of the
+    benign render's shape; the header's command, as bash splits it, is the lab's and renders the
+    same file again."""
+    assert _printable_lines(text), "a control character or line separator in the cluster file"
+    lines = text.split("\n")
+    body = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert lines[body] == "" and lines[body + 1].startswith("cluster_name:"), lines[: body + 2]
+    docs = list(yaml.load_all(text, Loader=_LOADER))
+    assert len(docs) == 1, f"{len(docs)} documents"
+    (doc,) = docs
+    assert _shape(doc, "") == benign_shape
+    (command,) = _LAB_COMMAND.findall(text)
+    words = shlex.split(command)
+    assert words[:4] == ["python", "-m", "fusion_ray.cluster", "onprem"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cluster_main(words[3:]) == 0
+    assert out.getvalue() == text, "the header's command renders another file"
+    return doc
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field", LAB_FIELDS)
+def test_onprem_hostile_values_are_refused_or_serialised_where_they_belong(field):
+    spec = LAB_FIELDS[field]
+    benign_shape = _shape(yaml.safe_load(render_onprem(spec.lab(spec.benign))), "")
+    rendered = 0
+    for value in [spec.benign, *hostile(f"onprem {field}")]:
+        lab = spec.lab(value)
+        text = _refused_or_rendered(render_onprem, lab, spec.flag)
+        if text is None:
+            continue
+        doc = check_lab_file(text, lab, benign_shape)
+        found, wanted = spec.where(doc, value)
+        assert found == wanted, (field, value[:60])
+        rendered += 1
+    assert rendered >= 1
+    if field == "ssh_proxy_command":
+        assert rendered > 40, "most values are legal here: the check must see them rendered"
+
+
+#: A line of YAML of its own after a line break YAML knows: the file would run in this image.
+_INJECTED = "docker: {image: evil, container_name: x} #"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("ssh_proxy_command", f"nc %h 2222\r{_INJECTED}"),
+     ("ssh_proxy_command", f"nc %h 2222\x85{_INJECTED}"),
+     ("ssh_proxy_command", f"nc %h 2222\u2028{_INJECTED}"),
+     ("ssh_proxy_command", f"nc %h 2222\u2029{_INJECTED}"),
+     ("name", f"lab\r{_INJECTED}"), ("name", f"lab\n{_INJECTED}"),
+     ("storage", f"x\r{_INJECTED}"), ("python_env", f"x\n{_INJECTED}"),
+     ("key", f"id\u2028{_INJECTED}")],
+)  # fmt: skip
+def test_onprem_reproduction_a_line_break_adds_no_key(field, value):
+    """A carriage return (or U+0085, U+2028, U+2029) in --ssh-proxy-command used to end the
+    header's comment, which quotes the command that rendered the file: the rest was read as YAML
+    (a ``docker:`` key made every node run in another image)."""
+    spec = LAB_FIELDS[field]
+    text = _refused_or_rendered(render_onprem, spec.lab(value), spec.flag)
+    if text is not None:
+        assert "docker" not in yaml.safe_load(text), "the value added a key"
+        benign_shape = _shape(yaml.safe_load(render_onprem(spec.lab(spec.benign))), "")
+        doc = check_lab_file(text, spec.lab(value), benign_shape)
+        found, wanted = spec.where(doc, value)
+        assert found == wanted
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("field", LAB_FIELDS)
+def test_onprem_a_nul_or_a_lone_surrogate_is_refused_naming_the_flag(field):
+    spec = LAB_FIELDS[field]
+    for value in ("a\0b", "a\udcffb"):
+        with pytest.raises(ValueError, match=re.escape(spec.flag)):
+            render_onprem(spec.lab(value))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("port", list(vars(Ports())))
+def test_onprem_a_port_that_is_no_number_is_refused_naming_the_flag(port):
+    """The ports are written as numbers; a string (or True) from code calling the renderer is
+    refused, not written."""
+    flag = f"--{port.replace('_', '-')}-port"
+    for value in ("5000\rdocker: {image: evil} #", True, 5000.5):
+        lab = _lab(ports=dataclasses.replace(Ports(), **{port: value}))
+        with pytest.raises(ValueError, match=re.escape(flag)):
+            render_onprem(lab)
+
+
+@pytest.mark.unit
+def test_onprem_a_value_starting_with_a_dash_is_one_word_of_the_header():
+    """``--name --x`` would be read as two options: the header writes ``--name=--x``."""
+    lab = _lab(name="--no-report", key="-k", ssh_proxy_command="-W")
+    text = render_onprem(lab)
+    shape = _shape(yaml.safe_load(render_onprem(_lab(ssh_proxy_command="nc %h 2222"))), "")
+    doc = check_lab_file(text, lab, shape)
+    assert (doc["cluster_name"], doc["auth"]["ssh_private_key"]) == ("--no-report", "-k")
+
+
+@pytest.mark.process  # bash reads each value back
+def test_a_value_in_double_quotes_is_read_back_by_bash_exactly(tmp_path):
+    """What the cluster files write between double quotes (the storage root, the environment's
+    path) is each value exactly, once bash has read it."""
+    values = [v for v in hostile("double quotes") if "\0" not in v]
+    script = "".join(f'printf "%s\\0" "{in_double_quotes(v)}"\n' for v in values)
+    (tmp_path / "read.sh").write_bytes(script.encode("utf-8", "surrogateescape"))
+    done = subprocess.run(
+        ["bash", str(tmp_path / "read.sh")],
+        env={"PATH": os.environ["PATH"], "LC_ALL": "C"},
+        capture_output=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and not done.stderr, done.stderr
+    assert done.stdout.decode("utf-8", "surrogateescape").split("\0")[:-1] == values
