@@ -8,7 +8,9 @@ imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report
     from analysis import load_experiment, pair_runs, compare, StatsSettings
     exp = load_experiment("full_grid", "sqlite:///mlflow.db")
     pairing = pair_runs(exp.runs, baseline="add")
-    stats = compare(pairing, StatsSettings(alpha=0.05)).table
+    result = compare(pairing, StatsSettings(alpha=0.05), experiment=exp)
+    result.table       # fixed-n tests per comparison (descriptive after adaptive seeds)
+    result.decisions   # the anytime-valid verdicts of every hypothesis, as decisions.csv
 
 The paired core: ``load`` (MLflow -> tidy frame of the sweep's cells, metrics checked),
 ``other_settings`` (the runs left out as other settings, described), ``pairing`` (seed pairs
@@ -41,7 +43,6 @@ from analysis.stats import (
     Comparisons,
     Statistic,
     StatsSettings,
-    compare,
     hodges_lehmann,
     holm,
     min_attainable_p,
@@ -50,6 +51,7 @@ from analysis.stats import (
     unregister,
     wilcoxon_signed_rank,
 )
+from analysis.verdicts import compare, verdicts
 
 __all__ = [
     "family_evidence",
@@ -74,5 +76,6 @@ __all__ = [
     "register",
     "seeds_needed",
     "unregister",
+    "verdicts",
     "wilcoxon_signed_rank",
 ]

@@ -10,9 +10,7 @@ comparison is to a decision that would stay valid if seeds were added.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,128 +20,11 @@ from analysis.context import ReportContext
 from analysis.drawing import Figure, save
 from analysis.escape import md, md_code
 from analysis.section import Drawn, Section, records, write_csv
-from fusion_ray.decide.questions import Arm, Hypothesis, failures, hypotheses, rows
-from fusion_ray.decide.rules import DEFAULT_RULE, DecisionRule, build_rule
-from fusion_ray.decide.sequential import (
-    FIRST_WAVE,
-    decision_rows,
-    decisions_footnotes,
-    family_evidence,
-)
-from fusion_ray.schema import ADAPTIVE_TAG, DECISIONS_FILE
+from analysis.verdicts import DecisionResult, verdicts
+from fusion_ray.decide.sequential import decisions_footnotes
+from fusion_ray.schema import DECISIONS_FILE
 
 FIGURE = "decisions_e_process"
-
-
-@dataclass
-class DecisionResult:
-    """The rule used, the evidence per hypothesis, and its rows (``DECISION_COLUMNS``)."""
-
-    primary: bool
-    """True for an adaptive sweep (its decisions are the primary analysis)."""
-    alpha: float
-    margin: float | None
-    max_seeds: int | None
-    first: int
-    rule: DecisionRule
-    evidence: dict[str, list[Any]]
-    table: pd.DataFrame
-    marks: dict[tuple, str] = field(default_factory=dict)
-    """(group values..., operator) -> the state of its operator comparison (the tables' marks)."""
-
-    def table_note(self, baseline: str) -> str:
-        """The footnote of tables whose cells carry these decisions."""
-        m = len(self.table)
-        margin = f", equivalence margin ±{self.margin:g} points" if self.margin else ""
-        return (
-            f"Mean ± sd (ddof = 1) of test accuracy (%) over the seeds each cell ran (adaptive "
-            f"seeds, first wave {self.first}, cap {self.max_seeds}). ↑ / ↓ / ≈: decided better / "
-            f"worse than / equivalent to {baseline} by the anytime-valid rule "
-            f"{self.rule.describe()} (one closed test over the sweep's m = {m} hypotheses, "
-            f"alpha = {self.alpha:g}{margin}; null: {self.rule.null}). The seeds each cell got "
-            "depended on the evidence, so no fixed-n test marks these cells."
-        )
-
-
-def _rule(ctx: ReportContext) -> tuple[bool, dict[str, Any], dict[str, Any]]:
-    """Whether the decisions are primary, the rule's settings (the sweep's own for an adaptive
-    sweep; a tag without ``rule`` was written when ``sign`` was the only rule), and how the
-    driver built its family (regimes in the order of length, axis levels, questions)."""
-    text = ctx.experiment.parent_tags.get(ADAPTIVE_TAG)
-    if text:
-        rule = json.loads(text)
-        setting = {
-            "alpha": float(rule["alpha"]),
-            "margin": rule.get("margin"),
-            "max_seeds": int(rule["max"]),
-            "first": int(rule.get("first", FIRST_WAVE)),
-            "rule": build_rule(rule.get("rule", "sign"), **rule.get("rule_options", {})),
-        }
-        built = {k: rule.get(k) for k in ("regimes", "levels", "decide")}
-        return True, setting, built
-    settings = {"alpha": float(ctx.options.settings.alpha), "margin": None, "max_seeds": None}
-    return False, {**settings, "first": None, "rule": build_rule(DEFAULT_RULE)}, {}
-
-
-@dataclass
-class FamilyValues:
-    """The family of hypotheses the runs make, each one's values in seed order and failures."""
-
-    family: list[Hypothesis]
-    values: dict[str, list[float]]
-    failed: dict[str, int]
-
-
-def family_values(ctx: ReportContext, built: dict[str, Any] | None = None) -> FamilyValues:
-    """The hypotheses of ``fusion_ray.decide.questions`` over the experiment's runs, named and
-    valued as the driver names and values them: a FINISHED run's accuracy from its correct
-    counts; a cell whose only runs FAILED scores ``FAILED_SCORE`` (a loss for its arm); seeds
-    in order, each hypothesis up to its first seed that has neither."""
-    built = built or {}
-    pairing, keys = ctx.pairing, list(ctx.pairing.keys)
-    done = pairing.runs
-    failed_runs = _failed_runs(ctx, keys)
-    frames = [f for f in (done, failed_runs) if not f.empty]
-    if not frames:
-        return FamilyValues([], {}, {})
-    seeds = sorted({int(s) for f in frames for s in f["seed"].dropna()})
-    index = {seed: i for i, seed in enumerate(seeds)}
-    scores: dict[tuple[Arm, int], float | None] = {}
-    for _, r in failed_runs.iterrows():
-        scores[(_arm(r, keys), index[int(r["seed"])])] = None
-    for _, r in done.iterrows():
-        scores[(_arm(r, keys), index[int(r["seed"])])] = float(r["test_correct"]) / float(
-            r["test_total"]
-        )
-    arms = list(dict.fromkeys(arm for arm, _ in scores))
-    regimes = built.get("regimes") or ctx.datasets or list(dict.fromkeys(done["dataset"]))
-    levels = built.get("levels") or ctx.axis_levels
-    family = hypotheses(arms, pairing.baseline, regimes, levels, built.get("decide"))
-    values = rows(
-        family, lambda a, s: (a, s) in scores, lambda a, s: scores.get((a, s)), len(seeds)
-    )
-    failed = failures(
-        family, lambda a, s: scores.get((a, s), 0.0), {n: len(v) for n, v in values.items()}
-    )
-    return FamilyValues(family, values, failed)
-
-
-def _arm(run: pd.Series, keys: list[str]) -> Arm:
-    return Arm(tuple((k, str(run[k])) for k in keys), str(run["operator"]))
-
-
-def _failed_runs(ctx: ReportContext, keys: list[str]) -> pd.DataFrame:
-    """The FAILED trial runs of cells that have no FINISHED run (their failures count)."""
-    runs = ctx.experiment.runs
-    if runs.empty or "status" not in runs:
-        return runs.iloc[0:0]
-    failed = runs[runs["status"] == "FAILED"]
-    if failed.empty or any(k not in failed for k in keys):
-        return failed.iloc[0:0]
-    failed = failed.dropna(subset=[*keys, "operator", "seed"])
-    finished = {(_arm(r, keys), int(r["seed"])) for _, r in ctx.pairing.runs.iterrows()}
-    keep = [(_arm(r, keys), int(r["seed"])) not in finished for _, r in failed.iterrows()]
-    return failed[keep].drop_duplicates(subset=[*keys, "operator", "seed"])
 
 
 class DecisionsSection(Section):
@@ -153,39 +34,10 @@ class DecisionsSection(Section):
     follows = "summary"
 
     def compute(self, ctx: ReportContext, warnings: list[str]) -> DecisionResult | None:
-        primary, rule, built = _rule(ctx)
-        found = family_values(ctx, built)
-        if not found.values:
-            return None
-        longest = max((len(v) for v in found.values.values()), default=0)
-        if rule["max_seeds"] is not None and longest > rule["max_seeds"]:
-            warnings.append(
-                f"decisions: the runs have {longest} seeds, more than the adaptive rule's cap "
-                f"of {rule['max_seeds']}; the cap is ignored for these decisions"
-            )
-            rule["max_seeds"] = None
-        if rule["first"] is None:  # a fixed list: every seed was planned, the wave is all of them
-            rule["first"] = longest
-        kinds = {h.name: h.kind for h in found.family}
-        evidence = family_evidence(found.values, **rule, kinds=kinds)
-        rows = decision_rows(
-            evidence,
-            rule["rule"],
-            rule["margin"],
-            values=found.values,
-            kinds=kinds,
-            failed=found.failed,
-            alpha=rule["alpha"],
-            first=rule["first"],
+        alpha = float(ctx.options.settings.alpha)
+        return verdicts(
+            ctx.experiment, ctx.pairing, alpha=alpha, datasets=ctx.datasets, warnings=warnings
         )
-        states = {r["comparison"]: r["state"] for r in rows}
-        marks = {
-            (*(v for _, v in h.terms[0][0].group), h.operator): states[h.name]
-            for h in found.family
-            if h.kind == "operator"
-        }
-        table = pd.DataFrame(rows)
-        return DecisionResult(primary, evidence=evidence, table=table, marks=marks, **rule)
 
     def markdown(self, result: DecisionResult, ctx: ReportContext) -> list[str]:
         saved = _saved(result, ctx) if result.primary else []

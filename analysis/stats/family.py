@@ -62,6 +62,10 @@ class Comparisons:
     """One row per paired seed: group, operator, seed, accuracies and delta (pp)."""
     settings: dict[str, Any]
     warnings: list[str] = field(default_factory=list)
+    decisions: pd.DataFrame | None = None
+    """The anytime-valid decisions of every hypothesis (``DECISION_COLUMNS``), when
+    ``analysis.compare`` was given the experiment; for an adaptive sweep they are its verdicts
+    and this table is descriptive."""
 
 
 def common_denominator(totals: np.ndarray) -> int:

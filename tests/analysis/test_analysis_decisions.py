@@ -98,3 +98,19 @@ def test_an_adaptive_sweep_decides_with_its_own_rule_as_the_primary_analysis(sto
     assert row["p_family"] == pytest.approx(1 / row["e_max"], rel=1e-9)
     assert row["cs_low"] < 6 < row["cs_high"] or math.isinf(row["cs_high"])
     assert (tmp_path / "adaptive" / "figures" / "decisions_e_process.png").is_file()
+
+
+def test_compare_given_the_experiment_returns_the_reports_decisions(store, tmp_path):
+    """The Python API's compare() carries the verdicts beside the fixed-n table: the same rows
+    the report's decisions.csv has (one computation, analysis.verdicts)."""
+    from analysis import compare, load_experiment, pair_runs
+
+    _, table = _report(store, "adaptive", tmp_path)
+    exp = load_experiment("adaptive", store)
+    result = compare(pair_runs(exp.runs, baseline="add"), experiment=exp)
+    (row,) = result.decisions.to_dict(orient="records")
+    (logged,) = table.to_dict(orient="records")
+    for column in ("comparison", "kind", "state", "verdict", "seeds_used", "decided_at_seed"):
+        assert row[column] == logged[column]
+    assert row["ci_low"] == pytest.approx(logged["ci_low"]) and row["ci_low"] > 0
+    assert compare(pair_runs(exp.runs, baseline="add")).decisions is None
