@@ -36,7 +36,7 @@ from analysis.load import read_run_artifacts, unreadable_artifacts
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.stats import StatsSettings, describe_deltas, finish_family
 from analysis.tables import dataset_order, describe_setting, fmt_p, operator_order, select
-from fusion_ray.schema import PREDICTION_COLUMNS, PREDICTIONS_FILE
+from fusion_ray.schema import ADAPTIVE_TAG, PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 #: The section's CSV files: comparisons per bucket (and contrasts), accuracy per bucket.
 STATS_CSV = "length_stats.csv"
@@ -357,6 +357,15 @@ def length_markdown(lengths: LengthAnalysis, ctx: ReportContext) -> list[str]:
         "with length inside the dataset.",
         "",
     ]
+    adaptive = bool(ctx.experiment.parent_tags.get(ADAPTIVE_TAG))
+    if adaptive:
+        lines += [
+            "This sweep ran adaptive seeds: the seeds each cell got depended on the decisions, "
+            "so these fixed-n tests are descriptive only (no star marks them). The length "
+            "question across regimes is decided in the Decisions section (kind `length`).",
+            "",
+        ]
+    lines += truncation_notes(lengths.buckets)
     buckets = lengths.buckets
     bucket_axes = [a for a in ctx.axes if a in buckets]
     plain = buckets.drop(columns=bucket_axes).drop_duplicates()
@@ -387,10 +396,32 @@ def length_markdown(lengths: LengthAnalysis, ctx: ReportContext) -> list[str]:
             f"| {md(r['dataset'])} |{levels} {md(r['operator'])} | {md(r['bucket'])} | "
             f"{int(r['n_pairs'])} | "
             f"{r['mean_delta']:+.2f} | {r['hl_estimate']:+.2f} | {fmt_p(r['p_wilcoxon'])} | "
-            f"{fmt_p(r['p_holm'])}{'*' if r['significant'] else ''} | "
+            f"{fmt_p(r['p_holm'])}{'*' if r['significant'] and not adaptive else ''} | "
             f"{int(r['wins'])}/{int(r['n_pairs'])} |"
         )
     return [*lines, "", f"All settings: `{STATS_CSV}`, `{ACCURACY_CSV}`.", ""]
+
+
+MOSTLY_TRUNCATED = 0.5
+"""A longest bucket with at least this share of documents beyond ``max_length`` gets a note."""
+
+
+def truncation_notes(buckets: pd.DataFrame) -> list[str]:
+    """A note per dataset whose longest bucket is mostly truncated: its long-short contrast
+    then measures what truncation removes as much as length."""
+    if buckets.empty or "truncated_share" not in buckets:
+        return []
+    out = []
+    for dataset, rows in buckets.groupby("dataset", sort=False):
+        share = rows.iloc[-1]["truncated_share"]
+        if pd.notna(share) and share >= MOSTLY_TRUNCATED:
+            out += [
+                f"**{md(dataset)}**: {share:.0%} of the longest bucket's documents are longer "
+                "than the model's `max_length` and were truncated, so its `long-short` "
+                "contrast measures truncation as much as length.",
+                "",
+            ]
+    return out
 
 
 def length_figure(lengths: LengthAnalysis, ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
