@@ -33,6 +33,7 @@ from analysis.stats import (
     exact_test_columns,
 )
 from analysis.tables import Table, interaction_caption, interaction_table
+from fusion_ray.schema import ADAPTIVE_TAG
 
 #: Name of the interaction family in warnings and in report.md.
 FAMILY = "interaction tests"
@@ -186,7 +187,8 @@ class InteractionSection(Section):
         return inter
 
     def tables(self, result: Interactions, ctx: ReportContext) -> dict[str, Table]:
-        return interaction_tables(result, ctx.keys, ctx.record, ctx.axes)
+        adaptive = bool(ctx.experiment.parent_tags.get(ADAPTIVE_TAG))
+        return interaction_tables(result, ctx.keys, ctx.record, ctx.axes, stars=not adaptive)
 
     def markdown(self, result: Interactions, ctx: ReportContext) -> list[str]:
         return interaction_markdown(result, self.tables(result, ctx), ctx)
@@ -208,12 +210,17 @@ class InteractionSection(Section):
 
 
 def interaction_tables(
-    interactions: Interactions, keys: list[str], settings: Any, axes: list[str]
+    interactions: Interactions,
+    keys: list[str],
+    settings: Any,
+    axes: list[str],
+    stars: bool = True,
 ) -> dict[str, Table]:
-    """One "does the operator effect depend on <axis>?" table per setting axis."""
+    """One "does the operator effect depend on <axis>?" table per setting axis (``stars``:
+    mark Holm's rejections; False in an adaptive sweep, where these tests are descriptive)."""
     return {
         f"interaction:{axis}": interaction_table(
-            interactions.for_axis(axis), axis, keys, settings, interactions.m, axes
+            interactions.for_axis(axis), axis, keys, settings, interactions.m, axes, stars
         )
         for axis in interactions.levels
     }
@@ -244,6 +251,13 @@ def interaction_markdown(
 ) -> list[str]:
     """One table per extra grid axis: does the operator effect depend on it?"""
     lines = ["## Interaction tests", ""]
+    if ctx.experiment.parent_tags.get(ADAPTIVE_TAG):
+        lines += [
+            "This sweep ran adaptive seeds: the seeds each cell got depended on the decisions, "
+            "so these fixed-n tests are descriptive only (no star marks them). The "
+            "interactions are decided in the Decisions section (kind `interaction`).",
+            "",
+        ]
     for axis in ctx.axes:
         table = tables.get(f"interaction:{axis}")
         if table is not None and len(table.display):

@@ -630,10 +630,12 @@ def interaction_table(
     settings: Mapping[str, Any],
     m: int,
     axes: Sequence[str] = (),
+    stars: bool = True,
 ) -> Table:
     """One axis's interaction tests (``analysis.interaction``), compact: per comparison, the
     median delta at the reference and at the level, the per-seed difference (level minus
-    reference) and its Holm-adjusted p over the interaction family of size ``m``."""
+    reference) and its Holm-adjusted p over the interaction family of size ``m``; ``stars``
+    False (an adaptive sweep, where these tests are descriptive): no significance mark."""
     others = [k for k in keys if k != axis]
     reference = str(tests["reference"].iloc[0]) if len(tests) else "reference"
     levels = list(dict.fromkeys(tests["level"].astype(str))) if len(tests) else []
@@ -655,7 +657,7 @@ def interaction_table(
                 ),
                 "wins": f"{int(r['wins'])}/{n}",
                 "p": f"{r['p_wilcoxon']:.4g}",
-                "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] else ""),
+                "p Holm": f"{r['p_holm']:.4g}" + ("*" if r["significant"] and stars else ""),
             }
         )
     alpha = settings.get("alpha", 0.05)
