@@ -512,6 +512,46 @@ def replay(path: Path, first: int, caps: list[int]) -> None:
             )
 
 
+def replay_questions(path: Path, first: int, caps: list[int]) -> None:
+    """The whole family on the logged runs (operator comparisons, the length contrasts and the
+    interactions with the last group part, e.g. scale_embeddings), replayed as adaptive seeds
+    with the default rule: each hypothesis's verdict, seeds, estimates and e-BY interval."""
+    from fusion_ray.decide.questions import Arm, hypotheses, rows
+    from fusion_ray.decide.sequential import decision_rows
+
+    acc: dict[tuple[Arm, int], float] = {}
+    with path.open() as handle:
+        for row in csv.DictReader(handle):
+            regime, position, attention, setting = row["group"].split("/")
+            group = (("dataset", regime), ("position", position),
+                     ("attention_position", attention), ("model.scale_embeddings", setting))  # fmt: skip
+            acc[Arm(group, row["fusion"]), int(row["seed"])] = float(row["test_acc"])
+    arms = list(dict.fromkeys(arm for arm, _ in acc))
+    baseline = next(a.fusion for a in arms)
+    regimes = [r for r in ("short", "medium", "long") if any(a.group[0][1] == r for a in arms)]
+    levels = {"model.scale_embeddings": ["true", "false"]}
+    family = hypotheses(arms, baseline, regimes, levels)
+    seeds = max(s for _, s in acc) + 1
+    values = rows(family, lambda a, s: (a, s) in acc, lambda a, s: acc.get((a, s)), seeds)
+    kinds = {h.name: h.kind for h in family}
+    print(
+        f"\n== replay of the whole family on {path.name}: {len(family)} hypotheses, first {first}"
+    )
+    for cap in caps:
+        states = replay_adaptive(values, first=first, alpha=ALPHA, max_seeds=cap, kinds=kinds)
+        used = {n: values[n][: len(states[n])] for n in values}
+        evidence = family_evidence(used, alpha=ALPHA, max_seeds=cap, first=first, kinds=kinds)
+        table = decision_rows(evidence, values=used, kinds=kinds, alpha=ALPHA, first=first)
+        print(f"  cap {cap}:")
+        for r in table:
+            mean20 = np.mean(values[r["comparison"]])
+            print(f"    {r['kind']:<11} {r['comparison']}: {r['verdict']} after "
+                  f"{r['seeds_used']} seeds, mean {r['mean']:+.2f} (all {seeds}: {mean20:+.2f}), "
+                  f"e-BY ({r['ci_low']:+.2f}, {r['ci_high']:+.2f})")  # fmt: skip
+        runs = len({(a, s) for h in family for a in h.arms for s in range(len(states[h.name]))})
+        print(f"    runs used {runs} of {len(acc)}")
+
+
 def interval_widths(deltas: dict[str, list[float | None]], at: tuple[int, ...] = (10, 14, 20)):
     """Each rule's confidence sequence (at alpha / m) after the same number of seeds."""
     from fusion_ray.decide.rules import build_rule
@@ -549,6 +589,7 @@ def main() -> None:
     if args.replay:
         replay(args.csv, args.first, args.caps)
         interval_widths(read_replay(args.csv))
+        replay_questions(args.csv, args.first, args.caps)
         return
     started = time.perf_counter()
     rng = np.random.default_rng(args.seed)
