@@ -149,11 +149,16 @@ LENGTH_PREDICTIONS_FILE = "test_predictions_by_length.parquet"
 LENGTH_PREDICTION_COLUMNS = ("doc", "length", "label", "eval_length", "pred")
 
 #: Sweep-parent-run tag of an adaptive sweep: its rule as JSON (``first``, ``max``, ``alpha``,
-#: ``margin``, ``rule``, ``rule_options``), so the report decides with the same rule the driver
-#: scheduled by (a tag without ``rule`` was written by the ``sign`` rule, the only one then).
+#: ``margin``, ``rule``, ``rule_options``, ``decide``) and the ``regimes`` and axis ``levels``
+#: its family was built on, so the report decides the same hypotheses with the same rule the
+#: driver scheduled by (a tag without ``rule`` was written by the ``sign`` rule, the only one).
 ADAPTIVE_TAG = "adaptive_seeds"
-#: Sweep-parent-run artifact: one row per comparison with its anytime-valid decision
-#: (``DECISION_COLUMNS``), written by the driver of an adaptive sweep at its end.
+#: Sweep-parent-run artifact: one row per hypothesis (``fusion_ray.decide.questions``: operator
+#: comparisons, length contrasts, interactions) with its anytime-valid decision
+#: (``DECISION_COLUMNS``), written by the driver of an adaptive sweep at its end: its kind,
+#: state and verdict (in its kind's words), the rule, seeds, e-values, family p, the
+#: simultaneous sequence (``cs_*``), the e-BY interval of a decided one (``ci_*`` at
+#: ``ci_level``), mean / median / Hodges-Lehmann of its values, its failed runs and a note.
 DECISIONS_FILE = "decisions.csv"
 DECISION_COLUMNS = (
     "comparison",
