@@ -57,7 +57,7 @@ from analysis.figures import core_figures
 from analysis.gates import GATES
 from analysis.interaction import INTERACTION
 from analysis.lengths import LENGTHS, LengthAnalysis
-from analysis.load import AnalysisError, Experiment
+from analysis.load import AnalysisError, Experiment, StoreAccessError
 from analysis.other_settings import OtherSettings
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
 from analysis.reference import REFERENCE
@@ -392,13 +392,32 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
     )
 
 
+STORE_EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10}
+"""The report's exit codes for a tracking store that refused or did not answer: those of the
+commands that drive trials (``fusion_ray.driver.ACCESS_EXIT_CODES``); any other store problem
+is 2."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics
-    or a bad option; 3 when runs cannot be paired or nothing can be compared."""
+    """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics,
+    a bad option, a tracking URI that names no store, or a report that cannot be written; 3 when
+    runs cannot be paired or nothing can be compared; 8, 9, 10 as the sweep's for a tracking
+    store that refused the credentials, stayed locked or did not answer."""
     args = _parser().parse_args(argv)
     try:
         options = options_from_args(args)
         result = build_report(args.experiment, args.tracking_uri, options)
+    except StoreAccessError as err:
+        print(f"error: {redact(err)}", file=sys.stderr)
+        return STORE_EXIT_CODES.get(err.kind, 2)
+    except OSError as err:  # the report's folder: no space left, no permission
+        where = f" {err.filename}" if err.filename else ""
+        print(
+            f"error: the report could not be written ({err.strerror or err}{where}); free space "
+            "there or pass --out with a folder that can be written",
+            file=sys.stderr,
+        )
+        return 2
     except PairingError as err:
         print(f"error: experiment {args.experiment!r}: {redact(err)}", file=sys.stderr)
         return 3

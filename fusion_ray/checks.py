@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import numbers
+import re
 from typing import Any
 
 
@@ -43,10 +44,21 @@ def shorten_runs(text: str, limit: int = 120) -> str:
     return re.sub(rf"\S{{{limit + 1},}}", lambda m: shorten(m.group(0)), text)
 
 
+_NUMBER_TEXT = re.compile(r"[-+]?[0-9][0-9a-fA-FxXoObB_:]*")
+
+
+def _too_long_number(value: object) -> bool:
+    """An integer too long to be read as one (the sweep file loader keeps it as its text)."""
+    return isinstance(value, str) and len(value) > 100 and bool(_NUMBER_TEXT.fullmatch(value))
+
+
 def error_text(err: dict[str, Any], nullable: bool = False) -> str:
     """One pydantic error's problem, without its location: what the value must be and what it
     was. ``nullable``: the field also accepts null (said in the message)."""
     kind, ctx = err["type"], err.get("ctx") or {}
+    if kind.startswith(("int_", "float_")) and _too_long_number(err.get("input")):
+        digits = len(err["input"])
+        return f"must be a number a setting can use (got one written with {digits:,} characters)"
     got = f" (got {shorten(repr(err.get('input')))})"
     if kind in _BOUNDS:
         key, sign = _BOUNDS[kind]
@@ -59,7 +71,57 @@ def error_text(err: dict[str, Any], nullable: bool = False) -> str:
         return f"allowed values: {str(ctx.get('expected', '')).replace(chr(39), '')}{got}"
     if kind in ("bool_type", "bool_parsing"):
         return f"must be true or false{got}"
+    if kind in ("int_type", "int_from_float") and isinstance(err.get("input"), bool):
+        return f"must be a whole number, not true or false{got}"
+    if kind == "float_type" and isinstance(err.get("input"), bool):
+        return f"must be a number, not true or false{got}"
+    if kind == "value_error":
+        return f"{err['msg'].removeprefix('Value error, ')}{got}"
     return f"{err['msg']}{got}"
+
+
+def not_bool(value: Any) -> Any:
+    """For a number field: true or false is no number (pydantic would read them as 1 and 0)."""
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+def _number_type(hint: Any) -> type | None:
+    """int or float when ``hint`` (``Annotated``, possibly ``| None``) is that number type."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) is typing.Annotated:
+        hint = typing.get_args(hint)[0]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return _number_type(args[0]) if len(args) == 1 else None
+    return hint if hint in (int, float) else None
+
+
+@functools.cache
+def _number_fields(cls: type) -> dict[str, type]:
+    import typing
+
+    hints = typing.get_type_hints(cls, include_extras=True)
+    found = {name: _number_type(hint) for name, hint in hints.items()}
+    return {name: kind for name, kind in found.items() if kind is not None}
+
+
+def bool_number_problems(cls: type, raw: Any, prefix: str = "") -> list[str]:
+    """The number fields of the settings dataclass ``cls`` given true or false in ``raw``, as
+    ``<prefix><field>: problem`` messages: pydantic reads true as 1, so ``epochs: true`` would
+    train one epoch."""
+    if not isinstance(raw, dict) or not dataclasses.is_dataclass(cls):
+        return []
+    fields = _number_fields(cls)
+    return [
+        f"{prefix}{name}: must be a {'whole number' if fields[name] is int else 'number'}, "
+        f"not true or false (got {value!r})"
+        for name, value in raw.items()
+        if name in fields and isinstance(value, bool)
+    ]
 
 
 @functools.cache

@@ -1,10 +1,13 @@
 """Checks before any compute starts: the storage path can be written and the tracking store
-answers. What would otherwise fail only after Ray starts is one message, and the command exits 2.
+answers (a sqlite store: a database, on a disk with room to write; a database URI: its driver
+installed). What would otherwise fail only after Ray starts is one message, and the command
+exits 2.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -58,10 +61,82 @@ def _storage_problems(storage_path: str, remote: bool) -> list[str]:
     return []
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""How every SQLite database file begins (an empty file is an empty database too)."""
+MIN_FREE_BYTES = 1 << 20
+"""Less free space than this beside a sqlite store: MLflow's first write would fail."""
+
+
+def _sqlite_problems(db: Path, remote: bool) -> list[str]:
+    """A sqlite store's file: a database when it exists, in a folder that can be written, on a
+    disk with room for the runs (``remote``: only for a run; a dry run only reads)."""
+    if db.is_dir():
+        return [
+            f"tracking_uri: {db} is a folder, not a database file; name a file such as {db}/mlflow.db"
+        ]
+    if db.is_file():
+        problem = _database_file_problem(db)
+        if problem:
+            return [problem]
+    problem = _writable_dir_problem(db.parent, "tracking_uri")
+    if problem is None and remote:
+        problem = _disk_full_problem(db.parent)
+    return [problem] if problem else []
+
+
+def _database_file_problem(db: Path) -> str | None:
+    """Why the existing file ``db`` is no SQLite database MLflow could open, or None."""
+    try:
+        with db.open("rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except OSError as exc:
+        return f"tracking_uri: {db} cannot be read ({exc.strerror}); check its permissions"
+    if not head or head == SQLITE_HEADER:
+        return None
+    return (
+        f"tracking_uri: {db} is not an SQLite database (it begins with {head[:16]!r}); point "
+        "tracking_uri at the sweep's MLflow store, or at a new file, and leave this one as it is"
+    )
+
+
+def _disk_full_problem(folder: Path) -> str | None:
+    """The disk that holds ``folder`` (or its nearest existing parent) is full, or None."""
+    existing = next((p for p in [folder, *folder.resolve().parents] if p.exists()), None)
+    try:
+        free = shutil.disk_usage(existing).free if existing is not None else MIN_FREE_BYTES
+    except OSError:
+        return None
+    if free >= MIN_FREE_BYTES:
+        return None
+    return (
+        f"tracking_uri: the disk holding {folder} is full ({free // 1024} KiB free), so MLflow "
+        "cannot record the runs in its sqlite store (which is left as it is); free space there "
+        "or point tracking_uri at a store on a larger disk, then run the same command again"
+    )
+
+
+def _database_driver_problem(tracking_uri: str) -> str | None:
+    """A database URI whose SQLAlchemy driver is not installed (MLflow would fail on import)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(tracking_uri).get_dialect().import_dbapi()
+    except ImportError as exc:
+        return redact(
+            f"tracking_uri: {tracking_uri} needs a database driver that is not installed "
+            f"({exc}); install it (e.g. pip install psycopg2-binary, then postgresql+psycopg2://"
+            "...) or point tracking_uri at an MLflow server in front of the database"
+        )
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy raises several types for a bad URI
+        return redact(f"tracking_uri: {tracking_uri} is not a database URI ({exc})")
+    return None
+
+
 def _tracking_problems(tracking_uri: str, timeout_s: float, remote: bool) -> list[str]:
     if tracking_uri.startswith("sqlite:///"):
-        db = Path(tracking_uri.removeprefix("sqlite:///"))
-        problem = _writable_dir_problem(db.parent, "tracking_uri")
+        return _sqlite_problems(Path(tracking_uri.removeprefix("sqlite:///")), remote)
+    if tracking_uri.split(":", 1)[0].split("+")[0].lower() in ("postgresql", "mysql", "mssql"):
+        problem = _database_driver_problem(tracking_uri)
         return [problem] if problem else []
     if not remote or not tracking_uri.startswith(("http://", "https://")):
         return []

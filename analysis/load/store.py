@@ -5,9 +5,11 @@ queries over MLflow's own tables; the sweep's cells and parent run chosen, metri
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +32,14 @@ from analysis.load.frame import (
     EmptyExperimentError,
     Experiment,
     ExperimentNotFoundError,
+    StoreAccessError,
     axis_key,
     axis_levels,
     eval_length_metrics,
     integer_counts,
     tag_column,
 )
+from fusion_ray.redact import redact
 from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     EVAL_LENGTH_METRIC_PREFIXES,
@@ -291,8 +295,9 @@ def load_experiment(
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     _require_store(uri)
-    client = MlflowClient(uri)
-    exp = _find_experiment(client, name, uri)
+    with store_access(uri):
+        client = MlflowClient(uri)
+        exp = _find_experiment(client, name, uri)
     if method not in LOAD_METHODS:
         raise ValueError(f"method must be 'auto', 'sql' or 'search_runs', not {method!r}")
     notes: list[str] = []
@@ -321,7 +326,7 @@ def load_experiment(
 
 def _require_store(uri: str) -> None:
     """A sqlite store that does not exist is a mistyped path: say so instead of letting MLflow
-    create an empty database there."""
+    create an empty database there; a file that is not a database is said to be one."""
     if _is_sqlite(uri) and "///" in uri:
         path = Path(uri.split("///", 1)[1])
         if not path.is_file():
@@ -329,6 +334,69 @@ def _require_store(uri: str) -> None:
                 f"no MLflow store at {path} (tracking URI {uri!r}); pass the store the sweep "
                 "logged to with --tracking-uri (or MLFLOW_TRACKING_URI)"
             )
+        try:
+            with path.open("rb") as f:
+                head = f.read(16)
+        except OSError as exc:
+            raise StoreAccessError("store", f"{path} cannot be read ({exc.strerror})") from None
+        if head and head != b"SQLite format 3\x00":
+            raise StoreAccessError(
+                "store",
+                f"{path} is not an SQLite database (it begins with {head!r}); pass the store "
+                "the sweep logged to with --tracking-uri (or MLFLOW_TRACKING_URI)",
+            )
+
+
+def access_problem(exc: BaseException, uri: str) -> StoreAccessError | None:
+    """What an error of MLflow on first contact says about reaching the store, as one message
+    with the fix (None: something else)."""
+    text, where = str(exc), redact(uri)
+    status = re.search(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b", text)
+    if status:
+        forbidden = "403" in status.group(0) or "PERMISSION" in status.group(0)
+        refused = "403 forbidden" if forbidden else "401 unauthenticated"
+        return StoreAccessError(
+            "auth",
+            f"the MLflow server at {where} refused the report's credentials ({refused}): set "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
+            "for a user that may read the experiment, then run the report again",
+        )
+    if re.search(r"Max retries exceeded|Connection refused|timed out|Failed to establish", text):
+        return StoreAccessError(
+            "unreachable", f"no MLflow server answers at {where}: start it or fix --tracking-uri"
+        )
+    if "database is locked" in text:
+        return StoreAccessError(
+            "locked",
+            f"the tracking store {where} stayed locked by another process beyond MLflow's wait: "
+            "run the report again once that process has finished writing",
+        )
+    if re.search(r"not a database|unsupported URI|file store|filesystem tracking backend", text):
+        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+        first = redact(first.strip().split(". ")[0])
+        return StoreAccessError(
+            "store",
+            f"the tracking URI {where} names no MLflow store the report can read ({first[:200]}); "
+            "pass the store the sweep logged to with --tracking-uri: sqlite:///PATH or "
+            "http(s)://HOST:PORT",
+        )
+    return None
+
+
+@contextlib.contextmanager
+def store_access(uri: str) -> Iterator[None]:
+    """MLflow's errors on first contact with the store as ``StoreAccessError`` where they mean
+    that it refused, did not answer or is no store; anything else as it was."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except (MlflowException, SQLAlchemyError) as exc:
+        problem = access_problem(exc, uri)
+        if problem is None:
+            raise
+        raise problem from None
 
 
 def _find_experiment(client: Any, name: str, uri: str) -> Any:

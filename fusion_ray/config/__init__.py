@@ -17,6 +17,7 @@ from fusion_ray.config.build import (
     build_points,
     build_trial,
     changed_trial_problems,
+    section_builder,
     validate_as,
 )
 from fusion_ray.config.combinations import (
@@ -39,6 +40,7 @@ from fusion_ray.config.files import (
     apply_overrides,
     load_sweep,
     read_sweep_dict,
+    read_yaml_mapping,
     smoke_trial,
     smoke_version,
     validate_collecting,
@@ -96,6 +98,7 @@ __all__ = [
     "build_points",
     "build_trial",
     "changed_trial_problems",
+    "section_builder",
     "combination_settings",
     "combinations",
     "deep_merge",
@@ -103,6 +106,7 @@ __all__ = [
     "load_sweep",
     "pydantic_problems",
     "read_sweep_dict",
+    "read_yaml_mapping",
     "resolve_specs",
     "resources_for",
     "semantic_problems",

@@ -15,6 +15,7 @@ from pydantic import (
     ValidationError,
 )
 
+from fusion_ray.checks import bool_number_problems
 from fusion_ray.config.combinations import (
     Combination,
     combination_settings,
@@ -127,14 +128,26 @@ def build_trial(
     return TrialConfig(dataset, built["data"], built["model"], built["train"], seed=0), []
 
 
-def changed_trial_problems(spec: SweepSpec, point: GridPoint, changes: dict[str, Any]) -> list[str]:
+def section_builder(spec: SweepSpec) -> Callable[[str, dict[str, Any], int], tuple[Any, list[str]]]:
+    """A ``build_section`` for ``build_trial`` that builds each distinct section once: trials
+    that differ in one setting share the other sections' build (the model's is the costly one)."""
+    return _PointBuilder(spec).section
+
+
+def changed_trial_problems(
+    spec: SweepSpec,
+    point: GridPoint,
+    changes: dict[str, Any],
+    build_section: Callable[[str, dict[str, Any], int], tuple[Any, list[str]]] | None = None,
+) -> list[str]:
     """The problems of a grid point's trial with dotted ``section.field`` values put in (a tuned
-    setting at a bound of its search space), found by the same build step as the point's."""
+    setting at a bound of its search space), found by the same build step as the point's
+    (``build_section``: e.g. ``section_builder(spec)``, to build the unchanged sections once)."""
     sections = {name: dataclasses.asdict(getattr(point.trial, name)) for name in SECTIONS}
     for key, value in changes.items():
         set_dotted(sections, key, value)
     workers = resources_for(spec, point.combination.dataset).workers
-    return build_trial(point.combination.dataset, sections, workers)[1]
+    return build_trial(point.combination.dataset, sections, workers, build_section)[1]
 
 
 def _extrapolation_problems(model: ModelSpec, data: DataSpec) -> list[str]:
@@ -175,7 +188,8 @@ def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[A
 
     value, problems = validate_as(SECTIONS[name], settings, name)
     problems = [p.replace(f"{name}: ", f"{name}.", 1) for p in problems]
-    if value is None:
+    problems = bool_number_problems(SECTIONS[name], settings, f"{name}.") + problems
+    if value is None or problems:
         return None, problems
     if name == "data":
         problems += data_rules(value)  # its messages name data.<field> already

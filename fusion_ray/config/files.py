@@ -62,6 +62,10 @@ MAX_FILE_BYTES = 1 << 20
 """A sweep file or fragment larger than this is refused (real ones are a few kilobytes)."""
 MAX_VALUES = 100_000
 """The most values a file may hold once YAML aliases are expanded (an alias bomb has billions)."""
+MAX_INT_CHARS = 100
+"""An integer written with more characters than this is kept as the text it is, so the field it
+is written for refuses it by name (Python would refuse to convert one of over 4,300 digits, and
+a hexadecimal one has no such limit at all)."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -71,6 +75,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, int] = {}
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor` merges a mapping in; the keys written here win
             key = self.construct_object(key_node, deep=True)
             line = key_node.start_mark.line + 1
             if isinstance(key, collections.abc.Hashable) and key in seen:
@@ -84,6 +90,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if isinstance(key, collections.abc.Hashable):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | str:
+        text = self.construct_scalar(node)
+        if len(text) > MAX_INT_CHARS:
+            return text  # no setting takes such a number: its field refuses the text, named
+        return super().construct_yaml_int(node)
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -123,6 +138,13 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise SweepFileError(path, ["top level must be a mapping with name, seeds, grid, datasets"])
     return raw
+
+
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """A sweep-shaped YAML file's top-level mapping, read with the limits of a sweep file (size,
+    aliases, unique keys, long numbers); ``SweepFileError`` or ``FileNotFoundError`` saying why
+    it cannot be."""
+    return _read_yaml(Path(path))
 
 
 def _size_problem(value: Any) -> str | None:
@@ -179,7 +201,12 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
                     f"{shorten(str(fragment_path))}; fix the path or run the phase that writes it"
                 ],
             )
-        merged = deep_merge(merged, _read_yaml(fragment_path))
+        try:
+            found_raw = _read_yaml(fragment_path)
+        except SweepFileError as exc:  # named by the key that brought it in
+            name = shorten(repr(fragment))
+            raise SweepFileError(path, [f"extends: {name}: {p}" for p in exc.problems]) from None
+        merged = deep_merge(merged, found_raw)
     merged = deep_merge(merged, raw)
     try:
         return _expand_env(merged)
@@ -200,14 +227,21 @@ def validate_collecting(model: type[BaseModel], raw: dict[str, Any]) -> tuple[An
         try:
             return model.model_validate(attempt), problems
         except ValidationError as exc:
-            fresh = [
-                e for e in exc.errors() if not (e["type"] == "missing" and e["loc"] in reported)
-            ]
+            fresh = [e for e in exc.errors() if not _after_a_drop(e, reported)]
             reported |= {e["loc"] for e in exc.errors()}
             problems += [p for p in error_lines(fresh) if p not in problems]
             if not _drop_invalid(attempt, exc):
                 break
     return None, problems
+
+
+def _after_a_drop(err: Any, reported: set[tuple]) -> bool:
+    """An error that only says a value reported before was dropped: the value now missing, or a
+    list left empty by dropping its bad items."""
+    loc = err["loc"]
+    if err["type"] == "missing":
+        return loc in reported
+    return err["type"] == "too_short" and any(r[: len(loc)] == loc != r for r in reported)
 
 
 def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str]]:
@@ -253,6 +287,13 @@ def apply_overrides(
             value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
         except yaml.YAMLError as exc:
             problems.append(f"override {override!r}: the value is not valid YAML ({exc})")
+            continue
+        except RecursionError:
+            problems.append(f"override {key}=...: the value is nested too deeply")
+            continue
+        too_big = _size_problem(value)
+        if too_big:
+            problems.append(f"override {key}=...: {too_big}")
             continue
         section = key.split(".", 1)[0]
         if section in PRESET_SECTIONS and "." in key:

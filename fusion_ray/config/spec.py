@@ -11,10 +11,14 @@ from __future__ import annotations
 import collections
 import collections.abc
 import re
-from typing import Any, Literal
+import unicodedata
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -24,10 +28,83 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_ray.checks import error_text, is_int
+from fusion_ray.checks import error_text, is_int, not_bool
 from fusion_ray.data.spec import DataSpec
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
+
+Number = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(not_bool)]
+"""A finite number, written as one (true and false are not 1 and 0)."""
+
+MAX_SEED = 2**63 - 1
+"""The largest seed: a 64-bit integer (seeds are hashed into each generator's own seed)."""
+
+
+def _text_problem(value: str) -> str | None:
+    """Why ``value`` cannot be a path or URI: empty, or with characters no path or URI means (a
+    NUL, a newline, an invisible one such as a right-to-left override)."""
+    if not value.strip():
+        return "must not be empty"
+    hidden = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf")), None)
+    if hidden is not None:
+        return f"must not contain control or invisible characters (found U+{ord(hidden):04X})"
+    return None
+
+
+def _a_path(value: str) -> str:
+    problem = _text_problem(value)
+    if problem:
+        raise ValueError(f"{problem}; give a folder, or a URI such as s3://bucket/prefix")
+    return value
+
+
+TRACKING_STORES = "sqlite:///PATH (a local file) or http(s)://HOST:PORT (an MLflow server)"
+"""What ``tracking_uri`` may be, in messages (a database URI such as postgresql://... too)."""
+_DATABASES = ("postgresql", "mysql", "mssql")
+
+
+def tracking_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` names no MLflow store a sweep can use, or None. Supported: ``sqlite:///PATH``
+    (PATH a file, relative to the working directory; ``sqlite:////abs/path`` for an absolute
+    one), ``http(s)://HOST[:PORT]`` (a tracking server) and the database URIs MLflow's
+    SQLAlchemy store takes (``postgresql://``, ``mysql://``, ``mssql://``, each with an optional
+    ``+driver``). Not ``file://`` or a bare folder: MLflow 3 keeps its file store only in
+    maintenance mode, and refuses it unless told otherwise."""
+    problem = _text_problem(uri)
+    if problem:
+        return f"{problem}; use {TRACKING_STORES}"
+    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", uri)  # one letter: a Windows drive
+    scheme = found.group(1).lower() if found else ""
+    if scheme in ("", "file"):
+        return (
+            "MLflow's file store (file:// or a bare folder) is not supported: MLflow 3 keeps it "
+            f"only in maintenance mode; use {TRACKING_STORES}"
+        )
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///") :] if uri.lower().startswith("sqlite:///") else ""
+        if not path or path.endswith("/") or path == ":memory:":
+            return (
+                "a sqlite store needs a database file after the three slashes: "
+                "sqlite:///mlflow.db (relative to the working directory) or "
+                "sqlite:////abs/path/mlflow.db"
+            )
+        return None
+    if scheme in ("http", "https"):
+        try:
+            host = urlsplit(uri).hostname
+        except ValueError:
+            host = None
+        return None if host else f"names no server; use {TRACKING_STORES}"
+    if scheme.partition("+")[0] in _DATABASES:
+        return None
+    return f"{scheme}: is not an MLflow store fusion-ray supports; use {TRACKING_STORES}"
+
+
+def _a_tracking_uri(uri: str) -> str:
+    problem = tracking_uri_problem(uri)
+    if problem:
+        raise ValueError(problem)
+    return uri
 
 
 class Strict(BaseModel):
@@ -148,14 +225,15 @@ class Defaults(Strict):
 class Resources(Strict):
     """What each trial asks of the cluster."""
 
-    workers: int = Field(1, ge=1)
+    workers: StrictInt = Field(1, ge=1, le=10_000)
     """Ray Train workers (DDP ranks) per trial; 1 runs the loop directly in the Tune trial."""
     use_gpu: bool = False
     """Train on GPUs (nccl for DDP); false trains on CPU (gloo)."""
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0)
+    cpus_per_worker: Number = Field(1.0, gt=0, le=10_000)
+    """CPUs per worker; a fraction such as 0.5 packs two small trials on one core."""
+    gpus_per_worker: Number = Field(0.0, ge=0, le=64)
     """GPUs per worker; a fraction such as 0.25 packs four small trials on one card."""
-    max_concurrent_trials: int | None = Field(None, ge=1)
+    max_concurrent_trials: StrictInt | None = Field(None, ge=1, le=1_000_000)
     """Trials running at once; None lets the cluster's resources decide."""
     force_trainer: bool = False
     """Run one-worker trials through TorchTrainer too (normally they run directly in the Tune trial)."""
@@ -200,14 +278,14 @@ class AdaptiveSeeds(Strict):
 
     adaptive: Literal[True]
     """Marks the block (``true``); a fixed list of seeds is written as a list."""
-    first: int = Field(6, ge=2)
+    first: StrictInt = Field(6, ge=2, le=10_000)
     """Seeds every cell runs before any decision (the first wave)."""
-    max: int = Field(20, ge=2, le=10_000)
+    max: StrictInt = Field(20, ge=2, le=10_000)
     """The most seeds a comparison gets; undecided at this many, it is reported as undecided."""
-    alpha: float = Field(0.05, gt=0, lt=1)
+    alpha: Number = Field(0.05, gt=0, lt=1)
     """The error level of every decision the sweep prints, over all its comparisons at every look
     (one budget for better, worse and equivalent with the magnitude rule)."""
-    margin: float | None = Field(None, gt=0, le=100)
+    margin: Number | None = Field(None, gt=0, le=100)
     """Equivalence margin in accuracy points: a comparison whose effect is shown to lie inside
     (-margin, +margin) is decided "equivalent"; None decides only better / worse / futile."""
     rule: str = "magnitude"
@@ -215,9 +293,7 @@ class AdaptiveSeeds(Strict):
     the paired deltas with one error budget for every decision; ``sign`` counts wins only."""
     rule_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options of the rule, e.g. ``{theta: 1.5}`` for ``magnitude``."""
-    decide: list[Literal["operator", "length", "interaction"]] | None = Field(
-        None, min_length=1
-    )
+    decide: list[Literal["operator", "length", "interaction"]] | None = Field(None, min_length=1)
     """The questions decided in the one family (``fusion_ray.decide.questions``): ``operator``
     (each operator against the baseline per group), ``length`` (per operator and setting arm,
     its delta on the longest regime of ``grid.datasets`` minus the shortest) and
@@ -258,11 +334,14 @@ class SharedSettings(Strict):
     datasets: dict[str, DatasetPreset]
     defaults: Defaults = Field(default_factory=Defaults)
     resources: Resources = Field(default_factory=Resources)
-    storage_path: str = "ray_results"
-    """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix."""
-    tracking_uri: str = "sqlite:///mlflow.db"
-    """The MLflow tracking store or server."""
-    retries: int = Field(1, ge=0)
+    storage_path: Annotated[str, AfterValidator(_a_path)] = "ray_results"
+    """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix. Never empty."""
+    tracking_uri: Annotated[str, AfterValidator(_a_tracking_uri)] = "sqlite:///mlflow.db"
+    """The MLflow tracking store: ``sqlite:///PATH`` (a file; ``sqlite:////abs/path.db`` for an
+    absolute path), ``http(s)://HOST:PORT`` (an MLflow server), or a database URI MLflow takes
+    (``postgresql://...``, ``mysql://...``, ``mssql://...``). Not MLflow's file store
+    (``file://`` or a bare folder), which MLflow 3 keeps only in maintenance mode."""
+    retries: StrictInt = Field(1, ge=0, le=100)
     """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
     address: str | None = None
     """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
@@ -272,7 +351,7 @@ class SweepSpec(SharedSettings):
     """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
 
     seeds: list[StrictInt] = Field(min_length=1)
-    """Every cell runs once per seed; seeds are never sampled. Written as an adaptive block
+    """Every cell runs once per seed (each in 0 .. 2**63 - 1); seeds are never sampled. Written as an adaptive block
     (``{adaptive: true, first: 6, max: 20, alpha: 0.05, margin: 1.0}``) it becomes seeds
     0 .. max-1, of which the evidence decides how many each comparison runs (``adaptive``)."""
     adaptive: AdaptiveSeeds | None = None
@@ -324,8 +403,8 @@ class SweepSpec(SharedSettings):
         dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
         if dupes:
             raise ValueError(f"duplicate seeds {dupes}; list each seed once")
-        if any(s < 0 for s in seeds):
-            raise ValueError("seeds must be >= 0")
+        if any(s < 0 or s > MAX_SEED for s in seeds):
+            raise ValueError(f"each seed must be in 0..{MAX_SEED} (2**63 - 1)")
         return seeds
 
 

@@ -20,6 +20,10 @@ from fusion_ray.data.files import FORMATS, encode_labels, file_format, read_tabl
 from fusion_ray.data.raw import SPLITS, RawDataset, RawSplit
 from fusion_ray.registry import Registry
 
+MAX_SYNTHETIC_DOCUMENTS = 10_000_000
+"""The most documents a synthetic split may have (the study's largest real split has 120,000):
+more is certainly a mistake, and would be generated before the first epoch."""
+
 
 @runtime_checkable
 class DataSource(Protocol):
@@ -380,8 +384,10 @@ class SyntheticSource:
         """The split sizes, num_classes and window."""
         problems = []
         for split, n in self.sizes.items():
-            if n is not None and (not is_int(n) or n < 1):
-                problems.append(f"{p}.n_{split}: must be a positive integer, got {n!r}")
+            if n is not None and (not is_int(n) or not 1 <= n <= MAX_SYNTHETIC_DOCUMENTS):
+                problems.append(
+                    f"{p}.n_{split}: must be an integer in 1..{MAX_SYNTHETIC_DOCUMENTS:,}, got {n!r}"
+                )
         if self.num_classes is not None and (
             not is_int(self.num_classes) or not 2 <= self.num_classes <= 120
         ):

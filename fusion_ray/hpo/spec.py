@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, StrictInt, field_validator, model_validator
 
 from fusion_ray.config import (
     GRID_AXIS_MODEL_FIELDS,
@@ -29,11 +28,14 @@ from fusion_ray.config import (
     bare_names,
     changed_trial_problems,
     read_sweep_dict,
+    read_yaml_mapping,
     resources_for,
+    section_builder,
     semantic_problems,
     smoke_version,
     validate_collecting,
 )
+from fusion_ray.config.spec import MAX_SEED, Number
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train.spec import TrainSpec
 
@@ -52,8 +54,8 @@ class Distribution(Strict):
     (both included), or ``choice`` among ``values``."""
 
     type: Literal["loguniform", "uniform", "int", "choice"]
-    low: float | None = None
-    high: float | None = None
+    low: Number | None = None
+    high: Number | None = None
     values: list[Any] | None = None
 
     @model_validator(mode="after")
@@ -100,9 +102,9 @@ class Distribution(Strict):
 class Asha(Strict):
     """ASHA early stopping, in epochs; the longest a trial runs is the dataset's ``train.epochs``."""
 
-    grace_period: int = Field(1, ge=1)
+    grace_period: StrictInt = Field(1, ge=1, le=100_000)
     """Epochs every trial gets before it can be stopped."""
-    reduction_factor: int = Field(3, ge=2)
+    reduction_factor: StrictInt = Field(3, ge=2, le=1_000)
     """At each rung only the best 1/reduction_factor of trials continue."""
 
 
@@ -121,13 +123,13 @@ class TuneSection(Strict):
     across them wins; no early stopping."""
     position: Named = Field(default_factory=lambda: Named(name="sinusoidal"))
     attention_position: Named = Field(default_factory=lambda: Named(name="none"))
-    seed: int = Field(ge=0)
+    seed: StrictInt = Field(ge=0, le=MAX_SEED)
     """Seed of every tuning trial and of the Optuna sampler; none of the seeds of the sweeps named
     under ``sweeps:`` (tuning on a seed the grid evaluates would let that seed's runs choose the
     settings the operators are compared with)."""
-    num_samples: int = Field(ge=1)
+    num_samples: StrictInt = Field(ge=1, le=100_000)
     """Settings Optuna samples per dataset (each one trial per tuned operator)."""
-    max_concurrent_trials: int | None = Field(None, ge=1)
+    max_concurrent_trials: StrictInt | None = Field(None, ge=1, le=1_000_000)
     """Trials running at once; None uses resources.max_concurrent_trials, else the cluster decides."""
     asha: Asha = Field(default_factory=Asha)
     """Early stopping when one operator is tuned; not used (and refused) with ``fusions``."""
@@ -208,14 +210,14 @@ _FIELDS = {
 
 
 def _yaml_mapping(path: Path) -> dict[str, Any]:
-    """A YAML file's top-level mapping; ValueError saying why it cannot be read."""
+    """A YAML file's top-level mapping, read as a sweep file is (size and alias limits, unique
+    keys); ValueError saying why it cannot be read."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"cannot be read ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ValueError("is not a mapping")
-    return data
+        return read_yaml_mapping(path)
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from exc
+    except SweepFileError as exc:
+        raise ValueError(f"cannot be read ({'; '.join(exc.problems)})") from exc
 
 
 def _seed_list(seeds: Any) -> Any:
@@ -348,13 +350,14 @@ def _space_value_problems(spec: SweepSpec, tune: TuneSection) -> list[str]:
     firsts = {}
     for point in spec.kept_points() or []:
         firsts.setdefault(point.combination.dataset, point)
+    build = section_builder(spec)  # a bound changes one section: the others are built once
     for key, dist in tune.space.items():
         section, _, name = key.partition(".")
         if name not in _FIELDS.get(section, ()) or name in _AXIS_FIELDS:
             continue  # reported by _space_key_problems
         for value in dist.extremes():
             for dataset, point in firsts.items():
-                for p in changed_trial_problems(spec, point, {key: value}):
+                for p in changed_trial_problems(spec, point, {key: value}, build):
                     problem = f"tune.space.{key} = {value!r}: datasets.{dataset}.{p}"
                     if problem not in problems:
                         problems.append(problem)

@@ -22,8 +22,8 @@ class TrainSpec:
 
     optimizer: Literal["adamw", "adam"] = "adamw"
     """AdamW (AG News / IMDB in the study) or Adam (ArXiv)."""
-    lr: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] = 3e-4
-    """Peak learning rate."""
+    lr: Annotated[float, Field(ge=1e-8, le=10, allow_inf_nan=False)] = 3e-4
+    """Peak learning rate (below 1e-8 nothing is learnt: certainly a mistake)."""
     weight_decay: Annotated[float, Field(ge=0, le=10, allow_inf_nan=False)] = 0.01
     """Decoupled weight decay (AdamW) or L2 penalty (Adam)."""
     schedule: Literal["constant", "linear", "cosine"] = "constant"

@@ -203,3 +203,83 @@ def test_a_mistyped_sqlite_path_is_an_error_and_creates_no_database(tmp_path, ca
     assert code == 2
     assert f"no MLflow store at {missing}" in capsys.readouterr().err
     assert not missing.exists()
+
+
+# ----------------------------------------------------------------------------- the store itself
+
+
+@pytest.fixture
+def refusing_server():
+    """An HTTP server on loopback that answers every request 401, as MLflow's basic-auth app
+    answers a client without valid credentials."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def _refuse(self) -> None:
+            body = b"You are not authenticated."
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="mlflow"')
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PATCH = do_DELETE = _refuse
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+def test_a_server_that_refuses_the_credentials_is_one_message_and_exit_8(
+    refusing_server, tmp_path, capsys
+):
+    args = ["--experiment", "x", "--tracking-uri", refusing_server, "--out", str(tmp_path)]
+    assert main(args) == 8
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"error: the MLflow server at {refusing_server} refused the report's credentials "
+        "(401 unauthenticated): set MLFLOW_TRACKING_USERNAME"
+    )
+    assert "Traceback" not in err and len(err.splitlines()) == 1
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "uri, said",
+    [
+        ("javascript:alert(1)", "the tracking URI javascript:alert(1) names no MLflow store"),
+        ("file:///nowhere/mlruns", "the tracking URI file:///nowhere/mlruns names no MLflow store"),
+    ],
+)
+def test_a_uri_that_names_no_store_is_one_message(tmp_path, capsys, uri, said):
+    assert main(["--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {said}") and "Traceback" not in err, err[-2000:]
+    assert len(err.splitlines()) == 1
+
+
+def test_a_sqlite_file_that_is_no_database_is_said_to_be_one_and_left_alone(tmp_path, capsys):
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(b"not a database at all\n")
+    args = ["--experiment", "x", "--tracking-uri", f"sqlite:///{db}", "--out", str(tmp_path / "r")]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert f"error: {db} is not an SQLite database (it begins with b'not a database a" in err
+    assert "Traceback" not in err and db.read_bytes() == b"not a database at all\n"
+
+
+def test_a_report_folder_that_cannot_be_written_is_one_message(store, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "a_file" / "report"
+    args = ["--experiment", "two_operators", "--tracking-uri", store["uri"], "--no-log"]
+    assert main([*args, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "error: the report could not be written (Not a directory" in err, err[-2000:]
+    assert "Traceback" not in err

@@ -321,7 +321,7 @@ def test_an_unreachable_tracking_server_is_one_line_in_seconds(tmp_path, capsys)
 
 def test_a_boolean_seed_is_a_type_error_not_a_duplicate(tmp_path):
     msg = _problems(_write(tmp_path, lambda r: r.update(seeds=[True, 1])))
-    assert "seeds.0: Input should be a valid integer" in msg and "duplicate" not in msg
+    assert "seeds.0: must be a whole number, not true or false" in msg and "duplicate" not in msg
 
 
 def test_a_bad_value_of_a_required_field_is_reported_once(tmp_path):

@@ -1,0 +1,133 @@
+"""Values no sweep can mean, refused by ``python -m fusion_ray.sweep FILE --dry-run`` before
+anything starts: one message naming the field, exit 2, no traceback. Numbers that are not
+finite, out of any usable range, written as true/false, or too long to read; paths and tracking
+URIs that are empty or name no store; a sqlite store that is no database (left as it was)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import yaml
+
+from fusion_ray.hpo.cli import main as hpo_main
+from fusion_ray.sweep import main as sweep_main
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+DIGITS = "9" * 5000
+
+
+def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
+    """The command's one message (exit 2, no traceback)."""
+    assert main([*argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("problem(s) in") == 1, err[-3000:]
+    return err
+
+
+@pytest.mark.parametrize(
+    "override, said",
+    [
+        ("train.lr=1.0e-320", "train.lr: must be >= 1e-08 (got 1e-320)"),
+        ("train.epochs=true", "train.epochs: must be a whole number, not true or false"),
+        ("model.d_model=false", "model.d_model: must be a whole number, not true or false"),
+        (
+            "datasets.short.data.source_kwargs.n_train=1000000000000",
+            "n_train: must be an integer in 1..10,000,000, got 1000000000000",
+        ),
+        ("retries=1000000000", "retries: must be <= 100 (got 1000000000)"),
+        ("retries=true", "retries: must be a whole number, not true or false"),
+        ("resources.cpus_per_worker=.inf", "resources.cpus_per_worker: must be a finite number"),
+        ("resources.cpus_per_worker=true", "resources.cpus_per_worker: must be a number, not"),
+        ("resources.workers=true", "resources.workers: must be a whole number, not true or"),
+        ("resources.max_concurrent_trials=2.0", "resources.max_concurrent_trials: Input should"),
+        ("seeds=[9223372036854775808]", "seeds: each seed must be in 0..9223372036854775807"),
+        (f"seeds=[{DIGITS}]", "seeds.0: must be a number a setting can use (got one written"),
+        (f"train.epochs={DIGITS}", "train.epochs: must be a number a setting can use"),
+        (f"train.epochs=0x{'f' * 5000}", "train.epochs: must be a number a setting can use"),
+        ("storage_path=''", "storage_path: must not be empty"),
+        ('storage_path="a\\0b"', "storage_path: must not contain control or invisible"),
+        ('storage_path="runs\\u202e"', "storage_path: must not contain control or invisible"),
+        ("tracking_uri=''", "tracking_uri: must not be empty"),
+        ("tracking_uri=sqlite:///", "tracking_uri: a sqlite store needs a database file"),
+        ("tracking_uri='sqlite:///:memory:'", "tracking_uri: a sqlite store needs a database file"),
+        ("tracking_uri='javascript:alert(1)'", "tracking_uri: javascript: is not an MLflow store"),
+        ("tracking_uri=file:///tmp/mlruns", "tracking_uri: MLflow's file store"),
+        ("tracking_uri=mlruns", "tracking_uri: MLflow's file store"),
+        ("tracking_uri=http://", "tracking_uri: names no server"),
+    ],
+)
+def test_a_value_no_sweep_can_mean_is_refused_naming_its_field(
+    tmp_path, capsys, monkeypatch, override, said
+):
+    monkeypatch.chdir(tmp_path)
+    path = tiny_sweep(tmp_path)
+    err = _refusal(capsys, [str(path), override])
+    assert said in err, err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.yaml"]  # no store, no results
+
+
+def test_a_5000_digit_integer_in_the_file_is_refused_naming_its_field(tmp_path, capsys):
+    path = tiny_sweep(tmp_path)
+    path.write_text(path.read_text().replace("epochs: 2", f"epochs: {DIGITS}"))
+    err = _refusal(capsys, [str(path)])
+    assert "train.epochs: must be a number a setting can use (got one written with 5,000" in err
+
+
+@pytest.mark.parametrize(
+    "content, said",
+    [
+        (b"hello, not a database\n", "is not an SQLite database (it begins with b'hello, not a da"),
+        (b"\x00" * 4096, "is not an SQLite database"),
+    ],
+)
+def test_a_sqlite_store_that_is_no_database_is_said_to_be_one_and_left_alone(
+    tmp_path, capsys, content, said
+):
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(content)
+    path = tiny_sweep(tmp_path)
+    err = _refusal(capsys, [str(path)])
+    assert f"tracking_uri: {db} {said}" in err, err
+    assert sweep_main([str(path)]) == 2  # a run is refused the same way, before Ray starts
+    assert said in capsys.readouterr().err
+    assert hashlib.sha256(db.read_bytes()).digest() == hashlib.sha256(content).digest()
+
+
+def test_a_sqlite_store_that_is_a_folder_is_refused(tmp_path, capsys):
+    (tmp_path / "mlflow.db").mkdir()
+    err = _refusal(capsys, [str(tiny_sweep(tmp_path))])
+    assert f"tracking_uri: {tmp_path / 'mlflow.db'} is a folder, not a database file" in err
+
+
+def _nan_low(raw: dict) -> None:
+    raw["tune"]["space"]["train.lr"]["low"] = float("nan")
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ("tune.num_samples=true", "tune.num_samples: must be a whole number, not true or false"),
+        ("tune.num_samples=1000000000", "tune.num_samples: must be <= 100000"),
+        ("tune.seed=9223372036854775808", "tune.seed: must be <= 9223372036854775807"),
+        (f"tune.seed={DIGITS}", "tune.seed: must be a number a setting can use"),
+        ("tune.asha.grace_period=true", "tune.asha.grace_period: must be a whole number"),
+        (_nan_low, "tune.space.train.lr.low: must be a finite number"),
+        ("tracking_uri=''", "tracking_uri: must not be empty"),
+    ],
+)
+def test_an_hpo_file_is_held_to_the_same_ranges(tmp_path, capsys, monkeypatch, edit, said):
+    """The HPO file's own counts, seed and search bounds: strict whole numbers and finite
+    numbers in a usable range."""
+    monkeypatch.chdir(tmp_path)
+    raw = yaml.safe_load((ROOT / "sweeps" / "hpo" / "quick.yaml").read_text())
+    raw.update(sweeps=[str(ROOT / "sweeps" / "quickstart.yaml")], output="tuned.yaml")
+    overrides = [edit] if isinstance(edit, str) else []
+    if callable(edit):
+        edit(raw)
+    path = tmp_path / "hpo.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    err = _refusal(capsys, [str(path), *overrides], hpo_main)
+    assert said in err, err[-3000:]
