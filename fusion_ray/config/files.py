@@ -25,6 +25,7 @@ from fusion_ray.checks import shorten, shorten_runs
 from fusion_ray.config.combinations import deep_merge, set_dotted
 from fusion_ray.config.rules import semantic_problems
 from fusion_ray.config.spec import SweepSpec, error_lines
+from fusion_ray.redact import redact
 from fusion_ray.train.spec import TrialConfig
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -50,10 +51,11 @@ def _expand_env(value: Any) -> Any:
 
 
 class SweepFileError(ValueError):
-    """A sweep file with problems; the message lists every one as ``file: field: problem``."""
+    """A sweep file with problems; the message lists every one as ``file: field: problem``,
+    with no credential in it (a refused tracking URI's password is shown as ``***``)."""
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:
-        self.path, self.problems = str(path), [shorten_runs(p) for p in problems]
+        self.path, self.problems = str(path), [shorten_runs(redact(p)) for p in problems]
         lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
         super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
 

@@ -17,6 +17,7 @@ from tests.conftest import ROOT, tiny_sweep
 pytestmark = pytest.mark.unit
 
 DIGITS = "9" * 5000
+SECRET = "S3cret-pw"
 
 
 def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
@@ -24,6 +25,7 @@ def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
     assert main([*argv, "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.count("problem(s) in") == 1, err[-3000:]
+    assert SECRET not in err, "a refused tracking URI's password was shown"
     return err
 
 
@@ -57,6 +59,7 @@ def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
         ("tracking_uri=file:///tmp/mlruns", "tracking_uri: MLflow's file store"),
         ("tracking_uri=mlruns", "tracking_uri: MLflow's file store"),
         ("tracking_uri=http://", "tracking_uri: names no server"),
+        (f"tracking_uri=http://admin:{SECRET}@", "names no server; use sqlite:///PATH"),
     ],
 )
 def test_a_value_no_sweep_can_mean_is_refused_naming_its_field(
@@ -116,6 +119,7 @@ def _nan_low(raw: dict) -> None:
         ("tune.asha.grace_period=true", "tune.asha.grace_period: must be a whole number"),
         (_nan_low, "tune.space.train.lr.low: must be a finite number"),
         ("tracking_uri=''", "tracking_uri: must not be empty"),
+        (f"tracking_uri=https://admin:{SECRET}@", "(got 'https://admin:***@')"),
     ],
 )
 def test_an_hpo_file_is_held_to_the_same_ranges(tmp_path, capsys, monkeypatch, edit, said):
