@@ -14,8 +14,10 @@ translation of the store's errors into the driver's messages, is here.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import subprocess
 import tempfile
 import time
@@ -319,16 +321,10 @@ class Tracker:
     def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
         """Each comparison's evidence at the given looks (``fusion_ray.decide.sequential.Look``) as
         metrics of the parent run, step = seeds so far (``DECISION_METRIC_PREFIX``)."""
-        import hashlib
-        import re
-
         stamp = int(time.time() * 1000)
         metrics = []
         for name, rows in looks.items():
-            key = DECISION_METRIC_PREFIX + re.sub(r"[^\w\-. /]", "_", name)
-            if len(key) > 200:  # MLflow's keys hold 250 characters: a long name keeps a hash
-                digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-                key = f"{key[:180]}_{digest}"
+            key = decision_metric_key(name)
             for look in rows:
                 values = {
                     "e_value": look.e_value,
@@ -460,6 +456,16 @@ class Tracker:
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
         self.client.set_tag(run_id, FAILURE_TAG, redact(reason)[-4900:])
         self.client.set_terminated(run_id, status)
+
+
+def decision_metric_key(name: str) -> str:
+    """The parent-run metric prefix of a hypothesis (``DECISION_METRIC_PREFIX`` + its name with
+    every character MLflow refuses in a key replaced by ``_``; a long name keeps a hash)."""
+    key = DECISION_METRIC_PREFIX + re.sub(r"[^\w\-. /]", "_", name)
+    if len(key) > 200:  # MLflow's keys hold 250 characters
+        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
+        key = f"{key[:180]}_{digest}"
+    return key
 
 
 class TrackingAccessError(RuntimeError):

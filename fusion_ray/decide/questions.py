@@ -152,21 +152,23 @@ def hypotheses(
     levels: Mapping[str, Sequence[str]],
     decide: Sequence[str] | None = None,
 ) -> list[Hypothesis]:
-    """Every hypothesis of the family, in the order the surfaces list them (kinds in
-    ``KINDS`` order; within a kind, the grid's order).
+    """Every hypothesis of the family, in the order every surface lists them: kinds in
+    ``KINDS`` order; within a kind by regime (in the order of length), position, attention
+    position, setting levels (the reference first), then operator by name, whatever order
+    ``arms`` come in (the driver's cells and the report's runs give the same list).
 
     ``arms``: every (group, operator) of the grid, in the grid's order; ``regimes``: the
     datasets in the order of length (the sweep file's ``grid.datasets``); ``levels``: each
     setting axis's levels, the reference first; ``decide``: the kinds to include (None: every
     kind the grid makes possible)."""
     arms = list(arms)
-    groups = list(dict.fromkeys(a.group for a in arms))
+    groups = sorted(dict.fromkeys(a.group for a in arms), key=_rank(regimes, levels))
     have = {(a.group, a.fusion) for a in arms}
     kinds = possible(groups, regimes, levels) if decide is None else tuple(decide)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ValueError(f"decide: unknown question(s) {unknown}; choose from {list(KINDS)}")
-    operators = [f for f in dict.fromkeys(a.fusion for a in arms) if f != baseline]
+    operators = sorted({a.fusion for a in arms} - {baseline})
     out: list[Hypothesis] = []
 
     def complete(*gs: Group, op: str) -> bool:
@@ -184,6 +186,20 @@ def hypotheses(
     if "interaction" in kinds:
         out += _interactions(groups, operators, baseline, levels, complete)
     return out
+
+
+def _rank(regimes: Sequence[str], levels: Mapping[str, Sequence[str]]) -> Callable:
+    """A group's sort key: regime by length, position, attention position, then each setting
+    axis's level in the sweep file's order (unknown values last, by text)."""
+
+    def key(group: Group) -> tuple:
+        out: list[tuple[int, str]] = []
+        for k, v in group:
+            order = list(regimes) if k == "dataset" else list(levels.get(k, ()))
+            out.append((order.index(v) if v in order else len(order), v))
+        return tuple(out)
+
+    return key
 
 
 def _length(groups, operators, baseline, regimes, complete) -> list[Hypothesis]:

@@ -567,8 +567,8 @@ def decisions_footnotes(rows: Sequence[Mapping[str, object]], alpha: float = 0.0
         "after: the seeds a verdict was reached at; seeds: the seeds it has now; failed: its "
         "runs that failed, each scored 0 accuracy (a loss for its arm)",
         f"e-BY interval: for decided hypotheses only, at alpha * R / m (R decided of m = {m}): "
-        f"the chance that any of them misses its effect is at most alpha = {alpha:g} on average "
-        "over the decided (false coverage rate); simultaneous CS: every hypothesis at alpha / m"
+        f"the expected share of decided hypotheses whose interval misses its effect is at most "
+        f"alpha = {alpha:g} (false coverage rate); simultaneous CS: every hypothesis at alpha / m"
         + (
             f", unbounded before {need} seeds (the rule's evidence after n seeds is at most "
             f"its ceiling, which reaches m / alpha = {m / alpha:g} at {need})"
