@@ -172,3 +172,50 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert {m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)} == {1}
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
+
+
+def _two_regimes(tmp_path, **seeds):
+    path = tiny_sweep(tmp_path, name="two_regimes")
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": 6, "max": 14, **seeds}
+    raw["grid"]["datasets"] = ["short", "long"]
+    raw["datasets"]["long"] = yaml.safe_load(yaml.safe_dump(raw["datasets"]["short"]))
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    return SeedSchedule(expand(spec), "add", spec.adaptive, regimes=["short", "long"])
+
+
+@pytest.mark.unit
+def test_a_length_contrast_keeps_running_the_cells_it_needs_and_a_restart_agrees(tmp_path):
+    """gate_scalar is far better on both regimes (both comparisons decided after the first
+    wave or soon after), but by a different, noisy amount: the long-short contrast stays open
+    and alone asks for more seeds of all four cells; a schedule rebuilt from the same results
+    asks for the same cells."""
+    schedule = _two_regimes(tmp_path)
+    names = [h.name for h in schedule.family]
+    assert [h.kind for h in schedule.family] == ["operator", "operator", "length"]
+    noise = [3.0, -4.0, 1.0, -2.0, 4.0, -3.0, 2.0, -1.0, 3.5, -2.5, 1.5, -3.5, 2.5, -1.5]
+
+    def acc(cell):
+        gain = 0.30 if cell.dataset == "short" else 0.32 + noise[cell.seed] / 100
+        return 0.5 + (gain if cell.fusion == "gate_scalar" else 0.0)
+
+    for _ in range(4):
+        _finish(schedule, schedule.needed(), acc)
+    states = {n: s[-1] for n, s in schedule.states().items()}
+    assert states[names[0]] == states[names[1]] == "better" and states[names[2]] == "open"
+    needed = schedule.needed()
+    assert {(c.dataset, c.fusion) for c in needed} == {
+        (d, f) for d in ("short", "long") for f in ("add", "gate_scalar")
+    }
+    again = SeedSchedule(
+        expand(load_sweep(tmp_path / "two_regimes.yaml")),
+        "add",
+        schedule.rule,
+        dict(schedule.results),
+        regimes=["short", "long"],
+    )
+    assert [c.cell_id for c in again.needed()] == [c.cell_id for c in needed]
+    assert again.states() == schedule.states()
+    only = _two_regimes(tmp_path / "ops", decide=["operator"])
+    assert [h.kind for h in only.family] == ["operator", "operator"]
