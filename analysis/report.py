@@ -49,6 +49,7 @@ from analysis.context import (
     ReportOptions,
     arrange,
     loading_warnings,
+    mark_decisions,
     paired_core,
 )
 from analysis.decisions import DECISIONS
@@ -173,6 +174,9 @@ def build_context(
                 warned[section.name] = []
                 ctx.results[section.name] = section.compute(ctx, warned[section.name])
     ctx.results = {s.name: ctx.results[s.name] for s in sections}
+    decided = ctx.results.get("decisions")
+    if getattr(decided, "primary", False):  # an adaptive sweep: its tables mark its decisions
+        mark_decisions(ctx, decided.marks, decided.table_note(str(ctx.options.baseline)))
 
     def placed(where: str) -> list[str]:
         return [w for s in sections if s.warns_with == where for w in warned[s.name]]

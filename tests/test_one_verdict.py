@@ -1,0 +1,153 @@
+"""One verdict on every surface: an adaptive sweep over two regimes x two settings, run by the
+driver's own schedule and tracker against a real (sqlite) MLflow store with planted accuracies
+(no Ray, no training), then read back from each place a researcher reads it: the driver's rows
+(the console table and decisions.csv on the parent run), the parent run's per-look metrics, the
+report (its decisions.csv, summary and Tables 1-3 with their .tex) and analysis.compare().
+
+Planted: with scale_embeddings=true gate_scalar gains 20 points on short documents and 45 on
+long ones (a 25-point length trend); with it false, it loses 6 points on both (no trend); one
+gate_scalar run fails (it counts as a loss)."""
+
+from __future__ import annotations
+
+import json
+import random
+import types
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import compare, load_experiment, pair_runs
+from analysis.report import ReportOptions, build_report
+from fusion_ray.config import load_sweep
+from fusion_ray.decide.sequential import decisions_text
+from fusion_ray.plan import plan
+from fusion_ray.schema import DECISION_METRIC_PREFIX, DECISIONS_FILE, STATE_CODES
+from fusion_ray.seed_policy import AdaptiveSeedPolicy, live_decisions
+from fusion_ray.tracking import Tracker, decision_metric_key
+from tests.conftest import tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+TOTAL = 200
+GAIN = {("short", "true"): 20.0, ("long", "true"): 45.0, ("short", "false"): -6.0}
+GAIN[("long", "false")] = -6.0
+
+
+def _spec(tmp_path):
+    path = tiny_sweep(tmp_path, name="verdicts")
+    raw = yaml.safe_load(path.read_text())
+    raw["seeds"] = {"adaptive": True, "first": 6, "max": 14}
+    raw["grid"]["datasets"] = ["short", "long"]
+    raw["grid"]["model.scale_embeddings"] = [True, False]
+    raw["datasets"]["long"] = json.loads(json.dumps(raw["datasets"]["short"]))
+    raw["datasets"]["long"]["data"]["source_kwargs"]["regime"] = "long"
+    path.write_text(yaml.safe_dump(raw))
+    return load_sweep(path)
+
+
+def _correct(cell) -> int:
+    """40 % plus the operator's planted gain plus noise of SD 2.5 points, the same for a cell
+    in every run of the test (seeded by the cell)."""
+    scale = dict(cell.axes)["model.scale_embeddings"]
+    noise = random.Random(f"{cell.dataset}/{scale}/{cell.fusion}/{cell.seed}").gauss(0, 2.5)
+    gain = GAIN[(cell.dataset, scale)] if cell.fusion != "add" else 0.0
+    return round((40.0 + gain + noise) / 100 * TOTAL)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """Run the adaptive schedule to its end with the driver's tracker, logging each result as
+    the sweep's callback would, then the driver's end: its decisions on the parent run."""
+    tmp_path = tmp_path_factory.mktemp("one_verdict")
+    spec = _spec(tmp_path)
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    policy = AdaptiveSeedPolicy(spec, plan(spec, tracker))
+    parent = tracker.parent_run(None, policy.parent_params())
+    schedule = policy.schedule
+    log_looks = live_decisions(types.SimpleNamespace(tracker=tracker, parent_id=parent, lease=None))
+    failed = None
+    while schedule.needed():
+        for cell in schedule.needed():
+            run = tracker.open_cell_run(cell, parent, None, resume=False)
+            scale = dict(cell.axes)["model.scale_embeddings"]
+            if (cell.fusion, cell.dataset, scale, cell.seed) == ("add", "long", "false", 2):
+                tracker.fail(run, "diverged")  # the run failed: it counts as 0 accuracy
+                failed, schedule.results[cell.cell_id] = cell, None
+            else:
+                correct = _correct(cell)
+                final = {"test_acc": correct / TOTAL, "test_correct": correct}
+                final |= {"test_total": TOTAL, "best_val_acc": 0.6, "best_epoch": 1}
+                final |= {"latency_ms_per_sample": 0.1, "num_params": 1000, "train_seconds": 1}
+                tracker.log_final(run, final)
+                tracker.finish(run)
+                schedule.results[cell.cell_id] = correct / TOTAL
+            log_looks(schedule)
+    rows = policy.finish(tracker, parent)
+    tracker.end_parent(parent, {})
+    out = tmp_path / "report"
+    build_report(spec.name, spec.tracking_uri, ReportOptions(out=out, lengths=False))
+    return types.SimpleNamespace(
+        spec=spec, tracker=tracker, parent=parent, rows=rows, out=out, failed=failed
+    )
+
+
+def test_the_family_decides_both_questions_and_counts_the_failed_run(sweep):
+    by = {r["comparison"]: r for r in sweep.rows}
+    kinds = [r["kind"] for r in sweep.rows]
+    assert kinds == ["operator"] * 4 + ["length"] * 2 + ["interaction"] * 2
+    assert sweep.failed is not None
+    trend = by["long-short/sinusoidal/none/scale_embeddings=true: gate_scalar vs add"]
+    assert trend["verdict"] == "grows" and trend["ci_low"] > 0
+    flat = by["long-short/sinusoidal/none/scale_embeddings=false: gate_scalar vs add"]
+    assert flat["verdict"] != "grows" and flat["failed_runs"] == 1
+    assert by["long/sinusoidal/none/scale_embeddings=true: gate_scalar vs add"]["state"] == "better"
+    # the failed baseline run is in three hypotheses: its comparison, its trend, its interaction
+    assert sum(r["failed_runs"] for r in sweep.rows) == 3
+    for r in sweep.rows:
+        if r["state"] in ("better", "worse"):
+            assert r["ci_low"] < r["hodges_lehmann"] < r["ci_high"], r["comparison"]
+
+
+def test_every_surface_shows_the_same_verdicts(sweep):
+    driver = pd.DataFrame(sweep.rows).set_index("comparison")
+    client = sweep.tracker.client
+    # decisions.csv on the parent run, as the driver wrote it
+    path = client.download_artifacts(sweep.parent, DECISIONS_FILE, str(sweep.out.parent))
+    logged = pd.read_csv(path).set_index("comparison")
+    # the report's decisions.csv, recomputed from the runs by analysis.verdicts
+    report = pd.read_csv(sweep.out / DECISIONS_FILE).set_index("comparison")
+    exp = load_experiment(sweep.spec.name, sweep.spec.tracking_uri)
+    api = compare(pair_runs(exp.runs, baseline="add"), experiment=exp).decisions
+    api = api.set_index("comparison")
+    columns = ["kind", "state", "verdict", "seeds_used", "decided_at_seed", "failed_runs"]
+    for other in (logged, report, api):
+        assert list(other.index) == list(driver.index)
+        assert other[columns].astype(str).equals(driver[columns].astype(str))
+        for col in ("ci_low", "ci_high", "mean", "p_family"):
+            assert other[col].to_numpy() == pytest.approx(driver[col].to_numpy(), nan_ok=True)
+    # the parent run's metrics: each hypothesis's last point is its final state
+    metrics = client.get_run(sweep.parent).data.metrics
+    states = {k: v for k, v in metrics.items() if k.startswith(DECISION_METRIC_PREFIX)}
+    states = {k: v for k, v in states.items() if k.endswith(".state")}
+    assert len(states) == len(driver)
+    for name, row in driver.iterrows():
+        assert states[decision_metric_key(name) + ".state"] == STATE_CODES[row["state"]], name
+    # the console's table names every verdict; the report's summary and Decisions say them too
+    console = decisions_text(sweep.rows)
+    text = (sweep.out / "report.md").read_text()
+    for name, row in driver.iterrows():
+        assert name in console and row["verdict"] in console
+        assert f"`{name}`" in text or name.split(": ")[0] in text
+    assert "grows" in text.split("## Decisions")[0]  # the summary answers the length question
+
+
+def test_the_tables_mark_the_anytime_decisions_not_fixed_n_stars(sweep):
+    table1 = (sweep.out / "tables" / "table1_accuracy.md").read_text()
+    tex = (sweep.out / "tables" / "table1_accuracy.tex").read_text()
+    cells = "\n".join(line for line in table1.splitlines() if line.startswith("|"))
+    assert "↑" in cells and "↓" in cells and "*" not in cells
+    assert "anytime-valid rule" in table1 and "$^{\\uparrow}$" in tex
+    interaction = (sweep.out / "report.md").read_text().split("## Interaction tests")[1]
+    assert "descriptive only" in interaction.split("##")[0]
