@@ -29,16 +29,30 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def time_left(cells_left: int, seconds_per_cell: float) -> str:
-    """``; about 3 min left`` at the pace so far (empty when nothing is left)."""
-    left = cells_left * seconds_per_cell
-    if cells_left <= 0:
+def duration(seconds: float) -> str:
+    """``40 s``, ``3 min`` or ``1.5 h``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def time_left(cells_left: int, seconds_per_cell: float, worst: int | None = None) -> str:
+    """``; about 3 min left`` at the pace so far (empty when nothing is left); with ``worst``
+    (an adaptive sweep: ``cells_left`` are the cells its open hypotheses need now, ``worst``
+    the cells if every open one ran to the cap), both, said to be estimates."""
+    if worst is None:
+        return f"; about {duration(cells_left * seconds_per_cell)} left" if cells_left > 0 else ""
+    if worst <= 0:
         return ""
-    if left < 90:
-        return f"; about {left:.0f} s left"
-    if left < 5400:
-        return f"; about {left / 60:.0f} min left"
-    return f"; about {left / 3600:.1f} h left"
+    now, cap = duration(cells_left * seconds_per_cell), duration(worst * seconds_per_cell)
+    if worst <= cells_left:
+        return f"; about {now} left (estimate at the pace so far)"
+    return (
+        f"; about {now} for the cells needed now, at most {cap} if every open hypothesis runs "
+        "to the cap (estimates at the pace so far)"
+    )
 
 
 def trial_error_text(trial: Any) -> str:
@@ -160,8 +174,12 @@ class MLflowSweepCallback(TrackingCallback):
         storage_path: str,
         at_most: bool = False,
         lease: SweepLease | None = None,
+        cells_left: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         super().__init__(tracker, lease)
+        self.cells_left = cells_left
+        """An adaptive sweep's (cells its open hypotheses need now, cells if they all ran to the
+        cap), for the time-left estimate; None: every pending cell runs."""
         self.cells, self.existing = cells, existing
         self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
@@ -171,6 +189,11 @@ class MLflowSweepCallback(TrackingCallback):
         self.began = time.monotonic()
         self.at_most = at_most
 
+    def __getstate__(self) -> dict:
+        """As ``TrackingCallback``'s, and without the time-left estimate (it reads the seed
+        policy, whose sweep spec holds the tracking URI)."""
+        return super().__getstate__() | {"cells_left": None}
+
     def _progress(self, cid: str, outcome: str) -> None:
         """One line per ended trial, so a long sweep can be followed without Tune's tables: how
         many ended of how many (``at_most``: the worst case of an adaptive sweep), and the time
@@ -179,9 +202,14 @@ class MLflowSweepCallback(TrackingCallback):
         done = len(self.finished) + len(self.failed)
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
         total = f"{'at most ' if self.at_most else ''}{len(self.cells)}"
+        pace = (time.monotonic() - self.began) / done
+        if self.cells_left is not None:
+            now, worst = self.cells_left()
+            left = time_left(now, pace, worst)
+        else:
+            left = time_left(len(self.cells) - done, pace)
         print(
-            f"[{done}/{total}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s)"
-            + time_left(len(self.cells) - done, (time.monotonic() - self.began) / done),
+            f"[{done}/{total}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s){left}",
             flush=True,
         )
 

@@ -136,6 +136,7 @@ def _run_cells(
         storage_uri(spec.storage_path),
         at_most=policy.at_most,
         lease=session.lease,
+        cells_left=policy.cells_left if policy.at_most else None,
     )
     try:
         with session.tune_run(lambda: len(callback.finished)):

@@ -72,6 +72,10 @@ class SeedPolicy(Protocol):
     def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
         """The Tune runs that run the needed cells, one after the other."""
 
+    def cells_left(self) -> tuple[int, int] | None:
+        """(cells needed now, cells if every open question ran to the cap) for the console's
+        time-left estimate; None: every pending cell runs."""
+
     def plan_lines(self) -> list[str]:
         """What ``--dry-run`` says of the policy beyond the cells."""
 
@@ -110,6 +114,9 @@ class FixedSeedPolicy:
 
     def plan_lines(self) -> list[str]:
         return []
+
+    def cells_left(self) -> tuple[int, int] | None:
+        return None
 
     def parent_params(self) -> dict[str, str]:
         return {}
@@ -153,6 +160,21 @@ class AdaptiveSeedPolicy:
         searcher = AdaptiveSeedSearcher(schedule, live_decisions(callback))
         searcher.on_change(schedule)  # what the finished runs already say
         yield TuneRun(name, cells, searcher)
+
+    def cells_left(self) -> tuple[int, int]:
+        schedule = self.schedule
+        now = {c.cell_id for c in schedule.needed()}
+        worst = set(now)
+        values, states = schedule.deltas(), schedule.states()
+        for h in schedule.family:
+            if states[h.name] and states[h.name][-1] != "open":
+                continue
+            for seed in range(len(values[h.name]), schedule.rule.max):
+                for arm in h.arms:
+                    cell = schedule.by_key.get((arm, seed))
+                    if cell is not None and cell.cell_id not in schedule.results:
+                        worst.add(cell.cell_id)
+        return len(now), len(worst)
 
     def plan_lines(self) -> list[str]:
         rule, schedule = self.rule, self.schedule

@@ -219,3 +219,24 @@ def test_a_length_contrast_keeps_running_the_cells_it_needs_and_a_restart_agrees
     assert again.states() == schedule.states()
     only = _two_regimes(tmp_path / "ops", decide=["operator"])
     assert [h.kind for h in only.family] == ["operator", "operator"]
+
+
+@pytest.mark.unit
+def test_the_time_left_uses_the_open_hypotheses_and_says_it_is_an_estimate(tmp_path):
+    from fusion_ray.callbacks import time_left
+    from fusion_ray.plan import plan
+    from fusion_ray.seed_policy import AdaptiveSeedPolicy
+
+    spec = _adaptive_sweep(tmp_path, first=2, most=12)
+    policy = AdaptiveSeedPolicy(spec, plan(spec, None))
+    assert policy.cells_left() == (6, 36)  # the first wave now; every cell at the cap
+    acc = {"add": 0.5, "gate_scalar": 0.6, "concat": 0.5}
+    while policy.schedule.needed():
+        _finish(policy.schedule, policy.schedule.needed(), lambda c: acc[c.fusion])
+    assert policy.cells_left() == (0, 0)
+    text = time_left(3, 20.0, worst=30)
+    assert text == (
+        "; about 60 s for the cells needed now, at most 10 min if every open hypothesis runs "
+        "to the cap (estimates at the pace so far)"
+    )
+    assert time_left(3, 20.0) == "; about 60 s left" and time_left(0, 5.0, worst=0) == ""
