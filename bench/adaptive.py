@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import questions  # noqa: E402  (bench/questions.py)
+from questions import closure_p  # noqa: E402  (the closed test, vectorised)
 
 from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 from fusion_ray.decide.rules import log_e  # noqa: E402
@@ -106,28 +107,6 @@ def sign_log_e(d: np.ndarray, shift: float = 0.0) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the families
-
-
-def closure_p(own: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """Closed-test p [F, m] for each comparison's ``own`` e-value against the others'
-    ``floor`` (min of their e-values): 1 / min over r of (own + r smallest others) / (r + 1)."""
-    families, m = floor.shape
-    order = np.argsort(floor, axis=1)
-    ranked = np.take_along_axis(floor, order, axis=1)
-    rank = np.argsort(order, axis=1)  # position of each comparison in the sorted order
-    csum = np.concatenate([np.zeros((families, 1)), np.cumsum(ranked, axis=1)], axis=1)
-    r = np.arange(m)[None, None, :]  # how many others
-    pos = rank[:, :, None]
-    # sum of the r smallest others: the r smallest overall, skipping comparison i itself
-    take = np.where(r < pos, r, r + 1)  # how many of the sorted values to add
-    total = np.take_along_axis(
-        np.broadcast_to(csum[:, None, :], (families, m, m + 1)), take, axis=2
-    )
-    others = total - np.where(r < pos, 0.0, floor[:, :, None])
-    means = (own[:, :, None] + others) / (r + 1)
-    worst = means.min(axis=2)
-    with np.errstate(divide="ignore"):
-        return np.minimum(1.0, np.where(worst > 0, 1.0 / worst, 1.0))
 
 
 def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:

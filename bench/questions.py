@@ -145,7 +145,8 @@ def bets(d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def closure_p(own: np.ndarray, floor: np.ndarray) -> np.ndarray:
-    """The closed test's p [F, m] (mean of current e-values; see bench/adaptive.py)."""
+    """Closed-test p [F, m] for each hypothesis's ``own`` e-value against the others'
+    ``floor`` (min of their e-values): 1 / min over r of (own + r smallest others) / (r + 1)."""
     families, m = floor.shape
     order = np.argsort(floor, axis=1)
     ranked = np.take_along_axis(floor, order, axis=1)
