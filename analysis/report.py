@@ -6,6 +6,8 @@ runs the paired statistics (the paired core, ``analysis.context``), computes eve
 
     report.md            a summary first, decisions, tables, figures, statistics, what is
                          missing, and the warnings last (one line each; warnings.md in full)
+    report.html          report.md as one self-contained page (figures embedded, tables
+                         styled, no script, nothing fetched), which the MLflow UI shows rendered
     stats.csv            one row per comparison (stats.json: the same, plus every setting)
     interaction.csv      one row per interaction test (only for grids with extra axes)
     length_stats.csv     per-length-bucket comparisons and long-minus-short contrasts
@@ -23,7 +25,8 @@ runs the paired statistics (the paired core, ``analysis.context``), computes eve
     figures/             PNG and PDF
 
 then logs that folder as artifacts (under ``analysis/``) of the sweep's parent run, so the
-report appears in the MLflow UI next to the trials.
+report appears in the MLflow UI next to the trials, and sets the experiment's description to
+the sweep, its trial runs and where the report is (``analysis.report_html``).
 
 From Python::
 
@@ -62,6 +65,7 @@ from analysis.load import AnalysisError, Experiment, StoreAccessError
 from analysis.other_settings import OtherSettings
 from analysis.pairing import GROUP_KEYS, NothingToCompareError, Pairing, PairingError
 from analysis.reference import REFERENCE
+from analysis.report_html import describe_experiment, write_html
 from analysis.report_md import WARNINGS_FILE, render_report, warnings_text
 from analysis.reproduction import REPRODUCTION
 from analysis.scaling import SCALING
@@ -129,7 +133,8 @@ def build_report(
     experiment: str, tracking_uri: str | None = None, options: ReportOptions | None = None
 ) -> ReportResult:
     """Write the full report of ``experiment`` to ``options.out`` and log it to the sweep's
-    parent run (unless ``options.log_to_mlflow`` is False). Prints nothing.
+    parent run (unless ``options.log_to_mlflow`` is False), then describe the experiment
+    (``analysis.report_html.describe_experiment``). Prints nothing.
 
     Raises ExperimentNotFoundError / EmptyExperimentError / ImpossibleMetricsError /
     PairingError / NothingToCompareError (all AnalysisError) with messages meant for the user.
@@ -141,6 +146,7 @@ def build_report(
 
         client = MlflowClient(ctx.experiment.tracking_uri)
         client.log_artifacts(ctx.logged_to, str(ctx.out_dir), ARTIFACT_PATH)
+        describe_experiment(client, ctx.experiment, ARTIFACT_PATH, ctx.generated_at)
     return ReportResult(
         out_dir=ctx.out_dir,
         files=files,
@@ -219,10 +225,12 @@ def write_report(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> 
         files += [path for _, paths in drawn for path in paths]
     files += write_data_files(ctx, sections)
     report_md = out_dir / "report.md"
-    report_md.write_text(render_report(ctx, sections), encoding="utf-8")
+    text = render_report(ctx, sections)
+    report_md.write_text(text, encoding="utf-8")
+    report_html = write_html(text, out_dir, f"Fusion analysis: {ctx.experiment.name}")
     warnings_md = out_dir / WARNINGS_FILE
     warnings_md.write_text(warnings_text(ctx), encoding="utf-8")
-    return [*files, report_md, warnings_md]
+    return [*files, report_md, report_html, warnings_md]
 
 
 def write_data_files(ctx: ReportContext, sections: Sequence[Section] = SECTIONS) -> list[Path]:
