@@ -89,6 +89,8 @@ def _parent_params(
 ) -> dict[str, str]:
     """What the parent run records of this invocation."""
     params = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
+    if spec.description:  # MLflow's run description; the report repeats it on the experiment
+        params["mlflow.note.content"] = spec.description
     if rehearsal:
         params[CPU_REHEARSAL_TAG] = "true"
     if overrides:
