@@ -80,21 +80,25 @@ class DecisionsSection(Section):
 
 
 def _intro(result: DecisionResult) -> list[str]:
-    counts = result.table["state"].value_counts()
-    summary = ", ".join(f"{n} {state}" for state, n in counts.items())
+    table = result.table
+    summary = "; ".join(
+        f"{kind}: " + ", ".join(f"{n} {v}" for v, n in rows["verdict"].value_counts().items())
+        for kind, rows in table.groupby("kind", sort=False)
+    )
     rule = result.rule
     margin = (
         f"equivalence margin ±{result.margin:g} points"
         if result.margin
-        else "no equivalence margin, so no comparison can be decided equivalent"
+        else "no equivalence margin, so no hypothesis can be decided equivalent"
     )
     if rule.family == "closure":
         guarantee = (
-            f"the chance of any wrong decision in the family (a better or worse for an operator "
-            f"without effect, or a false equivalent) is at most alpha = {result.alpha:g}, at every "
-            "seed, whatever the stopping (closed testing with the mean of current e-values); a "
-            "wrong direction for an operator with an effect is outside that proof, and the "
-            "benchmark measured it below alpha"
+            f"the chance of any wrong decision in the family (a verdict for a hypothesis whose "
+            f"null is true: an operator without effect, an effect that does not change with "
+            f"length or with a setting; or a false equivalent) is at most alpha = "
+            f"{result.alpha:g}, at every seed, whatever the stopping (closed testing with the "
+            "mean of current e-values over every hypothesis); a wrong direction for a real "
+            "effect is outside that proof, and the benchmark measured it below alpha"
         )
     else:
         guarantee = (
@@ -105,7 +109,7 @@ def _intro(result: DecisionResult) -> list[str]:
     if result.primary:
         what = (
             f"**Primary analysis.** This sweep ran adaptive seeds (cap {result.max_seeds} seeds, "
-            f"first wave {result.first}; {setting}): each comparison got seeds until it was "
+            f"first wave {result.first}; {setting}): each hypothesis got seeds until it was "
             f"decided. The guarantee: {guarantee}. The fixed-n p-values and intervals in the "
             "tables below are descriptive only, since the number of seeds depended on the data."
         )
@@ -116,7 +120,7 @@ def _intro(result: DecisionResult) -> list[str]:
             f"evidence ({setting}): a decision here would stay valid if seeds were added; "
             "'open' says more seeds could still decide."
         )
-    return ["## Decisions", "", what, "", f"States: {summary}."]
+    return ["## Decisions", "", what, "", f"Verdicts: {summary}."]
 
 
 def _saved(result: DecisionResult, ctx: ReportContext) -> list[str]:
