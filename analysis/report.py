@@ -80,6 +80,7 @@ from fusion_ray.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
 )
+from fusion_ray.store_errors import EXIT_CODES as STORE_FAULT_EXIT_CODES
 
 __all__ = ["SECTIONS", "STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
 
@@ -404,17 +405,17 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
     )
 
 
-STORE_EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10}
-"""The report's exit codes for a tracking store that refused or did not answer: those of the
-commands that drive trials (``fusion_ray.driver.ACCESS_EXIT_CODES``); any other store problem
-is 2."""
+STORE_EXIT_CODES = STORE_FAULT_EXIT_CODES
+"""The report's exit codes for a tracking store that refused, did not answer or has no room:
+those of the commands that drive trials (``fusion_ray.store_errors.EXIT_CODES``); any other
+store problem is 2."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics,
     a bad option, a tracking URI that names no store, or a report that cannot be written; 3 when
-    runs cannot be paired or nothing can be compared; 8, 9, 10 as the sweep's for a tracking
-    store that refused the credentials, stayed locked or did not answer."""
+    runs cannot be paired or nothing can be compared; 8, 9, 10, 12 as the sweep's for a tracking
+    store that refused the credentials, stayed locked, did not answer or has no space left."""
     args = _parser().parse_args(argv)
     try:
         options = options_from_args(args)

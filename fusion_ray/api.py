@@ -52,10 +52,22 @@ def check_stores(spec: SweepSpec, *, remote: bool = True, source: str | Path | N
         raise SweepFileError(source or f"sweep {spec.name}", problems)
 
 
+DRY_RUN_WAIT_S = 5
+"""Seconds a dry run waits for a tracking server's answer to each request, sent once (a run
+waits out MLflow's retries: minutes)."""
+
+
 def dry_run(spec: SweepSpec) -> Plan:
-    """The sweep's cells and which of them already have a FINISHED run; starts nothing."""
+    """The sweep's cells and which of them already have a FINISHED run; starts nothing. A
+    tracking server that does not answer within ``DRY_RUN_WAIT_S`` is a
+    ``TrackingAccessError`` ("unreachable"), as one that refuses the credentials ("auth")."""
     check_stores(spec, remote=False)
-    return plan(spec, existing_tracker(spec))
+    if not spec.tracking_uri.startswith(("http://", "https://")):
+        return plan(spec, existing_tracker(spec))
+    from fusion_ray.tracking import answer_within
+
+    with answer_within(spec.tracking_uri, DRY_RUN_WAIT_S):
+        return plan(spec, existing_tracker(spec))
 
 
 def dry_run_text(spec: SweepSpec, todo: Plan | None = None) -> str:

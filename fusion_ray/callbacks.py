@@ -20,7 +20,7 @@ from ray.tune.stopper import Stopper
 
 from fusion_ray.job import TrialResult
 from fusion_ray.redact import redact
-from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri, server_gone
+from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri, store_gone
 
 if TYPE_CHECKING:
     from fusion_ray.grid import Cell
@@ -86,7 +86,7 @@ def _guarded(method: Callable[..., None]) -> Callable[..., None]:
         try:
             method(self, iteration, trials, trial, *args, **info)
         except Exception as exc:  # noqa: BLE001 - recorded on the trial's run, and Tune goes on
-            problem = self.tracker.store_problem() or server_gone(exc, self.tracker.tracking_uri)
+            problem = self.tracker.store_problem() or store_gone(exc, self.tracker.tracking_uri)
             if problem is not None:
                 log.error("%s; stopping the sweep", problem)
                 self.store_lost = problem

@@ -84,18 +84,17 @@ def add_file_arguments(
 
 
 def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
-    """``run()`` for a command that drives trials (``sweep``, ``hpo``): its value, or, when the
-    driver stopped, the exit code of ``fusion_ray.driver.EXIT_CODES`` after one message saying
-    why and what to do (``stopped(signal name)`` when a signal stopped it); a check refused
-    under the lease (``preflight.RefusedError``) exits 2, as the checks before it."""
+    """``run()`` for a command that drives trials (``sweep``, ``hpo``) or looks at its store (a
+    dry run): its value, or, when the driver stopped, the exit code of
+    ``fusion_ray.driver.EXIT_CODES`` (``exit_code``) after one message saying why and what to do
+    (``stopped(signal name)`` when a signal stopped it)."""
     from fusion_ray.driver import DriverInterrupted, exit_code
-    from fusion_ray.preflight import RefusedError
     from fusion_ray.redact import redact
 
     try:
         return run()
     except BaseException as exc:
-        code = 2 if isinstance(exc, RefusedError) else exit_code(exc)
+        code = exit_code(exc)
         if code is None:
             raise
         if isinstance(exc, KeyboardInterrupt):

@@ -14,7 +14,8 @@ every protection:
 - the head watch: a Ray head that stops answering ends the driver with one message and exit 7
   (``HEAD_LOST_EXIT``) before Ray's own exit, which cleans nothing;
 - what ends a Tune run early: a full storage path (``StorageFullError``), a vanished tracking
-  store (``TrackingStoreLostError``), the lease lost (``after_tune``).
+  store (``TrackingStoreLostError``) or one with no room left (``TrackingStoreFullError``), the
+  lease lost (``after_tune``).
 
 ``EXIT_CODES`` gives each of these the exit code every command uses (the CLIs print the message
 and return it: ``fusion_ray.cli.run_command``).
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusion_ray.redact import redact
+from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
 
 if TYPE_CHECKING:
     from fusion_ray.lease import SweepLease
@@ -324,16 +326,19 @@ class DriverSession:
         self.tracking_uri, self.storage_path, self.take_over = tracking_uri, storage_path, take_over
         self.parent_id: str | None = None
         self.signals: list[str] = []
+        self.finished_now: Callable[[], int] = lambda: 0
+        """How many trials this driver finished so far (``tune_run`` sets it)."""
 
     def __enter__(self) -> DriverSession:
         from fusion_ray.lease import SweepLease
-        from fusion_ray.tracking import Tracker
+        from fusion_ray.tracking import Tracker, access_errors
 
         self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
         self.lease: SweepLease = SweepLease(
             self.tracker.lease_store(), self.name, take_over=self.take_over, what=self.what
         )
-        self.lease.__enter__()
+        with access_errors(self.tracking_uri):  # the lease is the driver's first write
+            self.lease.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -369,10 +374,15 @@ class DriverSession:
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            from fusion_ray.tracking import TrackingStoreLostError
+            from fusion_ray.tracking import TrackingStoreLostError, store_gone, store_lost_error
 
-            # a store gone (or a server that stopped answering): nothing to mark, no lease to
-            # delete; the next driver takes the lease over once its heartbeat is old
+            # a store gone (or a server that stopped answering, or a full disk): nothing to
+            # mark, no lease to delete; the next driver takes the lease over once its heartbeat
+            # is old. A write of the driver's own that met it says so as the callbacks do.
+            gone = store_gone(exc, self.tracking_uri) if isinstance(exc, Exception) else None
+            if gone is not None:
+                self.lease.abandon()
+                raise store_lost_error(gone, self.finished_now(), self.storage_path) from None
             if self.tracker.store_problem() is not None or isinstance(exc, TrackingStoreLostError):
                 self.lease.abandon()
             else:
@@ -411,7 +421,9 @@ class DriverSession:
 
     @contextlib.contextmanager
     def tune_run(self, finished_now: Callable[[], int]) -> Iterator[None]:
-        """Around ``Tuner.fit``: Tune itself fails on a full disk; that is said as such."""
+        """Around ``Tuner.fit``: Tune itself fails on a full disk; that is said as such.
+        ``finished_now``: how many trials this driver finished so far (for the messages)."""
+        self.finished_now = finished_now
         try:
             yield
         except Exception as exc:
@@ -434,15 +446,14 @@ class DriverSession:
         """After a Tune run: raises what ended it early (a signal, a full storage path behind its
         failed trials, a vanished tracking store, the lease taken over by another driver)."""
         from fusion_ray.lease import LeaseLostError
-        from fusion_ray.tracking import TrackingStoreLostError, store_lost_message
+        from fusion_ray.tracking import store_lost_error
 
         self.stop_if_signalled()
         full = storage_full(self.storage_path) if failed else None
         if full is not None:
             raise StorageFullError(storage_full_message(full, finished_now))
         if store_lost:
-            message = store_lost_message(store_lost, finished_now, self.storage_path)
-            raise TrackingStoreLostError(message)
+            raise store_lost_error(store_lost, finished_now, self.storage_path)
         if not self.lease.holds():
             raise LeaseLostError(self.lease.lost_message())
 
@@ -456,17 +467,24 @@ def exit_code(exc: BaseException) -> int | None:
     """The exit code of a driver stopped by ``exc`` (None: not one of the driver's stops)."""
     from fusion_ray.lease import LeaseHeldError, LeaseLostError
     from fusion_ray.placement import PlacementError
-    from fusion_ray.tracking import TrackingAccessError, TrackingStoreLostError
+    from fusion_ray.preflight import RefusedError
+    from fusion_ray.tracking import (
+        TrackingAccessError,
+        TrackingStoreFullError,
+        TrackingStoreLostError,
+    )
 
     if isinstance(exc, KeyboardInterrupt):
         name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
         return 128 + getattr(signal, name, signal.SIGINT)
     if isinstance(exc, TrackingAccessError):
         return ACCESS_EXIT_CODES[exc.kind]
-    codes = {
+    codes = {  # a subclass before its base
+        RefusedError: 2,
         PlacementError: 2,
         LeaseHeldError: 3,
         LeaseLostError: 4,
+        TrackingStoreFullError: ACCESS_EXIT_CODES["full"],
         TrackingStoreLostError: 5,
         StorageFullError: 6,
     }
@@ -474,16 +492,20 @@ def exit_code(exc: BaseException) -> int | None:
 
 
 EXIT_CODES = {
-    2: "the file is invalid, a store cannot be reached, or the trials cannot be placed",
+    2: "the file is invalid, a store cannot be reached, the trials cannot be placed, or (HPO) "
+    "the fragment exists (without --overwrite, or written by another driver meanwhile)",
     3: "another driver runs this sweep (it holds the lease)",
     4: "another driver took this sweep over while this one ran (--take-over, or a lapsed lease)",
-    5: "the tracking store vanished while the driver ran",
+    5: "the tracking store vanished, or its server stayed away, while the driver ran",
     6: "the storage path is full",
     7: "the Ray head stopped answering",
     8: "the tracking server refused the credentials (401/403)",
     9: "the tracking store stayed locked by another process past MLflow's wait",
     10: "the tracking server did not answer",
+    12: "the tracking store has no space left (a sqlite store's disk is full)",
 }
-"""Every command that drives trials stops with these codes (128 + N: stopped by signal N)."""
-ACCESS_EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10}
-"""Exit codes of a tracking store that refused or did not answer (``TrackingAccessError``)."""
+"""Every command that drives trials stops with these codes (128 + N: stopped by signal N; 11 is
+a SLURM job's, when not every node joined the Ray head)."""
+ACCESS_EXIT_CODES = STORE_EXIT_CODES
+"""Exit codes of a tracking store that refused, did not answer or has no room
+(``TrackingAccessError``, ``TrackingStoreFullError``), shared with the report."""

@@ -16,7 +16,7 @@ from fusion_ray.redact import redact
 
 class RefusedError(RuntimeError):
     """A check a driver makes before it runs anything, once it holds its lease, refused: one
-    message, and the command exits 2 as for the checks before it (``cli.run_command``)."""
+    message, and the command exits 2 as for the checks before it (``driver.exit_code``)."""
 
 
 def preflight(

@@ -66,8 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     except (SweepFileError, FileNotFoundError) as exc:
         print(redact(exc), file=sys.stderr)
         return 2
-    if args.dry_run:
-        print(api.dry_run_text(spec))
+    if args.dry_run:  # a store that refuses or does not answer: one message, its exit code
+        text = run_command(
+            lambda: api.dry_run_text(spec),
+            stopped=lambda name: f"sweep {spec.name}: dry run stopped by {name}",
+        )
+        if isinstance(text, int):
+            return text
+        print(text)
         return 0
     print(
         f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {redact(spec.tracking_uri)}, "

@@ -18,10 +18,12 @@ import hashlib
 import logging
 import os
 import re
+import sqlite3
 import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +59,7 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     STATE_CODES,
 )
+from fusion_ray.store_errors import classify, credentials_fix
 
 if TYPE_CHECKING:
     from fusion_ray.grid import Cell
@@ -171,7 +174,7 @@ class Tracker:
             self._store_file = _sqlite_file(tracking_uri)
             self._store_inode = _inode(self._store_file)
             if self._store_file is not None:
-                _VANISHED.watch(self)
+                _STORE_ERRORS.watch(self)
             if experiment is None:
                 self.experiment_id = self._create_experiment(sweep, tracking_uri)
             else:
@@ -296,7 +299,7 @@ class Tracker:
             "cells": cell_ids,
             "written": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         }
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory() as tmp, access_errors(self.tracking_uri):
             path = Path(tmp, CELLS_ARTIFACT)
             path.write_text(json.dumps(payload))
             self.client.log_artifact(parent_id, str(path))
@@ -470,58 +473,70 @@ def decision_metric_key(name: str) -> str:
 
 class TrackingAccessError(RuntimeError):
     """The tracking store refused or did not answer before the sweep started; ``kind`` is
-    "auth", "locked" or "unreachable" and picks the CLI's exit code."""
+    "auth", "locked", "unreachable" or "full" and picks the CLI's exit code
+    (``fusion_ray.store_errors.EXIT_CODES``)."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
 
 
-def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError | None:
-    """What ``exc`` from MLflow says about reaching the store, as one message with the fix; None
-    when it is something else."""
-    import re
+STORE_FULL = "no space is left for the tracking store"
+"""How a full store is named (``store_full``), before the sweep starts or while it runs."""
 
-    text = str(exc)
+
+def store_full(tracking_uri: str, detail: str) -> str:
+    """The tracking store has no room for another write: a sqlite file named by its path, a
+    server's store by the server; ``detail``: SQLite's or the system's own words."""
+    db = _sqlite_file(tracking_uri)
+    if db is not None:
+        return f"{STORE_FULL} {db} ({detail})"
+    return f"{STORE_FULL} behind the MLflow server at {redact(tracking_uri)} ({detail})"
+
+
+FULL_FIX = "free space on its disk (or point tracking_uri at a store on a larger disk)"
+"""What to do about a full tracking store (the pre-flight check says the same)."""
+
+
+def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError | None:
+    """What ``exc`` from MLflow says about reaching the store, as one message with the fix
+    (the kinds of ``fusion_ray.store_errors.classify``); None when it is something else."""
+    fault = classify(exc)
     where = redact(tracking_uri)
-    if re.search(r"Max retries exceeded|Connection refused|timed out|Failed to establish", text):
+    if fault is None or fault.kind == "store":  # no store: the pre-flight check says so
+        return None
+    if fault.kind == "unreachable":
         return TrackingAccessError(
             "unreachable",
             f"no MLflow server answers at {where}: start it (mlflow server ...) or fix "
             "tracking_uri, then run the same command again",
         )
-    status = re.search(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b", text)
-    if status:
-        forbidden = "403" in status.group(0) or "PERMISSION" in status.group(0)
-        fix = (
-            "fix the user and password in tracking_uri (they are used over "
-            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD), or remove them and set those "
-            "variables (or MLFLOW_TRACKING_TOKEN),"
-            if split_credentials(tracking_uri)[2] is not None
-            else "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or "
-            "MLFLOW_TRACKING_TOKEN)"
-        )
+    if fault.kind == "auth":
         return TrackingAccessError(
             "auth",
-            f"the MLflow server at {where} refused this driver's credentials "
-            f"({'403 forbidden' if forbidden else '401 unauthenticated'}): {fix} for a user that "
-            "may write to the experiment, then run the same command again",
+            f"the MLflow server at {where} refused this driver's credentials ({fault.detail}): "
+            f"{credentials_fix(tracking_uri, 'tracking_uri')} for a user that may write to the "
+            "experiment, then run the same command again",
         )
-    if "database is locked" in text:
+    if fault.kind == "full":
         return TrackingAccessError(
-            "locked",
-            f"the tracking store {where} stayed locked by another process beyond MLflow's wait "
-            "(another driver or a script writing to the same sqlite file): wait for it to finish "
-            "and run the same command again; for stores several processes write, use an MLflow "
-            "server (mlflow server --backend-store-uri ...)",
+            "full",
+            f"{store_full(tracking_uri, fault.detail)}, so MLflow cannot record the runs: "
+            f"{FULL_FIX}, then run the same command again",
         )
-    return None
+    return TrackingAccessError(
+        "locked",
+        f"the tracking store {where} stayed locked by another process beyond MLflow's wait "
+        "(another driver or a script writing to the same sqlite file): wait for it to finish "
+        "and run the same command again; for stores several processes write, use an MLflow "
+        "server (mlflow server --backend-store-uri ...)",
+    )
 
 
 @contextlib.contextmanager
-def access_errors(tracking_uri: str) -> Any:
+def access_errors(tracking_uri: str) -> Iterator[None]:
     """MLflow's errors on first contact with the store, as ``TrackingAccessError`` where they
-    mean that the store refused or did not answer; anything else as it was."""
+    mean that the store refused, did not answer or has no room; anything else as it was."""
     from sqlalchemy.exc import OperationalError
 
     try:
@@ -533,21 +548,69 @@ def access_errors(tracking_uri: str) -> Any:
         raise problem from None
 
 
+HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV = (
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+)
+"""How often MLflow's client retries a request to a server (7 by default, about 4 minutes with
+its backoff), and how many seconds it waits for each answer (120)."""
+
+
+@contextlib.contextmanager
+def answer_within(tracking_uri: str, wait_s: int) -> Iterator[None]:
+    """While the body runs, MLflow's client sends each request once and waits at most ``wait_s``
+    seconds for its answer, instead of retrying for minutes (for a look at the store that can
+    fail fast, as a dry run's); a server that did not answer is a ``TrackingAccessError``
+    ("unreachable") saying it was given ``wait_s``. The variables are as they were after."""
+    saved = {name: os.environ.get(name) for name in (HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV)}
+    os.environ[HTTP_RETRIES_ENV], os.environ[HTTP_TIMEOUT_ENV] = "0", str(wait_s)
+    try:
+        with access_errors(tracking_uri):
+            yield
+    except TrackingAccessError as exc:
+        if exc.kind != "unreachable":
+            raise
+        raise TrackingAccessError(
+            "unreachable",
+            f"no MLflow server answered at {redact(tracking_uri)} within {wait_s} s (each "
+            "request is sent once and waited for no longer): start it (mlflow server ...) or "
+            "fix tracking_uri, then run the same command again",
+        ) from None
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class TrackingStoreLostError(RuntimeError):
     """The sweep's tracking store vanished while it ran; the message says what is safe and how
     to recover."""
 
 
+class TrackingStoreFullError(TrackingStoreLostError):
+    """The sweep's tracking store had no room for another write while the sweep ran (its disk
+    filled); the message says what is safe and how to recover."""
+
+
 SERVER_GONE = "no MLflow server answered at"
-"""How ``server_gone`` starts: a tracking server that stopped answering mid-sweep."""
+"""How ``store_gone`` starts for a tracking server that stopped answering mid-sweep."""
 
 
-def server_gone(exc: BaseException, tracking_uri: str) -> str | None:
-    """When ``exc`` says the tracking server did not answer, after MLflow's client retried the
-    request for minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``): that, as the first half of
-    ``store_lost_message``; else None."""
-    problem = access_problem(exc, tracking_uri)
-    if problem is None or problem.kind != "unreachable":
+def store_gone(exc: BaseException, tracking_uri: str) -> str | None:
+    """When ``exc``, an error of the store's client, says the store cannot take the sweep's
+    writes any more: its server did not answer after MLflow's client retried the request for
+    minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), or its disk is full; that, as the first half
+    of ``store_lost_message``; else None."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if not isinstance(exc, (mlflow.exceptions.MlflowException, SQLAlchemyError, sqlite3.Error)):
+        return None
+    fault = classify(exc)
+    if fault is not None and fault.kind == "full":
+        return store_full(tracking_uri, fault.detail)
+    if fault is None or fault.kind != "unreachable":
         return None
     return (
         f"{SERVER_GONE} {redact(tracking_uri)} for as long as MLflow's client retries a request "
@@ -556,11 +619,12 @@ def server_gone(exc: BaseException, tracking_uri: str) -> str | None:
 
 
 def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
-    fix = (
-        "Start the server again (or point tracking_uri at the right one)"
-        if problem.startswith(SERVER_GONE)
-        else "Restore the store from a backup (or point tracking_uri at the right one)"
-    )
+    if problem.startswith(SERVER_GONE):
+        fix = "Start the server again (or point tracking_uri at the right one)"
+    elif problem.startswith(STORE_FULL):
+        fix = FULL_FIX[0].upper() + FULL_FIX[1:]
+    else:
+        fix = "Restore the store from a backup (or point tracking_uri at the right one)"
     return (
         f"{problem} while the sweep ran, so the driver stopped: {finished} trial(s) had "
         f"finished in this run; their checkpoints and predictions remain under storage_path "
@@ -570,9 +634,18 @@ def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
     )
 
 
-class _VanishedStoreFilter(logging.Filter):
-    """Drops MLflow's SQLAlchemy error records (each with a traceback) once a watched tracker's
-    sqlite file is gone: the driver then says what happened in one message instead."""
+def store_lost_error(problem: str, finished: int, storage_path: str) -> TrackingStoreLostError:
+    """The error a driver stops with when its store went away as ``problem`` says
+    (``store_problem``, ``store_gone``): ``TrackingStoreFullError`` for a full store."""
+    full = problem.startswith(STORE_FULL)
+    error = TrackingStoreFullError if full else TrackingStoreLostError
+    return error(store_lost_message(problem, finished, storage_path))
+
+
+class _StoreErrorFilter(logging.Filter):
+    """Drops MLflow's SQLAlchemy error records (each with a traceback) that the driver says in
+    one message instead: every record once a watched tracker's sqlite file is gone, and a full
+    store's at any time (the driver stops on it)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -583,10 +656,14 @@ class _VanishedStoreFilter(logging.Filter):
         self.trackers.add(tracker)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        fault = classify(error) if error is not None else None
+        if fault is not None and fault.kind == "full":
+            return False
         return all(t.store_problem() is None for t in list(self.trackers))
 
 
-_VANISHED = _VanishedStoreFilter()
+_STORE_ERRORS = _StoreErrorFilter()
 
 
 def _sqlite_file(tracking_uri: str) -> Path | None:

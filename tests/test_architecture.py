@@ -1,8 +1,8 @@
 """The house rules, checked on the source: every module imports on its own, no import cycles, no
 private names borrowed across modules, no function longer than a screenful, and the rooms of
 DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
-fusion_ray but the shared schema, which itself imports only the standard library, and the
-decision code below both), and layers that point one way (the engine reaches the analysis only
+fusion_ray but the shared schema, the redaction and the store-fault classifier, which import only
+the standard library, and the decision code below both), and layers that point one way (the engine reaches the analysis only
 through the application layer, and the API does not import the command line)."""
 
 from __future__ import annotations
@@ -185,9 +185,12 @@ def test_no_function_is_longer_than_a_screenful():
                 "fusion_ray.redact",  # credentials out of every text (standard library only)
                 "fusion_ray.decide",  # the decision code on paired seeds, below both packages
                 "fusion_ray.other_settings",  # runs of other settings, worded once (stdlib only)
+                "fusion_ray.store_errors",  # a store's faults, classified once (stdlib only)
             },
         ),
         ("fusion_ray.schema", set()),
+        ("fusion_ray.store_errors", {"fusion_ray.redact"}),
+        ("fusion_ray.redact", set()),
         (
             "fusion_ray.decide",
             {"numpy", "scipy", "annotated_types", "fusion_ray.decide", "fusion_ray.registry"},
@@ -232,11 +235,19 @@ def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
 
 
 @pytest.mark.process
-def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
-    """analysis imports ``fusion_ray.schema``; that must not pull in torch, Ray or the rest of
-    fusion_ray (the package's ``__init__`` stays import-light)."""
+@pytest.mark.parametrize(
+    "shared, loads",
+    [
+        ("fusion_ray.schema", ["fusion_ray", "fusion_ray.schema"]),
+        ("fusion_ray.store_errors", ["fusion_ray", "fusion_ray.redact", "fusion_ray.store_errors"]),
+    ],
+)
+def test_the_shared_schema_loads_nothing_beyond_the_standard_library(shared, loads):
+    """analysis imports ``fusion_ray.schema`` and ``fusion_ray.store_errors``; they must not pull
+    in torch, Ray, MLflow or the rest of fusion_ray (the package's ``__init__`` stays
+    import-light)."""
     code = (
-        "import sys; before = set(sys.modules); import fusion_ray.schema; "
+        f"import sys; before = set(sys.modules); import {shared}; "
         "print('\\n'.join(sorted(set(sys.modules) - before)))"
     )
     proc = subprocess.run(
@@ -245,7 +256,7 @@ def test_the_shared_schema_loads_nothing_beyond_the_standard_library():
     assert proc.returncode == 0, proc.stderr
     stdlib = set(sys.stdlib_module_names)
     loaded = [m for m in proc.stdout.split() if m.split(".")[0] not in stdlib]
-    assert sorted(loaded) == ["fusion_ray", "fusion_ray.schema"], loaded
+    assert sorted(loaded) == loads, loaded
 
 
 @pytest.mark.unit

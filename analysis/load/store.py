@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
-import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +49,7 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     TRIAL_TAGS,
 )
+from fusion_ray.store_errors import classify, credentials_fix
 
 
 def _available_experiments(client: Any) -> list[str]:
@@ -348,39 +348,42 @@ def _require_store(uri: str) -> None:
 
 
 def access_problem(exc: BaseException, uri: str) -> StoreAccessError | None:
-    """What an error of MLflow on first contact says about reaching the store, as one message
-    with the fix (None: something else)."""
-    text, where = str(exc), redact(uri)
-    status = re.search(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b", text)
-    if status:
-        forbidden = "403" in status.group(0) or "PERMISSION" in status.group(0)
-        refused = "403 forbidden" if forbidden else "401 unauthenticated"
+    """What an error of MLflow on first contact says about reaching the store
+    (``fusion_ray.store_errors.classify``, as the driver reads it), as one message with the fix
+    (None: something else)."""
+    fault = classify(exc)
+    where = redact(uri)
+    if fault is None:
+        return None
+    if fault.kind == "auth":
         return StoreAccessError(
             "auth",
-            f"the MLflow server at {where} refused the report's credentials ({refused}): set "
-            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) "
-            "for a user that may read the experiment, then run the report again",
+            f"the MLflow server at {where} refused the report's credentials ({fault.detail}): "
+            f"{credentials_fix(uri, '--tracking-uri')} for a user that may read the experiment, "
+            "then run the report again",
         )
-    if re.search(r"Max retries exceeded|Connection refused|timed out|Failed to establish", text):
+    if fault.kind == "unreachable":
         return StoreAccessError(
             "unreachable", f"no MLflow server answers at {where}: start it or fix --tracking-uri"
         )
-    if "database is locked" in text:
+    if fault.kind == "locked":
         return StoreAccessError(
             "locked",
             f"the tracking store {where} stayed locked by another process beyond MLflow's wait: "
             "run the report again once that process has finished writing",
         )
-    if re.search(r"not a database|unsupported URI|file store|filesystem tracking backend", text):
-        first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-        first = redact(first.strip().split(". ")[0])
+    if fault.kind == "full":
         return StoreAccessError(
-            "store",
-            f"the tracking URI {where} names no MLflow store the report can read ({first[:200]}); "
-            "pass the store the sweep logged to with --tracking-uri: sqlite:///PATH or "
-            "http(s)://HOST:PORT",
+            "full",
+            f"no space is left for the tracking store {where} ({fault.detail}): free space on "
+            "its disk, then run the report again",
         )
-    return None
+    return StoreAccessError(
+        "store",
+        f"the tracking URI {where} names no MLflow store the report can read "
+        f"({redact(fault.detail)}); pass the store the sweep logged to with --tracking-uri: "
+        "sqlite:///PATH or http(s)://HOST:PORT",
+    )
 
 
 @contextlib.contextmanager

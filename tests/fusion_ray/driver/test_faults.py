@@ -1,10 +1,11 @@
 """Faults a cluster has, each with real processes: a driver killed between a trial's end and its
 run's FINISHED, a tracking server that goes away mid-sweep, a worker node lost mid-trial, the
-node of one rank of a DDP trial lost mid-trial, and a driver killed with SIGKILL, whose local
-Ray must not outlive it."""
+node of one rank of a DDP trial lost mid-trial, a driver killed with SIGKILL, whose local Ray
+must not outlive it, and full disks mid-sweep: the storage path's, the sqlite store's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -541,15 +542,15 @@ def test_a_driver_killed_with_sigkill_leaves_no_ray_processes_behind(tmp_path, d
 # ----------------------------------------------------------------------------- a full disk
 
 
-def _private_tmpfs_prefix(mount_point: Path) -> list[str] | None:
-    """A command prefix that runs its command in a mount namespace of its own with a 32 MiB
-    tmpfs at ``mount_point`` (as root, or as a user through a user namespace), or None when this
-    machine allows neither."""
+def _private_tmpfs_prefix(mount_point: Path, size: str = "32m") -> list[str] | None:
+    """A command prefix that runs its command in a mount namespace of its own where a tmpfs of
+    ``size`` can be mounted at ``mount_point`` (as root, or as a user through a user namespace),
+    or None when this machine allows neither."""
     for unshare in (["unshare", "-m"], ["unshare", "-rm"]):
         if unshare == ["unshare", "-m"] and os.geteuid() != 0:
             continue
         probe = subprocess.run(
-            [*unshare, "sh", "-c", f"mount -t tmpfs -o size=32m tmpfs {mount_point}"],
+            [*unshare, "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {mount_point}"],
             capture_output=True,
         )
         if probe.returncode == 0:
@@ -642,3 +643,138 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
     finished = [r for r in runs if r.info.status == "FINISHED"]
     assert len({r.data.tags["cell_id"] for r in finished}) == len(finished) == 4
     assert first.info.run_id in {r.info.run_id for r in finished}  # kept, not re-run
+
+
+def _fill(path: str) -> None:
+    """Write ``path`` until its disk is full."""
+    with open(path, "wb") as filler:
+        with pytest.raises(OSError, match="No space left"):
+            while True:
+                filler.write(b"\0" * (1 << 20))
+                filler.flush()
+
+
+def store_summary(db: str, out: str) -> None:
+    """Subprocess entry point, run where the store's tmpfs is mounted: SQLite's integrity check
+    of the store and what it holds of each trial run (cell, status, test accuracy, the epochs
+    of val_acc, artifacts), as JSON in ``out``."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+        integrity = connection.execute("PRAGMA integrity_check").fetchone()[0]
+    client = MlflowClient(f"sqlite:///{db}")
+    experiment = client.get_experiment_by_name("store_full")
+    runs = [
+        {
+            "run_id": run.info.run_id,
+            "cell_id": run.data.tags["cell_id"],
+            "status": run.info.status,
+            "test_acc": run.data.metrics.get("test_acc"),
+            "epochs": sorted(m.step for m in client.get_metric_history(run.info.run_id, "val_acc")),
+            "artifacts": [a.path for a in client.list_artifacts(run.info.run_id)],
+        }
+        for run in client.search_runs([experiment.experiment_id], "tags.role = 'trial'")
+    ]
+    Path(out).write_text(json.dumps({"integrity": integrity, "runs": runs}))
+
+
+def test_a_tracking_store_whose_disk_fills_mid_sweep_is_one_message_and_stays_whole(
+    tmp_path, data_cache
+):
+    """The sqlite store on an 8 MiB tmpfs that fills up (another file takes the space) once the
+    first cell has finished: the next write to the store fails with SQLite's "database or disk
+    is full", and the driver stops its trials and exits 12 with one message naming the store
+    and the fix, no traceback. The store is whole (SQLite's integrity check; the FINISHED run
+    reads back with its metrics and predictions), and the same command with space again runs
+    exactly the missing cells: the stopped driver's lease is taken over at once.
+
+    The tmpfs exists only in the mount namespace of the shell that runs the driver: that shell
+    also reads the store back, frees the space and runs the command again. Nothing races the
+    clock: the trials after the first (``held_add``) wait until the test has filled the disk."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    unshare = shutil.which("unshare") and _private_tmpfs_prefix(disk, "8m")
+    if not unshare:
+        pytest.skip("cannot mount a private tmpfs here (needs root or user namespaces)")
+    db = disk / "mlflow.db"
+    path = tiny_sweep(
+        tmp_path,
+        name="store_full",
+        seeds=[0, 1, 2],
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
+        tracking_uri=f"sqlite:///{db}",
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    site = install_held_add(tmp_path / "site", release)
+    ray_tmps = [Path(tempfile.mkdtemp(prefix="fusion-ray-")) for _ in range(2)]
+    env = {**_env(data_cache), "PYTHONPATH": f"{site}:{ROOT}"}
+    env.pop("RAY_ADDRESS", None)
+    sweep = f"{sys.executable} -m fusion_ray.sweep {path} --no-report"
+    summary = (
+        f"{sys.executable} -c 'import sys; from {__name__} import store_summary; "
+        "store_summary(*sys.argv[1:])'"
+    )
+    script = "; ".join(
+        [
+            f"mount -t tmpfs -o size=8m tmpfs {disk} || exit 99",
+            f"RAY_TMPDIR={ray_tmps[0]} {sweep} > {tmp_path / 'full.out'} 2>&1",
+            f"echo $? > {tmp_path / 'full.rc'}",
+            f"{summary} {db} {tmp_path / 'left.json'}",
+            f"rm {disk / 'filler'}",
+            f"RAY_TMPDIR={ray_tmps[1]} {sweep} > {tmp_path / 'again.out'} 2>&1",
+            f"echo $? > {tmp_path / 'again.rc'}",
+            f"{summary} {db} {tmp_path / 'again.json'}",
+        ]
+    )
+    out = tmp_path / "full.out"
+    shell = subprocess.Popen(
+        [*unshare, "sh", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        # the first cell's run FINISHED ("[1/3]" is printed after it), the next trial waiting
+        wait_until_held(
+            release,
+            process_ended(shell, out),
+            also=lambda: out.exists() and "[1/3]" in out.read_text(),
+        )
+        _fill(f"/proc/{shell.pid}/root{disk}/filler")  # the driver's view of its store's disk
+        release.touch()  # the waiting trials go on, and their first results meet a full store
+        said, _ = shell.communicate(timeout=900)
+    finally:
+        for ray_tmp in ray_tmps:
+            _kill_all(shell, ray_tmp)
+    assert shell.returncode == 0, said
+    text = out.read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "12", text[-4000:]
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, text[-4000:]
+    assert errors[0].startswith(
+        f"error: no space is left for the tracking store {db} (database or disk is full) while "
+        "the sweep ran, so the driver stopped: 1 trial(s) had finished in this run"
+    )
+    assert "Free space on its disk (or point tracking_uri at a store on a larger disk)" in errors[0]
+    assert "Traceback" not in text and "MLflow tracking of" not in text, text[-4000:]
+
+    left = json.loads((tmp_path / "left.json").read_text())
+    assert left["integrity"] == "ok"
+    finished = [r for r in left["runs"] if r["status"] == "FINISHED"]
+    assert len(finished) == 1, left["runs"]
+    (first,) = finished
+    assert first["test_acc"] is not None and first["epochs"] == [0, 1]
+    assert first["artifacts"] == ["test_predictions.parquet"]
+
+    again_text = (tmp_path / "again.out").read_text()
+    assert (tmp_path / "again.rc").read_text().strip() == "0", again_text[-4000:]
+    again = json.loads((tmp_path / "again.json").read_text())
+    assert again["integrity"] == "ok"
+    done = {r["cell_id"]: r for r in again["runs"] if r["status"] == "FINISHED"}
+    assert len(done) == 3, again["runs"]
+    assert done[first["cell_id"]] == first  # kept as it was, not run again

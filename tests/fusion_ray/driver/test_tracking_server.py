@@ -1,7 +1,8 @@
 """Against a real ``mlflow server`` on loopback, as a lab shares one: the analysis reads artifacts
 through the server (``mlflow-artifacts:``) and finds what a sqlite store gives; with MLflow's
 basic-auth app, a sweep with credentials from the environment works and no output holds the
-password; without them, or with the store locked, the driver says so in one line and an exit code.
+password; without them (or, for the report, with a wrong password), with the store locked, or
+(a dry run) with no server answering, the command says so in one line and an exit code.
 """
 
 from __future__ import annotations
@@ -174,6 +175,22 @@ def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(tmp
             _env(data_cache),
         )  # fmt: skip
         assert report.returncode == 0, report.stderr[-2000:]
+        # a wrong password in the report's URI: one message, exit 8
+        wrong = uri.replace("http://", "http://admin:not-the-password@")
+        denied = _cli(
+            ["analysis.report", "--experiment", "authed", "--tracking-uri", wrong, "--out",
+             str(tmp_path / "denied_report")],
+            path.parent,
+            _env(data_cache),
+        )  # fmt: skip
+        assert denied.returncode == 8, denied.stderr[-2000:]
+        assert denied.stderr.startswith(
+            f"error: the MLflow server at {uri.replace('http://', 'http://admin:***@')} refused "
+            "the report's credentials (401 unauthenticated): fix the user and password in "
+            "--tracking-uri"
+        ), denied.stderr[-2000:]
+        assert len(denied.stderr.splitlines()) == 1 and "not-the-password" not in denied.stderr
+        assert not (tmp_path / "denied_report").exists()
         logged = _everything_logged(MlflowClient(with_info), "authed", tmp_path)
     finally:
         _stop(server)
@@ -217,3 +234,30 @@ def test_a_store_locked_past_mlflows_wait_is_one_message(tmp_path, data_cache):
     assert run.returncode == 9, run.stderr[-3000:]
     assert "locked" in run.stderr and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
+
+
+def test_a_dry_run_against_a_server_that_does_not_answer_gives_up_as_it_says(tmp_path, data_cache):
+    """A port nothing listens on, and one that takes the connection but never answers: the dry
+    run sends each request once and waits ``api.DRY_RUN_WAIT_S`` for it (MLflow's client would
+    retry for about 4 minutes, or wait 120 s for each of 8 tries), then exit 10, one line."""
+    from fusion_ray.api import DRY_RUN_WAIT_S
+
+    refused = f"http://127.0.0.1:{_free_port()}"
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # connections wait in the backlog, never accepted nor answered
+    quiet = f"http://127.0.0.1:{silent.getsockname()[1]}"
+    try:
+        for i, uri in enumerate((refused, quiet)):
+            path = _sweep_file(tmp_path, uri, f"dry{i}")
+            env = _env(data_cache)
+            env.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+            env.pop("MLFLOW_HTTP_REQUEST_TIMEOUT", None)
+            dry = _cli(["fusion_ray.sweep", str(path), "--dry-run"], path.parent, env, timeout=180)
+            assert dry.returncode == 10, dry.stderr[-3000:]
+            assert dry.stderr.startswith(
+                f"error: no MLflow server answered at {uri} within {DRY_RUN_WAIT_S} s"
+            ), dry.stderr[-3000:]
+            assert len(dry.stderr.splitlines()) == 1 and not dry.stdout, dry.stderr[-3000:]
+    finally:
+        silent.close()

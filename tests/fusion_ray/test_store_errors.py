@@ -1,0 +1,169 @@
+"""One classification of a tracking store's faults (``fusion_ray.store_errors``), on the errors
+the real components raise: MLflow writing to a sqlite store that has no page left (SQLite's
+SQLITE_FULL, as on a full disk), a write while another connection holds the database, a server
+port nothing listens on; and what the driver and the report make of each: one message, the same
+exit code."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sqlite3
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from analysis.load.store import access_problem as report_problem
+from analysis.report import STORE_EXIT_CODES
+from fusion_ray import api, driver, tracking
+from fusion_ray.config import load_sweep
+from fusion_ray.hpo.fragment import FragmentExistsError, exists_message
+from fusion_ray.preflight import RefusedError
+from fusion_ray.store_errors import EXIT_CODES, StoreFault, classify
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def capped_pages():
+    """``cap["pages"] = N``: every connection SQLAlchemy opens from then on may grow its
+    database to N pages at most (SQLite's ``max_page_count``), so the next write that needs a
+    page fails as on a full disk (SQLITE_FULL, "database or disk is full")."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    cap: dict[str, int | None] = {"pages": None}
+
+    def limit(connection: sa.Connection) -> None:
+        if cap["pages"] is not None:
+            connection.exec_driver_sql(f"PRAGMA max_page_count = {cap['pages']}")
+
+    event.listen(Engine, "engine_connect", limit)
+    yield cap
+    event.remove(Engine, "engine_connect", limit)
+
+
+def _pages(db: Path) -> int:
+    with sqlite3.connect(db) as connection:
+        return connection.execute("PRAGMA page_count").fetchone()[0]
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
+    tmp_path, capped_pages, caplog
+):
+    db = tmp_path / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    tracker = tracking.Tracker(uri, "full_sweep")
+    client = tracker.client
+    run_id = client.create_run(tracker.experiment_id).info.run_id
+    client.set_terminated(run_id)
+    capped_pages["pages"] = _pages(db)
+    caplog.set_level(logging.ERROR, logger="mlflow.store.db.utils")
+    with pytest.raises(MlflowException) as caught:
+        for i in range(200):  # a page's worth of tags at most
+            client.set_tag(run_id, f"tag{i}", "v" * 4000)
+    assert classify(caught.value) == StoreFault("full", "database or disk is full")
+    # MLflow logs the error with its traceback first; the driver says it once instead
+    said = [r for r in caplog.records if r.name == "mlflow.store.db.utils"]
+    assert not [r for r in said if r.levelno >= logging.ERROR]
+
+    problem = tracking.access_problem(caught.value, uri)
+    assert problem is not None and problem.kind == "full"
+    assert str(problem) == (
+        f"no space is left for the tracking store {db} (database or disk is full), so MLflow "
+        "cannot record the runs: free space on its disk (or point tracking_uri at a store on a "
+        "larger disk), then run the same command again"
+    )
+    assert driver.exit_code(problem) == 12
+    refused = report_problem(caught.value, uri)
+    assert refused is not None and refused.kind == "full" and str(db) in str(refused)
+    assert STORE_EXIT_CODES[refused.kind] == 12
+    # the driver's parent run of an invocation, written into that store: the same one message
+    with pytest.raises(tracking.TrackingAccessError) as parent:
+        tracker.parent_run(params={f"setting{i}": "v" * 4000 for i in range(20)})
+    assert parent.value.kind == "full" and str(parent.value) == str(problem)
+    # what was there reads back
+    assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
+
+
+def test_a_store_held_by_another_connection_is_locked_at_every_layer(tmp_path):
+    db = tmp_path / "held.db"
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(sqlite3.OperationalError) as raw:
+            sqlite3.connect(db, timeout=0).execute("INSERT INTO t VALUES (1)")
+        engine = sa.create_engine(f"sqlite:///{db}", connect_args={"timeout": 0})
+        with pytest.raises(sa.exc.OperationalError) as wrapped, engine.begin() as connection:
+            connection.exec_driver_sql("INSERT INTO t VALUES (1)")
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    for caught in (raw.value, wrapped.value):
+        assert classify(caught) == StoreFault("locked", "database is locked")
+    problem = tracking.access_problem(wrapped.value, f"sqlite:///{db}")
+    assert problem is not None and driver.exit_code(problem) == 9
+
+
+def test_an_error_is_classified_by_its_own_words_not_by_the_values_it_quotes(tmp_path):
+    """SQLAlchemy appends the statement and its parameters to an error; a parameter (a run's
+    failure reason, say) may quote an earlier store error, which says nothing about this one."""
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'other.db'}")
+    earlier = "no MLflow server answers: Connection refused; database or disk is full (401)"
+    with pytest.raises(sa.exc.OperationalError) as caught, engine.begin() as connection:
+        connection.execute(sa.text("INSERT INTO missing VALUES (:reason)"), {"reason": earlier})
+    assert earlier in str(caught.value) and "no such table" in str(caught.value)
+    assert classify(caught.value) is None
+
+
+def test_a_port_nothing_listens_on_is_unreachable(monkeypatch):
+    monkeypatch.setenv(tracking.HTTP_RETRIES_ENV, "0")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(MlflowException) as caught:
+        MlflowClient(uri).get_experiment_by_name("x")
+    assert classify(caught.value) == StoreFault("unreachable")
+    problem = tracking.access_problem(caught.value, uri)
+    assert problem is not None and driver.exit_code(problem) == 10
+    assert STORE_EXIT_CODES[report_problem(caught.value, uri).kind] == 10
+
+
+def test_a_dry_run_waits_for_a_server_as_long_as_it_says_and_leaves_mlflows_settings(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv(tracking.HTTP_RETRIES_ENV, raising=False)
+    monkeypatch.setenv(tracking.HTTP_TIMEOUT_ENV, "77")
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    spec = load_sweep(tiny_sweep(tmp_path, tracking_uri=uri))
+    with pytest.raises(tracking.TrackingAccessError) as caught:
+        api.dry_run(spec)
+    assert caught.value.kind == "unreachable"
+    assert f"no MLflow server answered at {uri} within {api.DRY_RUN_WAIT_S} s" in str(caught.value)
+    assert driver.exit_code(caught.value) == 10
+    assert tracking.HTTP_RETRIES_ENV not in os.environ
+    assert os.environ[tracking.HTTP_TIMEOUT_ENV] == "77"
+
+
+def test_every_stop_of_a_driver_has_its_documented_exit_code(tmp_path):
+    assert driver.exit_code(RefusedError("a check under the lease refused")) == 2
+    assert driver.exit_code(FragmentExistsError(exists_message(tmp_path / "tuned.yaml"))) == 2
+    full = tracking.store_lost_error(tracking.store_full("sqlite:///x.db", "d"), 1, "/s")
+    gone = tracking.store_lost_error("the tracking store x.db disappeared", 1, "/s")
+    assert type(full) is tracking.TrackingStoreFullError and driver.exit_code(full) == 12
+    assert type(gone) is tracking.TrackingStoreLostError and driver.exit_code(gone) == 5
+    assert "Free space on its disk" in str(full) and "Restore the store" in str(gone)
+    assert driver.ACCESS_EXIT_CODES == EXIT_CODES == STORE_EXIT_CODES
+    table = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    for code in [*driver.EXIT_CODES, *EXIT_CODES.values()]:
+        assert f"\n| {code} |" in table, f"exit code {code} is not in docs/reference/cli.md"
