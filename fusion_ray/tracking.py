@@ -561,7 +561,8 @@ def answer_within(tracking_uri: str, wait_s: int) -> Iterator[None]:
     """While the body runs, MLflow's client sends each request once and waits at most ``wait_s``
     seconds for its answer, instead of retrying for minutes (for a look at the store that can
     fail fast, as a dry run's); a server that did not answer is a ``TrackingAccessError``
-    ("unreachable") saying it was given ``wait_s``. The variables are as they were after."""
+    ("unreachable") saying it was given ``wait_s``. MLflow reads both from the environment, so
+    they hold for the whole process while the body runs, and are as they were after."""
     saved = {name: os.environ.get(name) for name in (HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV)}
     os.environ[HTTP_RETRIES_ENV], os.environ[HTTP_TIMEOUT_ENV] = "0", str(wait_s)
     try:

@@ -2,8 +2,9 @@
 private names borrowed across modules, no function longer than a screenful, and the rooms of
 DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
 fusion_ray but the shared schema, the redaction and the store-fault classifier, which import only
-the standard library, and the decision code below both), and layers that point one way (the engine reaches the analysis only
-through the application layer, and the API does not import the command line)."""
+the standard library, and the decision code below both), and layers that point one way (the
+engine reaches the analysis only through the application layer, and the API does not import the
+command line)."""
 
 from __future__ import annotations
 
