@@ -97,6 +97,32 @@ def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
     assert MlflowClient(uri).get_run(run_id).info.status == "FINISHED"
 
 
+def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callbacks_do(
+    tmp_path, capped_pages
+):
+    """A write of the driver's own (not a Tune callback's) inside ``DriverSession.driving``:
+    the session stops with the full store's one message and exit 12, and leaves its lease as it
+    is (it cannot be deleted from a full store; the next driver on this machine takes it over)
+    instead of marking the parent run FAILED in a store that takes no writes."""
+    from fusion_ray.driver import DriverSession
+
+    db = tmp_path / "mlflow.db"
+    with DriverSession("sweep", "full_session", f"sqlite:///{db}", str(tmp_path)) as session:
+        parent_id = session.open_parent(None, {"cells": "1"})
+        capped_pages["pages"] = _pages(db)
+        with pytest.raises(tracking.TrackingStoreFullError) as caught, session.driving():
+            for i in range(200):
+                session.tracker.client.set_tag(parent_id, f"note{i}", "v" * 4000)
+    assert str(caught.value).startswith(
+        f"no space is left for the tracking store {db} (database or disk is full) while the "
+        "sweep ran, so the driver stopped: 0 trial(s) had finished in this run"
+    )
+    assert driver.exit_code(caught.value) == 12 and session.lease.abandoned
+    store = tracking.Tracker(f"sqlite:///{db}", "full_session").lease_store()
+    assert store.tags(session.lease.name) is not None  # left for the next driver
+    assert MlflowClient(f"sqlite:///{db}").get_run(parent_id).info.status == "RUNNING"
+
+
 def test_a_store_held_by_another_connection_is_locked_at_every_layer(tmp_path):
     db = tmp_path / "held.db"
     holder = sqlite3.connect(db, isolation_level=None)
