@@ -36,6 +36,7 @@ from analysis.load import read_run_artifacts, unreadable_artifacts
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.stats import StatsSettings, describe_deltas, finish_family
 from analysis.tables import dataset_order, describe_setting, fmt_p, operator_order, select
+from fusion_ray.decide.questions import bucket_edges
 from fusion_ray.schema import ADAPTIVE_TAG, PREDICTION_COLUMNS, PREDICTIONS_FILE
 
 #: The section's CSV files: comparisons per bucket (and contrasts), accuracy per bucket.
@@ -56,16 +57,6 @@ class LengthAnalysis:
     """One row per (group, operator, bucket) comparison, plus bucket 'long-short' contrasts."""
     warnings: list[str] = field(default_factory=list)
     median_length: dict[str, float] = field(default_factory=dict)
-
-
-def bucket_edges(length: np.ndarray, n_buckets: int) -> np.ndarray:
-    """Lower bounds of buckets 1.. (bucket 0 starts at the shortest document), from length
-    quantiles; with many documents of one length, buckets merge rather than come out empty."""
-    qs = np.quantile(length, np.linspace(0, 1, n_buckets + 1))
-    edges = np.unique(np.round(qs[1:-1]).astype(np.int64))
-    bucket = np.searchsorted(edges, length, side="right")
-    nonempty = np.unique(bucket)
-    return np.array([length[bucket == b].min() for b in nonempty[1:]], dtype=np.int64)
 
 
 def analyse_lengths(

@@ -9,6 +9,7 @@ driver's decisions.csv.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,15 @@ from analysis.load import Experiment
 from analysis.pairing import Pairing
 from analysis.stats import Comparisons, StatsSettings
 from analysis.stats import compare as fixed_n
-from fusion_ray.decide.questions import Arm, Hypothesis, failures, hypotheses, rows
+from fusion_ray.decide.questions import (
+    QUARTER_METRICS,
+    Arm,
+    Hypothesis,
+    failures,
+    hypotheses,
+    possible,
+    rows,
+)
 from fusion_ray.decide.rules import DEFAULT_RULE, DecisionRule, build_rule
 from fusion_ray.decide.sequential import FIRST_WAVE, decision_rows, family_evidence
 from fusion_ray.schema import ADAPTIVE_TAG
@@ -103,24 +112,41 @@ def family_values(
         return FamilyValues([], {}, {})
     seeds = sorted({int(s) for f in frames for s in f["seed"].dropna()})
     index = {seed: i for i, seed in enumerate(seeds)}
-    scores: dict[tuple[Arm, int], float | None] = {}
+    scores: dict[tuple[Arm, int], dict[str, float] | None] = {}
     for _, r in failed_runs.iterrows():
         scores[(_arm(r, keys), index[int(r["seed"])])] = None
     for _, r in done.iterrows():
-        scores[(_arm(r, keys), index[int(r["seed"])])] = float(r["test_correct"]) / float(
-            r["test_total"]
-        )
+        scores[(_arm(r, keys), index[int(r["seed"])])] = _parts(r)
     arms = list(dict.fromkeys(arm for arm, _ in scores))
     regimes = built.get("regimes") or list(datasets) or list(dict.fromkeys(done["dataset"]))
     levels = built.get("levels") or experiment.axis_levels
-    family = hypotheses(arms, pairing.baseline, regimes, levels, built.get("decide"))
-    values = rows(
-        family, lambda a, s: (a, s) in scores, lambda a, s: scores.get((a, s)), len(seeds)
-    )
-    failed = failures(
-        family, lambda a, s: scores.get((a, s), 0.0), {n: len(v) for n, v in values.items()}
-    )
+    decide = built.get("decide") or possible({a.group for a in arms}, regimes, levels)
+    if not _has_quarters(done):  # runs logged before trials reported their length quarters
+        decide = [k for k in decide if k != "length_within"]
+    family = hypotheses(arms, pairing.baseline, regimes, levels, decide)
+
+    def accuracy(arm: Arm, seed: int, part: str) -> float | None:
+        found = scores.get((arm, seed), {})
+        return None if found is None else found.get(part, math.nan)
+
+    values = rows(family, lambda a, s: (a, s) in scores, accuracy, len(seeds))
+    failed = failures(family, accuracy, {n: len(v) for n, v in values.items()})
     return FamilyValues(family, values, failed)
+
+
+def _parts(run: pd.Series) -> dict[str, float]:
+    """A FINISHED run's accuracy on each part of its test split it reported (``PARTS``)."""
+    out = {"all": float(run["test_correct"]) / float(run["test_total"])}
+    for part, (correct, total) in QUARTER_METRICS.items():
+        if pd.notna(run.get(correct)) and pd.notna(run.get(total)) and run[total] > 0:
+            out[part] = float(run[correct]) / float(run[total])
+    return out
+
+
+def _has_quarters(runs: pd.DataFrame) -> bool:
+    return all(
+        c in runs and runs[c].notna().any() for pair in QUARTER_METRICS.values() for c in pair
+    )
 
 
 def _arm(run: pd.Series, keys: list[str]) -> Arm:

@@ -20,6 +20,7 @@ from the tracking store reaches the same states and asks for the same cells:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,8 +64,9 @@ class SeedSchedule:
     cells: list[Cell]
     baseline: str
     rule: AdaptiveSeeds
-    results: dict[str, float | None] = field(default_factory=dict)
-    """cell id -> test accuracy (0-1) of a finished cell, or None for a failed one."""
+    results: dict[str, float | Mapping[str, float] | None] = field(default_factory=dict)
+    """cell id -> a finished cell's test accuracy (0-1), or its accuracy on each part of its
+    test split (``questions.PARTS``: "all", "shortest", "longest"); None for a failed one."""
     regimes: list[str] = field(default_factory=list)
     """The datasets in the order of length (empty: the order of the cells)."""
 
@@ -89,9 +91,16 @@ class SeedSchedule:
         cell = self.by_key.get((arm, seed))
         return cell is None or cell.cell_id in self.results
 
-    def accuracy(self, arm: Arm, seed: int) -> float | None:
+    def accuracy(self, arm: Arm, seed: int, part: str = "all") -> float | None:
+        """The arm's test accuracy at ``seed`` on ``part`` of its test split; None for a failed
+        run; nan where the run did not report that part."""
         cell = self.by_key.get((arm, seed))
-        return None if cell is None else self.results.get(cell.cell_id)
+        result = None if cell is None else self.results.get(cell.cell_id)
+        if result is None:
+            return None
+        if isinstance(result, Mapping):
+            return result.get(part, math.nan)
+        return float(result) if part == "all" else math.nan
 
     def deltas(self) -> dict[str, list[float]]:
         """Each hypothesis's values (points) in seed order, up to its first unresolved seed."""
@@ -138,7 +147,9 @@ class SeedSchedule:
         return [c for c in self.cells if c.seed < self.rule.first]
 
 
-def finished_results(cells: list[Cell], runs: Mapping[str, object]) -> dict[str, float | None]:
+def finished_results(
+    cells: list[Cell], runs: Mapping[str, object]
+) -> dict[str, float | Mapping[str, float] | None]:
     """Results of the cells whose run ended (``tracking.CellRun``): the test accuracy of a
     FINISHED run, None for a cell whose best run FAILED (it counts as a failure and is not run
     again; a KILLED run was interrupted and continues instead)."""
@@ -148,7 +159,7 @@ def finished_results(cells: list[Cell], runs: Mapping[str, object]) -> dict[str,
         status = getattr(run, "status", None)
         acc = getattr(run, "test_acc", None)
         if status == "FINISHED" and acc is not None:
-            out[cell.cell_id] = float(acc)
+            out[cell.cell_id] = {"all": float(acc), **getattr(run, "parts", {})}
         elif status == "FAILED":
             out[cell.cell_id] = None
     return out

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import Resources
+from fusion_ray.decide.questions import quarter_accuracy
 from fusion_ray.train.spec import TrialConfig
 
 
@@ -80,6 +81,14 @@ class TrialResult:
     def test_acc(self) -> float | None:
         value = self.metrics.get("test_acc")
         return None if value is None else float(value)
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """The test accuracy on each part of the test split the trial reported
+        (``fusion_ray.decide.questions.PARTS``): "all", and its shortest and longest quarter."""
+        out = {} if self.test_acc is None else {"all": self.test_acc}
+        out.update(quarter_accuracy(self.metrics))
+        return out
 
     @property
     def checkpoint_path(self) -> str | None:

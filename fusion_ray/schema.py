@@ -48,6 +48,16 @@ FAILURE_TAG = "failure_reason"
 #: Metrics logged once per epoch (step = epoch); search_runs returns their last value.
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
 #: Metrics logged once, when the trial ends (test metrics at the best validation epoch).
+#: Final metrics of every trial for the length question inside its dataset: correct and total
+#: documents in the shortest and in the longest length quarter of its test split (lengths
+#: before truncation; ``fusion_ray.decide.questions.bucket_edges``). Runs logged before trials
+#: reported them have none, and their sweeps decide no ``length_within`` hypothesis.
+LENGTH_QUARTER_METRICS = (
+    "test_correct_shortest",
+    "test_total_shortest",
+    "test_correct_longest",
+    "test_total_longest",
+)
 FINAL_METRICS = (
     "test_acc",
     "best_val_acc",

@@ -42,7 +42,7 @@ class AdaptiveSeedSearcher(Searcher):
         if cid is None:
             return
         reported = TrialResult.of(result)
-        self.schedule.results[cid] = reported.test_acc if reported.final and not error else None
+        self.schedule.results[cid] = reported.scores if reported.final and not error else None
         if self.on_change is not None:
             self.on_change(self.schedule)
 

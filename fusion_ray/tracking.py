@@ -24,7 +24,7 @@ import tempfile
 import time
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -33,6 +33,7 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
+from fusion_ray.decide.questions import quarter_accuracy
 from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
@@ -50,6 +51,7 @@ from fusion_ray.schema import (
     LATENCY_RATIO_METRIC,
     LEASE_TOKEN_TAG,
     LENGTH_PREDICTIONS_FILE,
+    LENGTH_QUARTER_METRICS,
     PARENT_BASELINE_PREFIX,
     PARENT_TAG,
     PREDICTIONS_FILE,
@@ -138,6 +140,9 @@ class CellRun:
     """The run already holds the trial's final metrics (its trial ended; maybe not its run)."""
     test_acc: float | None = None
     """Its final test accuracy, when logged (what adaptive seeds decide from)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """Its accuracy on the shortest and longest length quarter of its test split, when logged
+    (``fusion_ray.decide.questions.quarter_accuracy``)."""
 
 
 def _now_ms() -> int:
@@ -245,6 +250,7 @@ class Tracker:
                     run.data.tags.get(CHECKPOINT_TAG),
                     "test_acc" in run.data.metrics,
                     run.data.metrics.get("test_acc"),
+                    quarter_accuracy(run.data.metrics),
                 )
         return best
 
@@ -400,7 +406,7 @@ class Tracker:
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
-        names = (*FINAL_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
+        names = (*FINAL_METRICS, *LENGTH_QUARTER_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
         names += tuple(
             k
             for k in result

@@ -21,6 +21,7 @@ from fusion_ray.schema import (
     GRID_AXES_TAG,
     INIT_METRICS,
     LATENCY_RATIO_METRIC,
+    LENGTH_QUARTER_METRICS,
     POSITION_ALIAS_TAG,
     REFERENCE_METRICS,
     ROLE_TAG,
@@ -56,7 +57,12 @@ BASE_COLUMNS = [
 ]
 #: Metrics and tags that only some sweeps log: a column of the tidy frame only when a run of
 #: the experiment carries it, so that the frame of a sweep without them is unchanged.
-OPTIONAL_METRICS = (*INIT_METRICS, LATENCY_RATIO_METRIC, *REFERENCE_METRICS)
+OPTIONAL_METRICS = (
+    *INIT_METRICS,
+    LATENCY_RATIO_METRIC,
+    *REFERENCE_METRICS,
+    *LENGTH_QUARTER_METRICS,
+)
 OPTIONAL_TAGS = (POSITION_ALIAS_TAG, GATED_TAG)
 OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
 

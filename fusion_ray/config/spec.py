@@ -293,12 +293,17 @@ class AdaptiveSeeds(Strict):
     the paired deltas with one error budget for every decision; ``sign`` counts wins only."""
     rule_options: dict[str, Any] = Field(default_factory=dict)
     """Keyword options of the rule, e.g. ``{theta: 1.5}`` for ``magnitude``."""
-    decide: list[Literal["operator", "length", "interaction"]] | None = Field(None, min_length=1)
+    decide: list[Literal["operator", "length", "length_within", "interaction"]] | None = Field(
+        None, min_length=1
+    )
     """The questions decided in the one family (``fusion_ray.decide.questions``): ``operator``
     (each operator against the baseline per group), ``length`` (per operator and setting arm,
-    its delta on the longest regime of ``grid.datasets`` minus the shortest) and
-    ``interaction`` (per operator and group, its delta at each level of a setting axis minus
-    at the axis's first level). None: every question the grid makes possible."""
+    its delta on the longest regime of ``grid.datasets`` minus the shortest), ``length_within``
+    (per operator and group, its delta on the longest quarter of the dataset's test documents
+    minus the shortest quarter) and ``interaction`` (per operator and group, its delta at each
+    level of a setting axis minus at the axis's first level). None: ``operator``, ``length``
+    with two regimes or more (else ``length_within``), and ``interaction`` with a setting axis
+    of two levels or more."""
 
     @model_validator(mode="after")
     def _first_within_max(self) -> AdaptiveSeeds:

@@ -12,6 +12,11 @@ seed t is a number that is symmetric about 0 under its null, and the decision ru
   ``grid.datasets`` (the study's order of length): [acc(op, long) - acc(base, long)] -
   [acc(op, short) - acc(base, short)]. Null: the operator's effect is the same on both regimes
   (both regimes' deltas symmetric about one centre, any centre). "grows" / "shrinks".
+- ``length_within``: per operator and group, inside its dataset, the delta on the longest
+  quarter of the test documents (by length before truncation) minus the delta on the shortest
+  quarter (``QUARTER_METRICS``, which every trial reports). Null: the operator's effect is the
+  same on a dataset's long and short documents. "grows" / "shrinks". A grid with one regime
+  decides it by default; with several, the sweep asks for it (``decide``).
 - ``interaction``: per operator, group and setting axis, the delta at a level minus the delta
   at the axis's reference level (its first in the sweep file). Null: the operator's effect does
   not depend on that axis. "larger" / "smaller".
@@ -33,11 +38,25 @@ report spell a hypothesis the same way: the group's values joined by ``/`` (a se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-KINDS = ("operator", "length", "interaction")
+import numpy as np
+
+from fusion_ray.schema import LENGTH_QUARTER_METRICS
+
+KINDS = ("operator", "length", "length_within", "interaction")
 """The questions a sweep can decide, in the order the console and the report list them."""
+PARTS = ("all", "shortest", "longest")
+"""Which documents of a run's test split a term scores: all of them, or the shortest or the
+longest quarter by length."""
+QUARTER_METRICS = {
+    "shortest": LENGTH_QUARTER_METRICS[:2],
+    "longest": LENGTH_QUARTER_METRICS[2:],
+}
+"""Per part: the final metrics (correct, total) every trial reports for it (the schema's
+``LENGTH_QUARTER_METRICS``)."""
 FIXED_KEYS = ("dataset", "position", "attention_position")
 """The group keys every cell has; setting axes (dotted keys) follow them."""
 FAILED_SCORE = 0.0
@@ -45,12 +64,14 @@ FAILED_SCORE = 0.0
 VERDICTS = {
     "operator": {"better": "better", "worse": "worse"},
     "length": {"better": "grows", "worse": "shrinks"},
+    "length_within": {"better": "grows", "worse": "shrinks"},
     "interaction": {"better": "larger", "worse": "smaller"},
 }
 """What a rejection in each direction means, per kind (a positive value: ``better``)."""
 ESTIMANDS = {
     "operator": "acc(operator) - acc(baseline) on one seed, points",
     "length": "[delta on the longest regime] - [delta on the shortest] on one seed, points",
+    "length_within": "[delta on a dataset's longest quarter] - [on its shortest] on one seed",
     "interaction": "[delta at the level] - [delta at the reference level] on one seed, points",
 }
 
@@ -73,12 +94,13 @@ class Hypothesis:
     name: str
     kind: str
     operator: str
-    terms: tuple[tuple[Arm, int], ...]
-    """(arm, +1 or -1): the value at a seed is 100 * sum of sign * accuracy of the arm's run."""
+    terms: tuple[tuple[Arm, int, str], ...]
+    """(arm, +1 or -1, part): the value at a seed is 100 * sum of sign * the accuracy of the
+    arm's run on that part of its test split (``PARTS``)."""
 
     @property
     def arms(self) -> tuple[Arm, ...]:
-        return tuple(arm for arm, _ in self.terms)
+        return tuple(dict.fromkeys(arm for arm, _, _ in self.terms))
 
     def verdict(self, state: str) -> str:
         """The state in this kind's words (``better`` of a length contrast is ``grows``)."""
@@ -112,8 +134,19 @@ def _with(group: Group, key: str, value: str) -> Group:
 
 def operator_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:
     """The comparison of ``operator`` with ``baseline`` inside ``group``."""
-    terms = ((Arm(group, operator), 1), (Arm(group, baseline), -1))
+    terms = ((Arm(group, operator), 1, "all"), (Arm(group, baseline), -1, "all"))
     return Hypothesis(f"{group_text(group)}: {operator} vs {baseline}", "operator", operator, terms)
+
+
+def within_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:
+    """Inside ``group``'s dataset: the operator's delta on the longest quarter of the test
+    documents minus its delta on the shortest."""
+    op, base = Arm(group, operator), Arm(group, baseline)
+    terms = ((op, 1, "longest"), (base, -1, "longest"), (op, -1, "shortest"), (base, 1, "shortest"))
+    dataset = dict(group)["dataset"]
+    slot = f"{dataset}:longest-shortest"
+    text = "/".join([slot, *group_text(group).split("/")[1:]])
+    return Hypothesis(f"{text}: {operator} vs {baseline}", "length_within", operator, terms)
 
 
 def contrast_hypothesis(
@@ -122,10 +155,10 @@ def contrast_hypothesis(
     """The operator's delta at ``key = ends[0]`` minus its delta at ``key = ends[1]``."""
     high, low = _with(group, key, ends[0]), _with(group, key, ends[1])
     terms = (
-        (Arm(high, operator), 1),
-        (Arm(high, baseline), -1),
-        (Arm(low, operator), -1),
-        (Arm(low, baseline), 1),
+        (Arm(high, operator), 1, "all"),
+        (Arm(high, baseline), -1, "all"),
+        (Arm(low, operator), -1, "all"),
+        (Arm(low, baseline), 1, "all"),
     )
     name = f"{group_text(group, key, ends)}: {operator} vs {baseline}"
     return Hypothesis(name, kind, operator, terms)
@@ -134,12 +167,15 @@ def contrast_hypothesis(
 def possible(
     groups: Iterable[Group], regimes: Sequence[str], levels: Mapping[str, Sequence[str]]
 ) -> tuple[str, ...]:
-    """The kinds a grid of ``groups`` makes possible: ``operator`` always, ``length`` with two
-    regimes or more, ``interaction`` with a setting axis of two levels or more."""
+    """The kinds a grid of ``groups`` decides by default: ``operator`` always; ``length`` with
+    two regimes or more, else ``length_within`` (one regime: its long against its short
+    documents); ``interaction`` with a setting axis of two levels or more."""
     present = {dict(g)["dataset"] for g in groups}
     kinds = ["operator"]
     if sum(r in present for r in regimes) >= 2:
         kinds.append("length")
+    else:
+        kinds.append("length_within")
     if any(len(v) >= 2 for v in levels.values()):
         kinds.append("interaction")
     return tuple(kinds)
@@ -183,6 +219,13 @@ def hypotheses(
         ]
     if "length" in kinds:
         out += _length(groups, operators, baseline, regimes, complete)
+    if "length_within" in kinds:
+        out += [
+            within_hypothesis(g, op, baseline)
+            for g in groups
+            for op in operators
+            if complete(g, op=op)
+        ]
     if "interaction" in kinds:
         out += _interactions(groups, operators, baseline, levels, complete)
     return out
@@ -244,25 +287,26 @@ def _interactions(groups, operators, baseline, levels, complete) -> list[Hypothe
 
 Resolved = Callable[[Arm, int], bool]
 """Whether an arm's run of a seed has ended (finished or failed), or does not exist."""
-Accuracy = Callable[[Arm, int], float | None]
-"""An arm's test accuracy (0-1) at a seed; None when its run failed."""
+Accuracy = Callable[[Arm, int, str], float | None]
+"""An arm's test accuracy (0-1) at a seed on a part of its test split (``PARTS``); None when its
+run failed; nan when the run did not report that part (the hypothesis's row stops there)."""
 
 
 def rows(
     family: Sequence[Hypothesis], resolved: Resolved, accuracy: Accuracy, max_seeds: int
 ) -> dict[str, list[float]]:
     """Each hypothesis's values (points) in seed order, up to its first seed with a run not yet
-    resolved; a failed run counts as ``FAILED_SCORE``."""
+    resolved (or not reporting a part it needs); a failed run counts as ``FAILED_SCORE``."""
     out: dict[str, list[float]] = {}
     for h in family:
         row: list[float] = []
         for seed in range(max_seeds):
             if not all(resolved(arm, seed) for arm in h.arms):
                 break
-            total = 0.0
-            for arm, sign in h.terms:
-                acc = accuracy(arm, seed)
-                total += sign * (FAILED_SCORE if acc is None else acc)
+            scores = [(sign, accuracy(arm, seed, part)) for arm, sign, part in h.terms]
+            if any(acc is not None and math.isnan(acc) for _, acc in scores):
+                break
+            total = sum(sign * (FAILED_SCORE if acc is None else acc) for sign, acc in scores)
             # rounded as the report's values from correct counts are, so both see equal ties
             row.append(round(100.0 * total, 9))
         out[h.name] = row
@@ -274,6 +318,44 @@ def failures(
 ) -> dict[str, int]:
     """Per hypothesis: how many of its runs over its first ``seeds[name]`` seeds failed."""
     return {
-        h.name: sum(accuracy(arm, s) is None for arm in h.arms for s in range(seeds[h.name]))
+        h.name: sum(accuracy(arm, s, "all") is None for arm in h.arms for s in range(seeds[h.name]))
         for h in family
     }
+
+
+def bucket_edges(lengths: Sequence[int] | np.ndarray, n_buckets: int = 4) -> np.ndarray:
+    """Lower bounds of the length buckets 1.. of a test split (bucket 0 starts at the shortest
+    document), from its length quantiles; with many documents of one length, buckets merge
+    rather than come out empty. The report's length section cuts its buckets with it too."""
+    length = np.asarray(lengths, dtype=np.int64)
+    qs = np.quantile(length, np.linspace(0, 1, n_buckets + 1))
+    edges = np.unique(np.round(qs[1:-1]).astype(np.int64))
+    bucket = np.searchsorted(edges, length, side="right")
+    nonempty = np.unique(bucket)
+    return np.array([length[bucket == b].min() for b in nonempty[1:]], dtype=np.int64)
+
+
+def quarter_accuracy(metrics: Mapping[str, object]) -> dict[str, float]:
+    """The accuracy on each length quarter a run's metrics hold (``QUARTER_METRICS``)."""
+    out = {}
+    for part, (correct, total) in QUARTER_METRICS.items():
+        c, t = metrics.get(correct), metrics.get(total)
+        if c is not None and t is not None and float(t) > 0:  # type: ignore[arg-type]
+            out[part] = float(c) / float(t)  # type: ignore[arg-type]
+    return out
+
+
+def quarter_metrics(lengths: Sequence[int], correct: Sequence[bool]) -> dict[str, int]:
+    """``QUARTER_METRICS`` of one run: correct and total documents in the shortest and the
+    longest length quarter of its test split (``bucket_edges``)."""
+    length = np.asarray(lengths, dtype=np.int64)
+    right = np.asarray(correct, dtype=bool)
+    if length.size == 0:
+        return {}
+    bucket = np.searchsorted(bucket_edges(length), length, side="right")
+    out = {}
+    for part, b in (("shortest", 0), ("longest", int(bucket.max()))):
+        correct_name, total_name = QUARTER_METRICS[part]
+        out[correct_name] = int(right[bucket == b].sum())
+        out[total_name] = int((bucket == b).sum())
+    return out

@@ -26,6 +26,7 @@ from fusion_ray.data import (
     TokenizedSplit,
     collate,
 )
+from fusion_ray.decide.questions import quarter_metrics
 from fusion_ray.job import FINAL
 from fusion_ray.model import ModelSpec, build_classifier, check_model_spec
 from fusion_ray.model.fusion import GatedFusion
@@ -320,7 +321,9 @@ def score_best_model(
     the per-document predictions (PREDICTIONS_FILE: ``length`` before truncation, ``label``,
     ``pred``), the gate by position on the test split (GATES_FILE, gated operators only), and
     with data.eval_lengths the metrics and predictions at each length (``evaluate_lengths``).
-    The metrics include the inference latency, with its ratio to the baseline's when
+    The metrics include correct and total documents of the split's shortest and longest length
+    quarter (``fusion_ray.decide.questions.QUARTER_METRICS``) and the inference latency, with its
+    ratio to the baseline's when
     ``baseline`` is given (both timed on rank 0 only; other ranks report 0.0 latency and no
     ratio)."""
     spec, device = trial.train, reporter.device
@@ -342,12 +345,15 @@ def score_best_model(
         latency = latency_metrics(model, data, trial, device, pad_to, baseline)
     else:
         latency = {"latency_ms_per_sample": 0.0}
+    right = np.asarray(test["predictions"]) == np.asarray(data.test.labels)
     metrics = {
         FINAL: True,
         "test_acc": test["correct"] / max(test["total"], 1),
         "test_correct": test["correct"],
         "test_total": test["total"],
         "test_loss": test["loss"],
+        # the length question inside the dataset: its shortest and longest quarter
+        **quarter_metrics(data.test.lengths, right),
         **by_length,
         **latency,
     }

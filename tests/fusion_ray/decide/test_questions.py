@@ -13,9 +13,12 @@ import pytest
 from fusion_ray.decide.questions import (
     FAILED_SCORE,
     Arm,
+    bucket_edges,
     failures,
     hypotheses,
     possible,
+    quarter_accuracy,
+    quarter_metrics,
     rows,
 )
 from fusion_ray.decide.rules import build_rule
@@ -57,7 +60,7 @@ def test_the_quickstart_grid_makes_six_comparisons_two_trends_and_three_interact
     assert names[8] == "short/sinusoidal/none/scale_embeddings=false-true: gate vs add"
     assert len(set(names)) == len(names)
     trend = family[6]
-    assert {(a.group[0][1], a.fusion, sign) for a, sign in trend.terms} == {
+    assert {(a.group[0][1], a.fusion, sign) for a, sign, _ in trend.terms} == {
         ("long", "gate", 1),
         ("long", "add", -1),
         ("short", "gate", -1),
@@ -73,7 +76,12 @@ def test_decide_selects_questions_and_the_default_is_what_the_grid_allows():
     only = hypotheses(arms, "add", REGIMES, levels, decide=["length"])
     assert [h.kind for h in only] == ["length", "length"]
     one_regime = [a for a in arms if a.group[0][1] == "short"]
-    assert possible({a.group for a in one_regime}, REGIMES, levels) == ("operator", "interaction")
+    # one regime: its length question is inside the dataset (its long and short documents)
+    assert possible({a.group for a in one_regime}, REGIMES, levels) == (
+        "operator",
+        "length_within",
+        "interaction",
+    )
     assert possible({a.group for a in arms}, REGIMES, {SCALE: ["true"]}) == ("operator", "length")
     with pytest.raises(ValueError, match="unknown question"):
         hypotheses(arms, "add", REGIMES, levels, decide=["lenght"])
@@ -86,7 +94,7 @@ def test_values_are_signed_sums_of_accuracies_and_a_failed_run_scores_zero():
     acc[("long", "gate")] = 0.90
     failed = {(("long", "gate"), 1)}  # the long gate run of seed 1 failed
 
-    def accuracy(arm: Arm, seed: int) -> float | None:
+    def accuracy(arm: Arm, seed: int, part: str) -> float | None:
         key = (arm.group[0][1], arm.fusion)
         if (key, seed) in failed:
             return None
@@ -202,3 +210,40 @@ def test_decision_rows_bound_every_decided_hypothesis_and_say_what_disagrees():
     assert "differ in sign" in by["skewed"]["note"] and by["skewed"]["failed_runs"] == 1
     text = decisions_text(rows_)
     assert "e-BY interval" in text and "differ in sign" in text
+
+
+@pytest.mark.unit
+def test_the_length_within_a_dataset_contrasts_its_longest_and_shortest_quarter():
+    group = _group("short", "true")
+    arms = [Arm(group, "add"), Arm(group, "gate")]
+    (op, within) = hypotheses(arms, "add", ["short"], {}, decide=["operator", "length_within"])
+    assert within.kind == "length_within" and within.verdict("better") == "grows"
+    assert (
+        within.name == "short:longest-shortest/sinusoidal/none/scale_embeddings=true: gate vs add"
+    )
+    parts = {"add": {"all": 0.8, "shortest": 0.9, "longest": 0.6}}
+    parts["gate"] = {"all": 0.85, "shortest": 0.9, "longest": 0.75}
+
+    def accuracy(arm: Arm, seed: int, part: str) -> float | None:
+        return parts[arm.fusion].get(part, math.nan) if seed < 2 else math.nan
+
+    values = rows([op, within], lambda a, s: True, accuracy, max_seeds=4)
+    # (75 - 60) - (90 - 90) = 15 on both seeds; a run without its quarters ends the row
+    assert values[within.name] == [15.0, 15.0] and values[op.name] == [5.0, 5.0]
+
+
+@pytest.mark.unit
+def test_the_quarters_are_the_shortest_and_longest_length_buckets_of_the_test_split():
+    lengths = [10, 20, 30, 40, 50, 60, 70, 80]
+    correct = [1, 1, 0, 0, 0, 0, 1, 0]
+    assert list(bucket_edges(lengths)) == [30, 50, 70]  # quartiles: 2 documents a bucket
+    assert quarter_metrics(lengths, correct) == {
+        "test_correct_shortest": 2,
+        "test_total_shortest": 2,
+        "test_correct_longest": 1,
+        "test_total_longest": 2,
+    }
+    assert quarter_accuracy(quarter_metrics(lengths, correct)) == {"shortest": 1.0, "longest": 0.5}
+    # every document of one length: one bucket, shortest and longest are the same documents
+    same = quarter_metrics([5] * 6, [1, 0, 1, 0, 1, 1])
+    assert same["test_total_shortest"] == same["test_total_longest"] == 6

@@ -15,9 +15,11 @@ from tests.conftest import tiny_sweep
 
 
 def _adaptive_sweep(tmp_path, first=2, most=12, name="adaptive", **seeds):
+    """Three operators on one dataset; the operator comparisons only unless ``decide`` says."""
     path = tiny_sweep(tmp_path, name=name)
     raw = yaml.safe_load(path.read_text())
-    raw["seeds"] = {"adaptive": True, "first": first, "max": most, **seeds}
+    raw["seeds"] = {"adaptive": True, "first": first, "max": most, "decide": ["operator"]}
+    raw["seeds"] |= seeds
     raw["grid"]["fusions"] = ["add", "gate_scalar", "concat"]
     path.write_text(yaml.safe_dump(raw))
     return load_sweep(path)
@@ -145,11 +147,15 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
         ran |= {c.cell_id for c in batch}
         replay.results.update(finished_results(batch, todo.existing))
     assert ran == set(ids) and {by_id[i].seed for i in ids} == {0, 1, 2}
-    assert [s[-1] for s in schedule.states().values()] == ["futile"]
-    (row,) = outcome.decisions
+    assert [s[-1] for s in schedule.states().values()] == ["futile", "futile"]
+    # the operator comparison, and (one dataset) the length question inside it: the trials
+    # reported their shortest and longest quarter, and the identical models tie on both
+    row, within = outcome.decisions
     assert (row["state"], row["seeds_used"], row["decided_at_seed"]) == ("futile", 3, 2)
+    assert within["kind"] == "length_within" and within["comparison"].startswith("short:longest")
+    assert (within["state"], within["seeds_used"], within["mean"]) == ("futile", 3, 0.0)
     parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]
-    assert parent.data.tags["decisions.futile"] == "1"
+    assert parent.data.tags["decisions.futile"] == "2"
     # the dataset's reference baseline, reported by its trials, is on the parent run too
     bow = parent.data.metrics["baseline.short.bag_of_words.test_acc"]
     trial = next(r for r in runs if r.info.status == "FINISHED")
@@ -160,7 +166,9 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert (row["kind"], row["verdict"], row["failed_runs"]) == ("operator", "futile", 0)
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     # the evidence as it formed, one step per seed, on the parent run (the MLflow UI charts it)
-    (key,) = [k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")]
+    (key, _) = sorted(
+        k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")
+    )
     history = tracker.client.get_metric_history(parent.info.run_id, key)
     # every look as it came, then the final state logged again at the last step: the metric's
     # last point is the state decisions.csv has
@@ -240,3 +248,29 @@ def test_the_time_left_uses_the_open_hypotheses_and_says_it_is_an_estimate(tmp_p
         "to the cap (estimates at the pace so far)"
     )
     assert time_left(3, 20.0) == "; about 60 s left" and time_left(0, 5.0, worst=0) == ""
+
+
+@pytest.mark.unit
+def test_a_one_regime_sweep_decides_its_length_question_inside_the_dataset(tmp_path):
+    """By default a sweep of one dataset asks whether each operator's effect differs between
+    its longest and shortest test documents: its trials' quarter accuracies (what the searcher
+    reads from each final result) feed those hypotheses; a run without them ends their rows."""
+    spec = _adaptive_sweep(tmp_path, first=2, most=12, decide=None)
+    schedule = _schedule(spec)
+    kinds = [h.kind for h in schedule.family]
+    assert kinds == ["operator", "operator", "length_within", "length_within"]
+    gains = {"add": (0.0, 0.0), "gate_scalar": (0.05, 0.35), "concat": (0.02, 0.03)}
+
+    def scores(cell):
+        short, long = gains[cell.fusion]
+        return {"all": 0.5 + (short + long) / 2, "shortest": 0.5 + short, "longest": 0.4 + long}
+
+    _finish(schedule, schedule.needed(), scores)
+    within = schedule.by_name
+    values = schedule.deltas()
+    trend = next(n for n in within if n.startswith("short:longest-shortest") and "gate" in n)
+    assert values[trend] == pytest.approx([30.0, 30.0])
+    while schedule.needed():
+        _finish(schedule, schedule.needed(), scores)
+    assert schedule.states()[trend][-1] == "better"
+    assert schedule.by_name[trend].verdict("better") == "grows"
