@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fusion_ray import placement
 from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, smoke_version
 from fusion_ray.console import dry_run_text as _dry_run_text
 from fusion_ray.plan import Plan, plan
@@ -70,10 +71,13 @@ def dry_run(spec: SweepSpec) -> Plan:
         return plan(spec, existing_tracker(spec))
 
 
-def dry_run_text(spec: SweepSpec, todo: Plan | None = None) -> str:
-    """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, and
-    what the seed policy would run."""
-    return _dry_run_text(spec, todo if todo is not None else dry_run(spec))
+def dry_run_text(spec: SweepSpec, todo: Plan | None = None, *, address: str | None = None) -> str:
+    """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, what
+    the seed policy would run, and whether the pending trials fit (``placement.dry_run_check``
+    against this machine for a local Ray; raises ``PlacementError`` as the real run would)."""
+    todo = todo if todo is not None else dry_run(spec)
+    fits = placement.dry_run_check(spec, {c.dataset for c in todo.pending}, address)
+    return _dry_run_text(spec, todo) + "\n" + fits
 
 
 def run(

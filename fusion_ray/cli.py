@@ -17,7 +17,9 @@ working as they are.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import importlib.metadata
 import inspect
 import sys
 from collections.abc import Callable, Sequence
@@ -154,14 +156,46 @@ def list_entries() -> str:
     return "\n".join(lines)
 
 
+def version() -> str:
+    """The installed package's version."""
+    try:
+        return importlib.metadata.version("fusion-ray")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    commands = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
+    summary = plain(__doc__.split("\n\n")[0])
+    return (
+        f"usage: fusion-ray COMMAND [options]   (fusion-ray COMMAND --help: its options)\n\n"
+        f"{summary}\n\ncommands:\n{commands}\n\n  --version  print the version\n"
+    )
+
+
+def plain(text: str) -> str:
+    """Help text as a terminal shows it: the docstrings' ``code`` marks removed."""
+    return text.replace("``", "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help") or args[0] not in COMMANDS:
-        width = max(map(len, COMMANDS))
-        usage = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
-        summary = __doc__.split("\n\n")[0]
-        print(f"usage: fusion-ray COMMAND [options]\n\n{summary}\n\ncommands:\n{usage}")
-        return 0 if args and args[0] in ("-h", "--help") else 2
+    if args[:1] in (["-h"], ["--help"]):
+        print(usage(), end="")
+        return 0
+    if args[:1] in (["-V"], ["--version"]):
+        print(f"fusion-ray {version()}")
+        return 0
+    if not args or args[0] not in COMMANDS:
+        print(usage(), file=sys.stderr, end="")
+        if not args:
+            print("\nerror: name a command", file=sys.stderr)
+        else:
+            close = difflib.get_close_matches(args[0], COMMANDS, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            print(f"\nerror: unknown command {args[0]!r}{hint}", file=sys.stderr)
+        return 2
     command, rest = args[0], args[1:]
     if command == "list":
         print(list_entries())

@@ -72,6 +72,35 @@ def cluster_capacity() -> Capacity:
     return Capacity(nodes, autoscaler_node_types())
 
 
+def local_capacity() -> Capacity:
+    """What a local Ray started on this machine would offer (a dry run starts none): one node
+    with this machine's CPUs and the GPUs torch sees (``CUDA_VISIBLE_DEVICES`` applies)."""
+    import torch  # the dry run has imported it already, to validate the models
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return Capacity([{"CPU": float(cpus or 1), "GPU": float(gpus)}], {})
+
+
+def dry_run_check(spec: Any, datasets: set[str] | list[str], address: str | None) -> str:
+    """The placement check of a real run, for a dry run: against this machine when the sweep
+    would start a local Ray (raises ``PlacementError`` as the real run would), else a line
+    saying the remote cluster is checked when the sweep starts. ``--smoke`` rehearses GPU
+    trials on CPUs as the real run does."""
+    where = address or getattr(spec, "address", None) or os.environ.get("RAY_ADDRESS")
+    if where:
+        return (
+            f"  placement: checked against the cluster at {where} when the sweep starts (a dry "
+            "run connects to nothing)"
+        )
+    capacity = local_capacity()
+    wanted = {d: resources_for(spec, d) for d in datasets}
+    check = check_placement(wanted, capacity)
+    if check.never:
+        raise PlacementError(check.error(capacity))
+    return f"  placement: every trial fits this machine ({capacity.largest_node()})"
+
+
 def autoscaler_node_types(path: str | None = None) -> dict[str, tuple[dict[str, float], int]]:
     """Node types of the autoscaler's cluster config: name -> (resources, max_workers)."""
     where = Path(path or os.environ.get(AUTOSCALER_CONFIG_ENV) or "~/ray_bootstrap_config.yaml")

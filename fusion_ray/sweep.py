@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from fusion_ray import api
-from fusion_ray.cli import add_file_arguments, common_options, run_command
+from fusion_ray.cli import add_file_arguments, common_options, plain, run_command
 from fusion_ray.config import SweepFileError, SweepSpec
 from fusion_ray.console import print_outcome, summary_table
 from fusion_ray.driver import quiet_console
@@ -27,7 +27,7 @@ from fusion_ray.redact import redact
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m fusion_ray.sweep",
-        description=__doc__.splitlines()[0],
+        description=plain(__doc__.splitlines()[0]),
         parents=[common_options()],
     )
     add_file_arguments(
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:  # a store that refuses or does not answer: one message, its exit code
         text = run_command(
-            lambda: api.dry_run_text(spec),
+            lambda: api.dry_run_text(spec, address=args.address),
             stopped=lambda name: f"sweep {spec.name}: dry run stopped by {name}",
         )
         if isinstance(text, int):

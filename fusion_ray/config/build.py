@@ -101,9 +101,22 @@ class _PointBuilder:
         ]
         if any(key in problem for key in own):
             self.problems.setdefault(("", problem), f"{combo.where}: {problem}")
+        elif self._from_defaults(combo.dataset, problem):
+            self.problems.setdefault(("defaults", problem), f"defaults.{problem}")
         else:
             where = f"datasets.{combo.dataset}.{problem}"
             self.problems.setdefault((combo.dataset, problem), where)
+
+    def _from_defaults(self, dataset: str, problem: str) -> bool:
+        """Whether the problem's key (``train.lr: ...``) comes from ``defaults:`` (the preset
+        does not set it): the file names it there, where the user wrote it."""
+        section, _, rest = problem.partition(".")
+        name = rest.split(":", 1)[0].split(".", 1)[0]
+        if section not in ("model", "train") or not name:
+            return False
+        preset = self.spec.datasets.get(dataset)
+        own = getattr(preset, section, {}) if preset is not None else {}
+        return name not in own and name in getattr(self.spec.defaults, section)
 
 
 def build_trial(

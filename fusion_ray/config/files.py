@@ -104,10 +104,16 @@ _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.const
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error as one problem, with the fix for the usual causes."""
-    text = str(exc)
-    if "character '\\t'" in text:
-        text += "\n(indent with spaces: YAML does not allow tabs for indentation)"
+    """A YAML error as one problem: where (line and column, 1-based), what, and the fix for
+    the usual causes (the file's name is the problem's prefix)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        what = "; ".join(x for x in (exc.context, exc.problem) if x)
+        text = f"line {mark.line + 1}, column {mark.column + 1}: {what}"
+    else:
+        text = str(exc)
+    if "character '\\t'" in text or "'\\t'" in str(exc):
+        text += " (indent with spaces: YAML does not allow tabs for indentation)"
     return f"not valid YAML: {text}"
 
 
@@ -257,12 +263,51 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
     """Read and fully validate a sweep file, with command-line ``overrides`` (``key=value``)
-    applied as edits of the file; raises ``SweepFileError`` listing every problem."""
-    raw = apply_overrides(read_sweep_dict(path), overrides, path)
+    applied as edits of the file; raises ``SweepFileError`` listing every problem, a problem
+    that only the overrides bring named by the override (``override train.lrr=3: ...``)."""
+    original = read_sweep_dict(path)
+    raw = apply_overrides(original, overrides, path)
     spec, problems = validate_sweep_dict(raw)
     if problems or spec is None:
+        if overrides:
+            problems = blame_overrides(problems, validate_sweep_dict(original)[1], overrides)
         raise SweepFileError(path, problems)
     return spec
+
+
+def blame_overrides(
+    problems: list[str], the_files: list[str], overrides: Sequence[str]
+) -> list[str]:
+    """``problems`` with each one the file alone does not have named by the override whose key
+    it mentions (``override train.lrr=3: unknown key ...``), and a preset-wide override's
+    problem said once rather than once per dataset preset."""
+    out: list[str] = []
+    for problem in problems:
+        if problem in the_files:
+            out.append(problem)
+            continue
+        blamed = _blamed(problem, overrides)
+        if blamed is None:
+            out.append(problem)
+            continue
+        override, rest = blamed
+        text = f"override {override}: {rest}"
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def _blamed(problem: str, overrides: Sequence[str]) -> tuple[str, str] | None:
+    """(the override, the problem without its location) for the override whose key the
+    problem's location ends with (``datasets.short.train.lrr: ...`` for ``train.lrr=3``)."""
+    where, sep, rest = problem.partition(": ")
+    if not sep:
+        return None
+    for override in overrides:
+        key = override.partition("=")[0]
+        if where == key or where.endswith("." + key):
+            return override, f"{key}: {rest}"
+    return None
 
 
 #: Sections that a ``data.X=``, ``model.X=`` or ``train.X=`` override sets in every dataset preset.

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from fusion_ray.config import Resources, SweepFileError, load_sweep
+from fusion_ray.config import Resources, SweepFileError, load_sweep, resources_for
 from fusion_ray.grid import expand
 from fusion_ray.job import TrialJob
 from fusion_ray.sweep import main as sweep_main
@@ -38,13 +39,25 @@ def test_every_shipped_sweep_file_validates_and_expands(path: Path, monkeypatch)
 
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
 def test_every_shipped_sweep_file_has_a_dry_run(path: Path, tmp_path, monkeypatch, capsys):
+    """Planned for the cluster it runs on (``--address``), every file dry-runs; run here, a file
+    whose trials this machine cannot hold (GPUs) is refused as the real run would refuse it."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    assert sweep_main([str(path), "--dry-run"]) == 0
+    assert sweep_main([str(path), "--dry-run", "--address", "10.0.0.1:6379"]) == 0
     out = capsys.readouterr().out
     n_cells = len(expand(load_sweep(path)))
     assert f"{n_cells} cells (0 already FINISHED" in out
     assert out.count(" pending ") == n_cells
+    assert "placement: checked against the cluster at 10.0.0.1:6379 when the sweep starts" in out
+    spec = load_sweep(path)
+    wants_gpus = any(resources_for(spec, d).use_gpu for d in spec.datasets)
+    here = sweep_main([str(path), "--dry-run"])
+    captured = capsys.readouterr()
+    if wants_gpus and not torch.cuda.is_available():
+        assert here == 2 and "no node of this Ray cluster can run these trials" in captured.err
+    else:
+        assert here == 0 and "placement: every trial fits this machine" in captured.out
 
 
 def test_every_fragment_is_used_by_a_sweep():

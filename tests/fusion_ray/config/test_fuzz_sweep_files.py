@@ -80,9 +80,10 @@ def _loader(path: Path) -> Callable[[Path], Any]:
 
 def _dry_run(loaded: SweepSpec | HpoPlan) -> str:
     """What ``--dry-run`` does after validation, in this process: a sweep's cells against its
-    stores, an HPO file's plan after the local store checks."""
+    stores (planned for a cluster, ``--address``: where its trials fit is not this test's
+    question), an HPO file's plan after the local store checks."""
     if isinstance(loaded, SweepSpec):
-        return api.dry_run_text(loaded)
+        return api.dry_run_text(loaded, address="10.0.0.1:6379")
     problems = preflight(loaded.spec.storage_path, loaded.spec.tracking_uri, remote=False)
     if problems:
         raise HpoFileError(loaded.path, problems)

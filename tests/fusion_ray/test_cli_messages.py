@@ -1,0 +1,79 @@
+"""What the command line says when a user gets something wrong: an unknown command, a YAML
+syntax error, a bad value inherited from ``defaults:``, a mistyped override; and that it has a
+version and plain help text."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from fusion_ray.cli import COMMANDS
+from fusion_ray.cli import main as cli_main
+from fusion_ray.sweep import main as sweep_main
+from tests.conftest import tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+
+def test_an_unknown_command_is_an_error_with_a_suggestion(capsys):
+    assert cli_main(["swep"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("error: unknown command 'swep'; did you mean 'sweep'?")
+    assert cli_main([]) == 2 and "error: name a command" in capsys.readouterr().err
+    assert cli_main(["--help"]) == 0 and "commands:" in capsys.readouterr().out
+
+
+def test_the_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    assert cli_main(["--version"]) == 0
+    assert capsys.readouterr().out == f"fusion-ray {version('fusion-ray')}\n"
+
+
+@pytest.mark.parametrize("command", [c for c in COMMANDS if c != "list"])
+def test_every_commands_help_is_plain_text(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        cli_main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out and "``" not in out
+
+
+def _file(tmp_path, edit=None):
+    path = tiny_sweep(tmp_path)
+    if edit is not None:
+        raw = yaml.safe_load(path.read_text())
+        edit(raw)
+        path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_a_yaml_syntax_error_names_the_file_line_and_column(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\ngrid: {datasets: [a\nseeds: [0]\n")
+    assert sweep_main([str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not valid YAML: line 3, column " in err and "<unicode string>" not in err
+
+
+def test_a_bad_value_from_defaults_is_named_where_it_was_written(tmp_path, capsys):
+    def bad_default(raw):
+        raw["defaults"]["train"]["lr"] = -1
+
+    assert sweep_main([str(_file(tmp_path, bad_default)), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "defaults.train.lr: must be >= 1e-08 (got -1)" in err
+    assert "datasets.short.train.lr" not in err
+
+    def bad_preset(raw):  # the preset's own value is named as the preset's
+        raw["datasets"]["short"]["train"] = {"lr": -1}
+
+    assert sweep_main([str(_file(tmp_path / "own", bad_preset)), "--dry-run"]) == 2
+    assert "datasets.short.train.lr: must be >= 1e-08" in capsys.readouterr().err
+
+
+def test_a_mistyped_override_is_blamed_on_the_override_once(tmp_path, capsys):
+    assert sweep_main([str(_file(tmp_path)), "--dry-run", "train.lrr=3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("override train.lrr=3: train.lrr: unknown key") == 1
+    assert "datasets.short.train.lrr" not in err
