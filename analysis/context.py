@@ -130,6 +130,11 @@ class ReportContext:
     """Section name -> its result (None: nothing to show), in the order computed."""
     warnings: list[str] = field(default_factory=list)
     """Every warning of the report, the sections' among them, in report.md's order."""
+    console_warnings: list[str] = field(default_factory=list)
+    """The warnings the console prints: all of them for a fixed-seed sweep; for an adaptive one
+    those that can change what its decisions say (loading, pairing, the reference baselines
+    and the confound check), not the fixed-n statistics', which it reports as descriptive
+    (they stay in warnings.md)."""
     figures: list[tuple[str, Path]] = field(default_factory=list)
     """(caption, PNG path) of every figure drawn, for report.md."""
 
@@ -365,14 +370,16 @@ def loading_warnings(exp: Experiment, pairing: Pairing) -> list[str]:
                 f"partial sweep: {done} of {int(expected)} cells (parent run tag `cells`) have a "
                 f"FINISHED run; {max(0, int(expected) - cells.nunique())} have no run yet."
             )
-    return warns + _gap_warnings(pairing)
+    return warns + _gap_warnings(pairing, adaptive)
 
 
-def _gap_warnings(pairing: Pairing) -> list[str]:
+def _gap_warnings(pairing: Pairing, adaptive: bool = False) -> list[str]:
     """One warning per kind of gap the pairing found; report.md lists each."""
     gaps = [
         (
-            pairing.incomplete,
+            # adaptive seeds leave blocks incomplete by design (a decided operator's seed is
+            # not run); report.md still lists them
+            pairing.incomplete.iloc[0:0] if adaptive else pairing.incomplete,
             "partial sweep: {n} incomplete block(s) (group x seed missing an operator); only "
             "complete pairs are analysed. They are listed under 'Incomplete blocks'.",
         ),

@@ -123,6 +123,8 @@ class ReportResult:
     warnings: list[str]
     logged_to: str | None = None
     """The parent run the files were logged to, if any."""
+    console_warnings: list[str] = field(default_factory=list)
+    """The warnings ``print_summary`` prints (``ReportContext.console_warnings``)."""
     tables: dict[str, Table] = field(default_factory=dict)
     other_settings: OtherSettings = field(default_factory=OtherSettings)
     """The trial runs left out as other settings: ``.finished``, ``.left_out``, ``.sentence``."""
@@ -156,6 +158,7 @@ def build_report(
         comparisons=ctx.comparisons,
         lengths=ctx.results.get(LENGTHS.name),
         warnings=ctx.warnings,
+        console_warnings=ctx.console_warnings,
         logged_to=ctx.logged_to,
         tables=all_tables(ctx),
         other_settings=ctx.other_settings,
@@ -188,13 +191,16 @@ def build_context(
     def placed(where: str) -> list[str]:
         return [w for s in sections if s.warns_with == where for w in warned[s.name]]
 
+    loading = loading_warnings(ctx.experiment, ctx.pairing)
     ctx.warnings = [
         *placed("start"),
         *ctx.comparisons.warnings,
         *placed("statistics"),
-        *loading_warnings(ctx.experiment, ctx.pairing),
+        *loading,
         *placed("end"),
     ]
+    adaptive = ADAPTIVE_TAG in ctx.experiment.parent_tags
+    ctx.console_warnings = [*placed("start"), *loading] if adaptive else list(ctx.warnings)
     return ctx
 
 
@@ -460,10 +466,17 @@ def print_summary(result: ReportResult, alpha: float) -> None:
     )
     if result.other_settings.left_out:
         print(result.other_settings.sentence)
-    if len(result.pairing.incomplete):
+    if len(result.pairing.incomplete) and not adaptive:
         print(f"partial sweep: {len(result.pairing.incomplete)} incomplete block(s), see report.md")
-    for w in result.warnings:
+    for w in result.console_warnings:
         print(f"warning: {w}", file=sys.stderr)
+    more = len(result.warnings) - len(result.console_warnings)
+    if more:
+        print(
+            f"{more} more warning(s) about the fixed-n statistics, descriptive in an adaptive "
+            f"sweep: {result.out_dir / WARNINGS_FILE}",
+            file=sys.stderr,
+        )
     if result.logged_to:
         print(f"logged to run {result.logged_to} under artifacts/{ARTIFACT_PATH}/")
     elif result.experiment.parent_run_id is None:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from analysis import compare, load_experiment, pair_runs
-from analysis.report import ReportOptions, build_report
+from analysis.report import ReportOptions, build_report, print_summary
 from fusion_ray.config import load_sweep
 from fusion_ray.decide.sequential import decisions_text
 from fusion_ray.plan import plan
@@ -87,9 +87,9 @@ def sweep(tmp_path_factory):
     rows = policy.finish(tracker, parent)
     tracker.end_parent(parent, {})
     out = tmp_path / "report"
-    build_report(spec.name, spec.tracking_uri, ReportOptions(out=out, lengths=False))
+    result = build_report(spec.name, spec.tracking_uri, ReportOptions(out=out, lengths=False))
     return types.SimpleNamespace(
-        spec=spec, tracker=tracker, parent=parent, rows=rows, out=out, failed=failed
+        spec=spec, tracker=tracker, parent=parent, rows=rows, out=out, failed=failed, result=result
     )
 
 
@@ -151,3 +151,16 @@ def test_the_tables_mark_the_anytime_decisions_not_fixed_n_stars(sweep):
     assert "anytime-valid rule" in table1 and "$^{\\uparrow}$" in tex
     interaction = (sweep.out / "report.md").read_text().split("## Interaction tests")[1]
     assert "descriptive only" in interaction.split("##")[0]
+
+
+def test_the_console_leaves_the_descriptive_statistics_warnings_to_warnings_md(sweep, capsys):
+    """An adaptive sweep's fixed-n tests are descriptive: their warnings (and the incomplete
+    blocks adaptive seeds leave by design) stay in warnings.md; the console says how many."""
+    print_summary(sweep.result, 0.05)
+    err = capsys.readouterr().err
+    assert not any(
+        w in err for w in sweep.result.warnings if w not in sweep.result.console_warnings
+    )
+    assert "incomplete block" not in err
+    more = len(sweep.result.warnings) - len(sweep.result.console_warnings)
+    assert more > 0 and f"{more} more warning(s) about the fixed-n statistics" in err
