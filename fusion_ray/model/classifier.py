@@ -248,12 +248,12 @@ class _LightMeta(torch.overrides.TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.arange and kwargs.get("device") is None:
-            return func(*args, **kwargs, device="cpu")
+        if func is torch.arange and kwargs.get("device") is None:  # absent or device=None
+            return func(*args, **{**kwargs, "device": "cpu"})
         if func in (torch.rand, torch.randn) and kwargs.get("device") is None:
             shape = torch.Size(args[0] if len(args) == 1 and not isinstance(args[0], int) else args)
             if shape.numel() <= _SMALL:
-                return func(*args, **kwargs, device="cpu")
+                return func(*args, **{**kwargs, "device": "cpu"})
             return torch.empty(shape, dtype=kwargs.get("dtype"), device="meta")
         target = args[0] if args else kwargs.get("tensor", kwargs.get("self"))
         if func in _RANDOM_INIT and isinstance(target, torch.Tensor) and target.is_meta:

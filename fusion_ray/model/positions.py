@@ -8,6 +8,7 @@ q and k, score biases) live in ``attention.py``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -44,9 +45,39 @@ def check_base(base: float) -> float:
     return float(base)
 
 
-def inverse_frequencies(dim: int, base: float) -> torch.Tensor:
-    """base^(-2i/dim) for i = 0 .. dim/2 - 1: the frequencies of sinusoidal and rotary encodings."""
-    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # [dim / 2]
+def inverse_frequencies(
+    dim: int, base: float, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """base^(-2i/dim) for i = 0 .. dim/2 - 1: the frequencies of sinusoidal and rotary encodings
+    (on ``device``; None: the default device)."""
+    return base ** (-torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim)  # [dim / 2]
+
+
+@functools.lru_cache(maxsize=8)
+def _sin_cos_table(max_len: int, d_model: int, base: float, interleaved: bool) -> torch.Tensor:
+    """The float32 [max_len, d_model] table of sin(p w_i) and cos(p w_i), computed in float64 on
+    the CPU whatever the default device (a check build on the meta device gets the same table):
+    sin/cos pairs side by side (``interleaved``) or all sines, then all cosines.
+
+    Cached (at most 8 tables): a pure function of its arguments, and the costliest part of
+    building a model (a sweep file's validation builds one per grid point and would otherwise
+    spend most of its time here). Callers get a copy (``sin_cos_table``), so the cached tensor
+    is never changed.
+    """
+    w = inverse_frequencies(d_model, base, device="cpu")
+    p = torch.arange(max_len, dtype=torch.float64, device="cpu")
+    angles = p[:, None] * w[None, :]  # [max_len, d/2]
+    if interleaved:
+        table = torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(max_len, d_model)
+    else:
+        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # [max_len, d]
+    return table.float()
+
+
+def sin_cos_table(max_len: int, d_model: int, base: float, *, interleaved: bool) -> torch.Tensor:
+    """A fresh CPU copy of the cached sin/cos table (``_sin_cos_table``): float32 [max_len,
+    d_model]."""
+    return _sin_cos_table(max_len, d_model, base, interleaved).clone()
 
 
 @POSITIONS.register("none")
@@ -66,10 +97,8 @@ class Sinusoidal(PositionSignal):
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len)
-        w = inverse_frequencies(d_model, check_base(base))
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * w[None, :]  # [max_len, d/2]
-        table = torch.stack([angles.sin(), angles.cos()], dim=-1)  # [max_len, d/2, 2]
-        self.register_buffer("table", table.reshape(max_len, d_model).float(), persistent=False)
+        table = sin_cos_table(max_len, d_model, check_base(base), interleaved=True)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
         return self.table[:seq_len]
@@ -100,10 +129,8 @@ class RotaryFeatures(PositionSignal):
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len)
-        w = inverse_frequencies(d_model, check_base(base))
-        angles = torch.arange(max_len, dtype=torch.float64)[:, None] * w[None, :]  # [max_len, d/2]
-        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # [max_len, d]
-        self.register_buffer("table", table.float(), persistent=False)
+        table = sin_cos_table(max_len, d_model, check_base(base), interleaved=False)
+        self.register_buffer("table", table, persistent=False)  # [max_len, d]
 
     def forward(self, seq_len: int, device: torch.device) -> torch.Tensor:
         return self.table[:seq_len]

@@ -204,3 +204,26 @@ def test_check_model_spec_size_constraints() -> None:
     assert any("num_buckets" in p for p in buckets)
     with pytest.raises(ValueError, match="does not divide"):
         build_classifier(ModelSpec(d_model=10, n_heads=3), VOCAB, CLASSES, seed=0)
+
+
+@pytest.mark.parametrize("name", ["sinusoidal", "rotary_features"])
+def test_sin_cos_tables_are_the_formula_each_model_its_own_copy(name: str) -> None:
+    """The cached sin/cos tables hold the formula's values (float64, then float32) in either
+    layout, a check build on the meta device gets the same values on the CPU, and a model that
+    changes its table in place changes no other model's."""
+    from fusion_ray.model.classifier import check_build
+
+    d, length, base = 8, 50, 500.0
+    w = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * w[None, :]
+    if name == "sinusoidal":  # sin(p w_i), cos(p w_i) side by side
+        expected = torch.stack([angles.sin(), angles.cos()], dim=-1).reshape(length, d)
+    else:  # every sine, then every cosine
+        expected = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    one = POSITIONS.build(name, d, length, base=base)
+    assert torch.equal(one.table, expected.float())
+    built = []
+    check_build(lambda: built.append(POSITIONS.build(name, d, length, base=base)))
+    assert built[0].table.device.type == "cpu" and torch.equal(built[0].table, one.table)
+    one.table.mul_(0)
+    assert torch.equal(POSITIONS.build(name, d, length, base=base).table, expected.float())
