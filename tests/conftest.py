@@ -26,7 +26,8 @@ TIERS = {
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the collection, naming every test under tests/ that has no tier or more than one,
-    and every unit test that starts Ray through the ray_session fixture."""
+    and every unit test that starts Ray through the ray_session fixture (on one process or on
+    pytest-xdist workers)."""
     problems = []
     for item in items:
         path = Path(str(item.path)).resolve()
@@ -37,7 +38,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             problems.append((item.nodeid, f"has {', '.join(tiers) or 'none'}"))
         elif tiers == ["unit"] and "ray_session" in getattr(item, "fixturenames", ()):
             problems.append((item.nodeid, "is unit but starts Ray (ray_session): at least ray"))
-    if problems:
+    if problems and hasattr(config, "workerinput"):  # a pytest-xdist worker (-n 2)
+        # A UsageError would end the worker without its message: report a failed collection
+        # instead (the controller prints it once and the run fails), and run nothing.
+        report = pytest.CollectReport("tests/conftest.py", "failed", tier_message(problems), [])
+        config.hook.pytest_collectreport(report=report)
+        items.clear()
+    elif problems:
         raise pytest.UsageError(tier_message(problems))
 
 
