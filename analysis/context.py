@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from analysis.drawing import slug
 from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
@@ -43,6 +44,52 @@ from fusion_ray.schema import ADAPTIVE_TAG, CELLS_ARTIFACT
 ARTIFACT_PATH = "analysis"
 #: The main setting of Tables 1 and 2 when the runs have it: the study's.
 STUDY_SETTING = {"position": "sinusoidal", "attention_position": "none"}
+
+
+LABEL_KINDS = {"operators": "operator", "datasets": "dataset", "positions": "position"}
+"""The kinds of names the report can show under display names, and the column each sits in."""
+
+
+def relabel(frame: pd.DataFrame, labels: dict[str, dict[str, str]]) -> pd.DataFrame:
+    """``frame`` with the names of ``labels`` shown as their display names: in the columns of
+    ``LABEL_KINDS`` and, for operators, as column names (Tables 1-3 have a column each)."""
+    if not labels or frame.empty:
+        return frame
+    out = frame.copy()
+    for kind, column in LABEL_KINDS.items():
+        names = labels.get(kind) or {}
+        if column in out:
+            out[column] = out[column].map(lambda v, names=names: names.get(str(v), v))
+    ops = labels.get("operators") or {}
+    return out.rename(columns={c: ops[c] for c in out.columns if c in ops})
+
+
+def read_labels(path: str | Path) -> dict[str, dict[str, str]]:
+    """A ``--labels`` file: YAML mapping each kind (operators, datasets, positions) to a
+    mapping of names to display names; ``ValueError`` naming the file and what is wrong."""
+    where = Path(path)
+    if not where.is_file():
+        raise ValueError(f"--labels {where}: no such file")
+    try:
+        raw = yaml.safe_load(where.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"--labels {where}: not valid YAML ({exc})") from None
+    kinds = ", ".join(LABEL_KINDS)
+    if not isinstance(raw, dict) or any(k not in LABEL_KINDS for k in raw):
+        raise ValueError(
+            f"--labels {where}: a mapping with the keys {kinds}, e.g. operators: {{gate_scalar: Scalar gate}}"
+        )
+    out = {}
+    for kind, names in raw.items():
+        if not isinstance(names, dict):
+            raise ValueError(f"--labels {where}: {kind}: a mapping of names to display names")
+        out[kind] = {str(k): str(v) for k, v in names.items()}
+    return out
+
+
+def shown(names: Sequence[str], kind: str, labels: dict[str, dict[str, str]]) -> list[str]:
+    """``names`` of one kind as the report shows them."""
+    return [(labels.get(kind) or {}).get(n, n) for n in names]
 
 
 @dataclass(frozen=True)
@@ -80,8 +127,17 @@ class ReportOptions:
     """Compare only these operators with the baseline (all when empty)."""
     only_datasets: Sequence[str] = ()
     """Analyse only these datasets (all when empty)."""
+    labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Display names for a paper, by kind (``LABEL_KINDS``): ``{"operators": {"gate_scalar":
+    "Scalar gate"}, "datasets": {...}, "positions": {...}}``; the figures and Tables 1-3 show
+    them, the CSVs, stats and decisions keep the names the runs carry."""
 
     def __post_init__(self) -> None:
+        unknown = set(self.labels) - set(LABEL_KINDS)
+        if unknown:
+            raise ValueError(
+                f"labels: unknown kind(s) {sorted(unknown)}; use {', '.join(LABEL_KINDS)}"
+            )
         for name in ("by", "ignore_params", "only_operators", "only_datasets"):
             value = getattr(self, name)
             if isinstance(value, str):
@@ -231,13 +287,18 @@ def arrange(ctx: ReportContext) -> None:
         levels,
     )
     ctx.table_inputs = inputs
-    ctx.tables = study_tables(inputs, pairing)
+    ctx.tables = study_tables(inputs, pairing, o.labels)
 
 
-def study_tables(inputs: TableInputs, pairing: Pairing) -> dict[str, Table]:
-    """Tables 1, 2 and 3 from ``inputs``."""
+def study_tables(
+    inputs: TableInputs, pairing: Pairing, labels: dict[str, dict[str, str]] | None = None
+) -> dict[str, Table]:
+    """Tables 1, 2 and 3 from ``inputs``, shown with the display names of ``labels`` (their
+    data keeps the runs' names)."""
     tables = {"table1": table1(inputs), "table2": table2(inputs), "table3": table3(inputs)}
     tables["table3"].footnotes += alias_footnotes(pairing)
+    for table in tables.values():
+        table.display = relabel(table.display, labels or {})
     return tables
 
 
@@ -246,7 +307,7 @@ def mark_decisions(ctx: ReportContext, decided: dict[tuple, str], note: str) -> 
     (``decided``: (group..., operator) -> state) and ``note`` as their footnote, instead of the
     fixed-n tests' stars."""
     inputs = replace(ctx.table_inputs, decided=decided, decided_note=note)
-    ctx.tables = study_tables(inputs, ctx.pairing)
+    ctx.tables = study_tables(inputs, ctx.pairing, ctx.options.labels)
 
 
 def alias_footnotes(pairing: Pairing) -> list[str]:

@@ -32,6 +32,10 @@ from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 FORMATS = ("png", "pdf")
 
 
+SD_BARS = "bars: mean ± 1 sd over seeds"
+"""What the error bars of a mean-over-seeds figure show, said on its axis."""
+
+
 def slug(text: str) -> str:
     """A file-name-safe form of an operator or setting label."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-") or "x"
@@ -125,8 +129,9 @@ def present(values: Sequence[str], frame: pd.DataFrame, column: str) -> list[str
 
 
 def _grid_and_legend(ax, axis: str = "y") -> None:
+    """A light grid, and the legend outside the axes on the right, so it never covers data."""
     ax.grid(axis=axis, alpha=0.3)
-    ax.legend(fontsize=7, frameon=False)
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
 
 def _figure_legend(fig: Figure, axes: Sequence[Any]) -> None:
@@ -215,7 +220,7 @@ def accuracy_by_regime(
         _mean_sd_line(ax, xs, mean, sd, line, styles.colors)
     labels = [f"{d}\n(median {medians[d]:.0f} tok)" if d in medians else str(d) for d in datasets]
     ax.set_xticks(x, labels)
-    ax.set_ylabel("test accuracy (%)")
+    ax.set_ylabel(f"test accuracy (%)\n{SD_BARS}")
     ax.set_xlabel("dataset, shortest to longest" if medians else "dataset")
     _grid_and_legend(ax)
     ax.set_title(title, fontsize=10)
@@ -256,8 +261,8 @@ def accuracy_vs_latency(
                     capsize=3,
                     label=_label(op, level),
                 )
-        ax.set_xlabel("inference latency (ms/sample)")
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_xlabel(f"inference latency (ms/sample), {SD_BARS}")
+        ax.set_ylabel(f"test accuracy (%), {SD_BARS}")
         ax.set_title(str(d))
         _grid_and_legend(ax, "both")
     return save_titled(fig, title, out_dir, stem)
@@ -273,6 +278,7 @@ def accuracy_by_length_bucket(
     out_dir: Path,
     styles: Styles,
     stem: str = "accuracy_by_length_bucket",
+    confidence: float = 0.95,
 ) -> list[Path]:
     """Top row: accuracy by length quantile per operator; bottom: mean paired delta per bucket
     with its percentile-bootstrap interval and a zero line (one line style per value of
@@ -291,7 +297,7 @@ def accuracy_by_length_bucket(
         top.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         top.grid(axis="y", alpha=0.3)
         st = length_stats[(length_stats["dataset"] == d) & (length_stats["bucket"] != "long-short")]
-        _bucket_delta_panel(bottom, st, operators, baseline, styles)
+        _bucket_delta_panel(bottom, st, operators, baseline, styles, confidence)
         bottom.set_xticks(np.arange(len(labels)), labels, fontsize=7)
         bottom.grid(axis="y", alpha=0.3)
     _figure_legend(fig, axes[0])
@@ -336,11 +342,16 @@ def _bucket_accuracy_panel(ax, sub: pd.DataFrame, operators: Sequence[str], styl
         r = line[2].sort_values("bucket")
         xs = r["bucket"] + (i - (len(series) - 1) / 2) * step
         _mean_sd_line(ax, xs, r["acc_mean"], r["acc_sd"].fillna(0), line, styles.colors)
-    ax.set_ylabel("accuracy (%)")
+    ax.set_ylabel(f"accuracy (%)\n{SD_BARS}")
 
 
 def _bucket_delta_panel(
-    ax, st: pd.DataFrame, operators: Sequence[str], baseline: str, styles: Styles
+    ax,
+    st: pd.DataFrame,
+    operators: Sequence[str],
+    baseline: str,
+    styles: Styles,
+    confidence: float = 0.95,
 ) -> None:
     """Mean paired delta per length bucket with its bootstrap interval, and a zero line."""
     colors = styles.colors
@@ -361,7 +372,7 @@ def _bucket_delta_panel(
         )
     ax.axhline(0.0, color="0.2", lw=0.9)
     ax.set_xlabel("document length (tokens, quantile buckets)")
-    ax.set_ylabel(f"Δ vs {baseline} (pp)")
+    ax.set_ylabel(f"Δ vs {baseline} (pp)\nmean, bars: {confidence:.0%} bootstrap CI")
 
 
 def accuracy_by_eval_length(
@@ -403,7 +414,7 @@ def accuracy_by_eval_length(
         ax.set_xticks([float(v) for v in lengths], [str(int(v)) for v in lengths])
         ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("evaluation length (tokens, log2 scale)")
-        ax.set_ylabel("test accuracy (%)")
+        ax.set_ylabel(f"test accuracy (%), band: {SD_BARS.removeprefix('bars: ')}")
         ax.yaxis.set_tick_params(labelleft=True)
         ax.set_title(str(panel))
         _grid_and_legend(ax, "both")

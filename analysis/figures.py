@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import drawing
-from analysis.context import ReportContext
+from analysis.context import ReportContext, relabel, shown
 from analysis.escape import fence
 from analysis.section import Drawn
 from analysis.tables import describe_setting, select
@@ -21,8 +21,8 @@ from analysis.tables import describe_setting, select
 
 def core_figures(ctx: ReportContext, fig_dir: Path) -> list[Drawn]:
     """The core's figures: the paired deltas, accuracy by length regime and against latency
-    (the sections draw theirs: ``Section.figures``)."""
-    colors = drawing.operator_colors(ctx.operators)
+    (the sections draw theirs: ``Section.figures``), with the report's display names."""
+    colors = drawing.operator_colors(names(ctx, "operators", ctx.operators))
     return [
         *_paired_delta_figures(ctx, fig_dir, colors),
         *_summary_figures(ctx, fig_dir, colors),
@@ -37,15 +37,21 @@ def _paired_delta_figures(ctx: ReportContext, fig_dir: Path, colors: dict[str, s
     settings = ctx.pairing.runs[other].drop_duplicates()
     settings = in_level_order(settings, ctx.axis_levels).to_dict("records")
     deltas = ctx.comparisons.deltas
+    labels = ctx.options.labels
+    datasets, operators = (
+        names(ctx, "datasets", ctx.datasets),
+        names(ctx, "operators", ctx.operators),
+    )
+    baseline = names(ctx, "operators", [ctx.baseline])[0]
     for s in settings:
-        label = describe_setting(s)
+        label = describe_setting(relabel(pd.DataFrame([s]), labels).iloc[0].to_dict())
         paths = drawing.paired_deltas(
-            select(deltas, s),
+            relabel(select(deltas, s), labels),
             "dataset",
-            ctx.datasets,
-            ctx.operators,
-            ctx.baseline,
-            f"Paired per-seed deltas vs {ctx.baseline} ({label})",
+            datasets,
+            operators,
+            baseline,
+            f"Paired per-seed deltas vs {baseline} ({label})",
             fig_dir,
             "paired_deltas__" + "__".join(drawing.slug(v) for v in s.values()),
             colors,
@@ -53,25 +59,30 @@ def _paired_delta_figures(ctx: ReportContext, fig_dir: Path, colors: dict[str, s
         drawn.append((f"Paired per-seed deltas vs {fence(ctx.baseline)} ({label})", paths))
     if len(settings) <= 1:
         return drawn
-    deltas = in_level_order(deltas, ctx.axis_levels)
+    deltas = relabel(in_level_order(deltas, ctx.axis_levels), labels)
     deltas["setting"] = deltas[other].astype(str).agg(" / ".join, axis=1)
     setting_names = list(dict.fromkeys(deltas["setting"]))
     # with extra axes the panels are settings (a level each), not only position families
     what, stem = ("setting", "by_setting") if ctx.axes else ("position family", "by_position")
-    for d in ctx.datasets:
+    for d in datasets:
         paths = drawing.paired_deltas(
             deltas[deltas["dataset"] == d],
             "setting",
             setting_names,
-            ctx.operators,
-            ctx.baseline,
-            f"{d}: paired per-seed deltas vs {ctx.baseline} per {what} ({' / '.join(other)})",
+            operators,
+            baseline,
+            f"{d}: paired per-seed deltas vs {baseline} per {what} ({' / '.join(other)})",
             fig_dir,
             f"paired_deltas_{stem}__{drawing.slug(d)}",
             colors,
         )
         drawn.append((f"{d}: paired deltas per {what}", paths))
     return drawn
+
+
+def names(ctx: ReportContext, kind: str, values: list[str]) -> list[str]:
+    """``values`` as the report shows them (``ReportOptions.labels``)."""
+    return shown(values, kind, ctx.options.labels)
 
 
 def in_level_order(frame: pd.DataFrame, levels: dict[str, list[str]]) -> pd.DataFrame:
@@ -105,20 +116,29 @@ def with_level(
 
 def _summary_figures(ctx: ReportContext, fig_dir: Path, colors: dict[str, str]) -> list[Drawn]:
     """Accuracy by length regime, and accuracy against latency, in the main setting."""
-    where = describe_setting(ctx.main_setting)
+    labels = ctx.options.labels
+    where = describe_setting(relabel(pd.DataFrame([ctx.main_setting]), labels).iloc[0].to_dict())
     main_summary, style, order = with_level(select(ctx.summary, ctx.main_setting), ctx)
+    main_summary = relabel(main_summary, labels)
     styles = drawing.Styles(colors, style, order)
+    datasets, operators = (
+        names(ctx, "datasets", ctx.datasets),
+        names(ctx, "operators", ctx.operators),
+    )
+    medians = dict(
+        zip(names(ctx, "datasets", list(ctx.medians)), ctx.medians.values(), strict=True)
+    )
     regime = drawing.accuracy_by_regime(
         main_summary,
-        ctx.datasets,
-        ctx.operators,
-        ctx.medians,
+        datasets,
+        operators,
+        medians,
         f"Accuracy by length regime ({where})",
         fig_dir,
         styles,
     )
     latency = drawing.accuracy_vs_latency(
-        main_summary, ctx.datasets, ctx.operators, f"Accuracy vs latency ({where})", fig_dir, styles
+        main_summary, datasets, operators, f"Accuracy vs latency ({where})", fig_dir, styles
     )
     drawn = [
         ("Accuracy by length regime (datasets, shortest to longest)", regime),

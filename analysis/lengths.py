@@ -29,9 +29,9 @@ import numpy as np
 import pandas as pd
 
 from analysis import drawing
-from analysis.context import ReportContext, display_order
+from analysis.context import ReportContext, display_order, relabel
 from analysis.escape import md
-from analysis.figures import with_level
+from analysis.figures import names, with_level
 from analysis.load import read_run_artifacts, unreadable_artifacts
 from analysis.section import Drawn, Section, records, write_csv
 from analysis.stats import StatsSettings, describe_deltas, finish_family
@@ -419,17 +419,20 @@ def length_figure(lengths: LengthAnalysis, ctx: ReportContext, fig_dir: Path) ->
     """Accuracy by length quantile inside each dataset, in the main setting."""
     if lengths.accuracy.empty:
         return []
+    labels = ctx.options.labels
     accuracy, style, order = with_level(select(lengths.accuracy, ctx.main_setting), ctx)
     stats, _, _ = with_level(select(lengths.stats, ctx.main_setting), ctx)
+    operators = names(ctx, "operators", ctx.operators)
     paths = drawing.accuracy_by_length_bucket(
-        accuracy,
-        stats,
-        ctx.datasets,
-        ctx.operators,
-        ctx.baseline,
+        relabel(accuracy, labels),
+        relabel(stats, labels),
+        names(ctx, "datasets", ctx.datasets),
+        operators,
+        names(ctx, "operators", [ctx.baseline])[0],
         f"Accuracy by document length inside each dataset ({describe_setting(ctx.main_setting)})",
         fig_dir,
-        drawing.Styles(drawing.operator_colors(ctx.operators), style, order),
+        drawing.Styles(drawing.operator_colors(operators), style, order),
+        confidence=ctx.options.settings.confidence,
     )
     return [("Accuracy by length quantile inside each dataset", paths)]
 

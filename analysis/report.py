@@ -54,6 +54,7 @@ from analysis.context import (
     loading_warnings,
     mark_decisions,
     paired_core,
+    read_labels,
 )
 from analysis.decisions import DECISIONS
 from analysis.extrapolation import EXTRAPOLATION
@@ -375,6 +376,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--length-buckets", type=int, default=4, help="length quantile buckets (4)")
     p.add_argument(
+        "--labels",
+        default=None,
+        metavar="FILE",
+        help="YAML display names for figures and Tables 1-3: {operators: {gate_scalar: Scalar "
+        "gate}, datasets: {...}, positions: {...}}",
+    )
+    p.add_argument(
         "--no-figures",
         action="store_true",
         help="skip the figures (about 1-2 s each; a large grid has one per position setting) "
@@ -408,6 +416,7 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
         make_figures=not args.no_figures,
         only_operators=args.operator,
         only_datasets=args.dataset,
+        labels=read_labels(args.labels) if args.labels else {},
     )
 
 

@@ -40,8 +40,6 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from fusion_ray.cli import plain
-
 #: The Ray every node installs: the laptop's (its launcher, the head's autoscaler and the nodes
 #: must agree).
 RAY_VERSION = "2.60.0"
@@ -708,7 +706,7 @@ EXAMPLE_LAB = Lab(
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.cluster", description=plain(__doc__.splitlines()[0])
+        prog="python -m fusion_ray.cluster", description=__doc__.splitlines()[0].replace("``", "")
     )
     sub = parser.add_subparsers(dest="target", required=True)
     sub.add_parser("aws", help="print cluster.yaml (AWS, autoscaling)")

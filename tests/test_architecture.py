@@ -188,6 +188,7 @@ def test_no_function_is_longer_than_a_screenful():
                 "fusion_ray.other_settings",  # runs of other settings, worded once (stdlib only)
                 "fusion_ray.store_errors",  # a store's faults, classified once (stdlib only)
                 "markdown",  # report.html from report.md (pure Python, a runtime dependency)
+                "yaml",  # the report's --labels file (display names)
             },
         ),
         ("fusion_ray.schema", set()),

@@ -114,3 +114,47 @@ def test_compare_given_the_experiment_returns_the_reports_decisions(store, tmp_p
         assert row[column] == logged[column]
     assert row["ci_low"] == pytest.approx(logged["ci_low"]) and row["ci_low"] > 0
     assert compare(pair_runs(exp.runs, baseline="add")).decisions is None
+
+
+def test_display_names_for_a_paper_reach_the_tables_and_keep_the_data(store, tmp_path):
+    options = ReportOptions(
+        out=tmp_path / "named",
+        log_to_mlflow=False,
+        lengths=False,
+        labels={"operators": {"gate_scalar": "Scalar gate"}, "datasets": {"short": "AG News"}},
+    )
+    result = build_report("adaptive", store, options)
+    table1 = result.tables["table1"]
+    assert "Scalar gate" in table1.display.columns and "gate_scalar" not in table1.display.columns
+    assert "AG News" in table1.display.to_numpy().ravel().tolist()
+    assert set(table1.data["operator"]) == {"add", "gate_scalar"}  # the numbers keep the names
+    decisions = pd.read_csv(tmp_path / "named" / DECISIONS_FILE)
+    assert decisions["comparison"].str.contains("gate_scalar").all()
+
+
+def test_a_labels_file_is_checked_and_read(tmp_path):
+    from analysis.report import read_labels
+
+    good = tmp_path / "labels.yaml"
+    good.write_text("operators: {gate_scalar: Scalar gate}\npositions: {sinusoidal: Sin.}\n")
+    assert read_labels(good) == {
+        "operators": {"gate_scalar": "Scalar gate"},
+        "positions": {"sinusoidal": "Sin."},
+    }
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fusions: {gate_scalar: x}\n")
+    with pytest.raises(ValueError, match="keys operators, datasets, positions"):
+        read_labels(bad)
+
+
+def test_legends_sit_outside_the_axes_and_bars_say_what_they_are():
+    from matplotlib.figure import Figure
+
+    from analysis.drawing import SD_BARS, _grid_and_legend
+
+    ax = Figure().subplots()
+    ax.errorbar([0, 1], [1, 2], yerr=[0.1, 0.2], label="add")
+    _grid_and_legend(ax)
+    anchor = ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+    assert anchor.x0 > 1.0  # right of the data area
+    assert SD_BARS == "bars: mean ± 1 sd over seeds"
