@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import questions  # noqa: E402  (bench/questions.py)
-from questions import closure_p  # noqa: E402  (the closed test, vectorised)
+from questions import closure_p, fixed_wilcoxon, holm_reject  # noqa: E402  (vectorised)
 
 from analysis.stats import holm, signed_rank_null_cdf, wilcoxon_signed_rank  # noqa: E402
 from fusion_ray.decide.rules import log_e  # noqa: E402
@@ -107,17 +107,6 @@ def sign_log_e(d: np.ndarray, shift: float = 0.0) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the families
-
-
-def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
-    """Holm's rejections per row of ``p`` [families, m]."""
-    m = p.shape[1]
-    order = np.argsort(p, axis=1)
-    ranked = np.take_along_axis(p, order, axis=1)
-    adjusted = np.maximum.accumulate(np.minimum(1.0, ranked * (m - np.arange(m))), axis=1)
-    out = np.empty_like(p, dtype=bool)
-    np.put_along_axis(out, order, adjusted <= alpha, axis=1)
-    return out
 
 
 class _Sign:
@@ -256,19 +245,6 @@ UNITS = {
 
 
 # ----------------------------------------------------------------------------- the baseline
-
-
-def fixed_wilcoxon(d: np.ndarray, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
-    """Exact two-sided Wilcoxon + Holm on the first ``seeds`` deltas (no ties): 1 / -1 for a
-    rejection by sign, 0 otherwise."""
-    x = d[:, :, :seeds]
-    ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
-    t_plus = np.where(x > 0, ranks, 0).sum(axis=2)
-    cdf = signed_rank_null_cdf(seeds)
-    lower = cdf[t_plus]
-    upper = 1 - np.concatenate([[0.0], cdf])[t_plus]
-    p = np.minimum(1.0, 2 * np.minimum(lower, upper))
-    return np.where(holm_reject(p, alpha), np.sign(np.median(x, axis=2)), 0).astype(int)
 
 
 def fixed_tost(d: np.ndarray, margin: float, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
@@ -511,7 +487,7 @@ def replay_questions(path: Path, first: int, caps: list[int]) -> None:
     levels = {"model.scale_embeddings": ["true", "false"]}
     family = hypotheses(arms, baseline, regimes, levels)
     seeds = max(s for _, s in acc) + 1
-    values = rows(family, lambda a, s: (a, s) in acc, lambda a, s: acc.get((a, s)), seeds)
+    values = rows(family, lambda a, s: (a, s) in acc, lambda a, s, _: acc.get((a, s)), seeds)
     kinds = {h.name: h.kind for h in family}
     print(
         f"\n== replay of the whole family on {path.name}: {len(family)} hypotheses, first {first}"

@@ -218,22 +218,27 @@ def trials(fam: Family, used: np.ndarray) -> np.ndarray:
 # ----------------------------------------------------------------------------- fixed 10
 
 
+def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
+    """Holm's rejections per row of ``p`` [families, m]."""
+    m = p.shape[1]
+    order = np.argsort(p, axis=1)
+    ranked = np.take_along_axis(p, order, axis=1)
+    adjusted = np.maximum.accumulate(np.minimum(1.0, ranked * (m - np.arange(m))), axis=1)
+    out = np.empty_like(p, dtype=bool)
+    np.put_along_axis(out, order, adjusted <= alpha, axis=1)
+    return out
+
+
 def fixed_wilcoxon(d: np.ndarray, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
-    """Exact two-sided Wilcoxon + Holm over the family on the first ``seeds`` values: the sign
-    of the median where rejected, else 0 [F, m] (ties broken by rank order, as bench/adaptive.py
-    does for continuous noise)."""
+    """Exact two-sided Wilcoxon + Holm over each row's hypotheses on their first ``seeds``
+    values (ties broken by rank order: continuous noise): the sign of the median where
+    rejected, else 0 [F, m]."""
     x = d[:, :, :seeds]
     ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
     t_plus = np.where(x > 0, ranks, 0).sum(axis=2)
     cdf = signed_rank_null_cdf(seeds)
     p = np.minimum(1.0, 2 * np.minimum(cdf[t_plus], 1 - np.concatenate([[0.0], cdf])[t_plus]))
-    m = p.shape[1]
-    order = np.argsort(p, axis=1)
-    ranked = np.take_along_axis(p, order, axis=1)
-    adjusted = np.maximum.accumulate(np.minimum(1.0, ranked * (m - np.arange(m))), axis=1)
-    rejected = np.empty_like(p, dtype=bool)
-    np.put_along_axis(rejected, order, adjusted <= alpha, axis=1)
-    return np.where(rejected, np.sign(np.median(x, axis=2)), 0).astype(int)
+    return np.where(holm_reject(p, alpha), np.sign(np.median(x, axis=2)), 0).astype(int)
 
 
 # ----------------------------------------------------------------------------- intervals

@@ -210,22 +210,15 @@ def hypotheses(
     def complete(*gs: Group, op: str) -> bool:
         return all((g, f) in have for g in gs for f in (op, baseline))
 
+    def per_group(make: Callable[[Group, str, str], Hypothesis]) -> list[Hypothesis]:
+        return [make(g, op, baseline) for g in groups for op in operators if complete(g, op=op)]
+
     if "operator" in kinds:
-        out += [
-            operator_hypothesis(g, op, baseline)
-            for g in groups
-            for op in operators
-            if complete(g, op=op)
-        ]
+        out += per_group(operator_hypothesis)
     if "length" in kinds:
         out += _length(groups, operators, baseline, regimes, complete)
     if "length_within" in kinds:
-        out += [
-            within_hypothesis(g, op, baseline)
-            for g in groups
-            for op in operators
-            if complete(g, op=op)
-        ]
+        out += per_group(within_hypothesis)
     if "interaction" in kinds:
         out += _interactions(groups, operators, baseline, levels, complete)
     return out
