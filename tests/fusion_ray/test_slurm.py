@@ -15,6 +15,15 @@ again; a job reaching its time-limit warning stops the sweep (its parent run KIL
 reason, no half-written cell) and a resubmission completes it; with ``--requeue-on-time-limit``
 the job requeues itself at the warning and its next run completes it. The times from job start to the
 first finished trial and from a requeued job's restart to its first trial are printed.
+
+Nothing waits on SLURM's or Ray's defaults: the test's slurm.conf gives a signalled job 5 s
+before SIGKILL (``KillWait``, default 30 s) and a job past its time limit 5 more minutes before
+SLURM kills it (``OverTimeLimit``), so a stop under load never races SLURM's clock; the job's
+Ray nodes stop at once on SIGTERM (``_job_env``); a requeued job's hold is released as soon as
+SLURM sets it (``Slurm.release``). The mid-sweep states are made, not waited for: the cells after
+the first (``held_add``) wait after their first epoch until the test lets them go; the
+time-limit tests then move the job's limit so that the warning is due at SLURM's next time-limit
+check (every 30 s, fixed in SLURM), not a minute or two later.
 """
 
 from __future__ import annotations
@@ -43,9 +52,15 @@ SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/lo
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "scontrol", "srun", "sinfo")
 NODE_IP = "127.0.0.2"
-#: Epochs of the time-limit test's cells (800 training documents): seven of its eight cells take
-#: longer than the 90 s the warning may take.
-EPOCHS = 60
+#: Epochs of the held tests' cells: the held cell waits after the first, and its run must show
+#: the rest continued from that epoch's checkpoint.
+EPOCHS = 3
+#: Training steps of one epoch of the held tests' cells (160 documents in batches of 32):
+#: ``held_add`` waits after these, past its first checkpoint.
+STEPS_PER_EPOCH = 5
+#: --signal-seconds of the time-limit tests: with the limit moved 60 to 120 s ahead
+#: (``_warning_due``), within this plus SLURM's 30 s check interval, so the next check sends it.
+WARN_S = 100
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -209,12 +224,21 @@ class Slurm:
             time.sleep(0.5)
         pytest.fail(f"job {job_id} was not requeued: {info}\n{self.logs()}")
 
-    def release(self, job_id: str) -> None:
-        """A requeued job that SLURM holds (``Reason=BeginTime``, about two minutes): start it
-        now. One that has started meanwhile is left as it is."""
-        info = self.job(job_id)
-        if info["JobState"] == "PENDING" and info["Reason"] == "BeginTime":
-            self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+    def release(self, job_id: str, timeout: float = 300) -> None:
+        """A requeued job that SLURM holds (``Reason=BeginTime``: the lifetime of its nodes'
+        credentials, 120 s): start it now, as an administrator would. SLURM sets the hold once
+        the job's last step has ended, so this waits for it (a release before that is
+        overwritten); a job that has started meanwhile is left as it is."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info["JobState"] == "PENDING" and info["Reason"] == "BeginTime":
+                self.run("scontrol", "update", f"JobId={job_id}", "StartTime=now", check=False)
+                return
+            if info["JobState"] not in ("PENDING", "COMPLETING"):
+                return
+            time.sleep(0.2)
+        pytest.fail(f"requeued job {job_id} neither held nor started: {info}\n{self.logs()}")
 
     def wait(self, job_id: str, states: set[str], timeout: float = 900) -> dict[str, str]:
         deadline = time.monotonic() + timeout
@@ -250,7 +274,8 @@ def _config(root: Path, ctld: int, nodes: dict[str, int]) -> Path:
         "AccountingStorageType=accounting_storage/none",
         "MpiDefault=none",
         "ReturnToService=2",
-        "KillWait=30",
+        "KillWait=5",  # SIGTERM to SIGKILL of a requeued or cancelled job (default 30 s)
+        "OverTimeLimit=5",  # minutes past the limit before SLURM kills: a stop never races it
         "MinJobAge=3600",
         "SchedulerParameters=sched_interval=2",
     ]
@@ -393,18 +418,44 @@ def _script(slurm: Slurm, path: Path, **options) -> Path:
 
 def _job_env(data_cache: str, site: Path | None = None) -> dict[str, str]:
     """The job's environment; ``site``: a folder of plug-ins (``held_add``) on its path, the Ray
-    nodes' workers included (the job starts them with this environment)."""
+    nodes' workers included (the job starts them with this environment). A Ray node that gets
+    SIGTERM (a requeue signals every process of the job) stops at once: by default it drains
+    for up to 30 s (``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``), and its processes, which
+    outlive SLURM's SIGKILL of ``ray start`` under proctrack/linuxproc, keep the job completing
+    until then."""
     path = f"{site}:{ROOT}" if site is not None else str(ROOT)
-    return {"FUSION_RAY_CACHE": data_cache, "PYTHONPATH": path}
+    return {
+        "FUSION_RAY_CACHE": data_cache,
+        "PYTHONPATH": path,
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
+    }
 
 
 def _held(tmp_path: Path) -> tuple[Path, Path]:
-    """``held_add`` for a job: the trials after the first wait after their first epoch (25 steps:
-    800 documents in batches of 32), checkpointed, until the file it returns exists. The plug-in
-    folder (for ``_job_env``) and that file."""
+    """``held_add`` for a job: the trials after the first wait after their first epoch
+    (``STEPS_PER_EPOCH``), checkpointed, until the file it returns exists. The plug-in folder
+    (for ``_job_env``) and that file."""
     release = tmp_path / "turns" / "release"
     release.parent.mkdir()
-    return install_held_add(tmp_path / "site", release, hold_after=25), release
+    return install_held_add(tmp_path / "site", release, hold_after=STEPS_PER_EPOCH), release
+
+
+def _held_sweep(tmp_path: Path, name: str) -> Path:
+    """Three one-at-a-time ``held_add`` cells of ``EPOCHS`` epochs: the first finishes, the
+    second waits after its first checkpoint, the third has not started."""
+    return _sweep(tmp_path, name, epochs=EPOCHS, concurrent=1, seeds=3, fusions=("held_add",))
+
+
+def _warning_due(slurm: Slurm, job_id: str, log: Path) -> None:
+    """Move the job's time limit 60 to 120 s ahead (its run time in whole minutes, rounded up,
+    plus one; SLURM's limits are whole minutes), as an administrator shortens a job: within
+    ``WARN_S`` plus SLURM's 30 s check interval, so its next time-limit check sends the
+    warning. Returns once the job's log has it, printing how long it took."""
+    elapsed = time_limit_seconds(slurm.job(job_id)["RunTime"]) // 60 + 1
+    slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
+    moved = time.time()
+    warned = _wait_for_line(log, r"the job's time limit is near \(SIGUSR1", (slurm, job_id))
+    print(f"\nSLURM time limit moved -> warning in the job's log {warned - moved:.1f} s")
 
 
 def _runs(path: Path) -> list:
@@ -489,16 +540,23 @@ def test_a_two_node_job_runs_the_sweep(slurm, tmp_path, data_cache):
 
 @pytest.mark.cluster
 def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, data_cache):
-    path = _sweep(tmp_path, "slurm_requeue", epochs=40, concurrent=1)
+    """``scontrol requeue`` while the first cell has finished and the second waits after its
+    first checkpoint (``held_add``): the requeued run finishes the other two, and the first not
+    again."""
+    path = _held_sweep(tmp_path, "slurm_requeue")
+    site, release = _held(tmp_path)
     script = _script(slurm, path)
-    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache))
+    job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
-    _wait_for_line(log, r"\[1/4\]", (slurm, job_id))
+    _wait_for_line(log, r"\[1/3\]", (slurm, job_id))
+    wait_until_held(release, _job_ended((slurm, job_id)), timeout=600)
     before = {r.info.run_id for r in _trials(path, "FINISHED")}
+    assert len(before) == 1, before
     slurm.run("scontrol", "requeue", job_id)
     requeued_at = time.time()
     slurm.restarted(job_id)
     released = time.time()
+    release.touch()
     slurm.release(job_id)
     restarted = _wait_for_line(log, r"run 1: 1 node", (slurm, job_id))
     offset = log.read_text().find("run 1:")
@@ -507,9 +565,9 @@ def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, da
     text = log.read_text()
     assert info["JobState"] == "COMPLETED", text[-4000:]
     assert "stopped by SIGTERM" in text
-    finished = _one_finished_run_per_cell(path, 4)
+    finished = _one_finished_run_per_cell(path, 3)
     assert before <= {r.info.run_id for r in finished}, "a finished cell ran again"
-    assert re.search(r"\[1/[123]\]", text[offset:]), "the requeued run re-ran every cell"
+    assert re.search(r"\[1/2\]", text[offset:]), "the requeued run re-ran the finished cell"
     print(
         f"\nSLURM requeue: requeue -> job stopped and requeued {released - requeued_at:.1f} s; "
         f"restart -> first finished trial {resumed - restarted:.1f} s"
@@ -520,25 +578,22 @@ def test_a_requeued_job_finishes_the_rest_without_duplicates(slurm, tmp_path, da
 def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     slurm, tmp_path, data_cache
 ):
-    """The job is given a time limit one to two minutes past its first finished cell (``scontrol
-    update TimeLimit``, as an administrator shortens a job), the warning 30 s before it: SLURM
-    sends it at its first time-limit check (30 s apart) past that point, while the sweep's
-    other seven cells still run. The resubmission has 30 minutes.
+    """Once the first cell has finished and the second waits after its first checkpoint
+    (``held_add``), the job's time limit is moved so that the warning is due at SLURM's next
+    time-limit check (``_warning_due``): it stops the sweep, the waiting cell's run KILLED, the
+    third cell not started. The resubmission, with the cells let go, completes it.
 
-    Nothing races the clock: the cells after the first (``held_add``) wait after their first
-    epoch until the test lets them go, which it does for the resubmission only."""
-    path = _sweep(
-        tmp_path, "slurm_time", epochs=EPOCHS, concurrent=1, seeds=8, n_train=800,
-        fusions=("held_add",),
-    )  # fmt: skip
+    Nothing races the clock: the held cell waits until the test lets it go, which it does for
+    the resubmission only, and SLURM would kill the job only 5 minutes past its limit
+    (``OverTimeLimit``)."""
+    path = _held_sweep(tmp_path, "slurm_time")
     site, release = _held(tmp_path)
-    script = _script(slurm, path, time="30", signal_seconds=30)
+    script = _script(slurm, path, time="30", signal_seconds=WARN_S)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
-    _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    _wait_for_line(log, r"\[1/3\]", (slurm, job_id))
     wait_until_held(release, _job_ended((slurm, job_id)), timeout=600)
-    elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1  # whole minutes, rounded up
-    slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
+    _warning_due(slurm, job_id, log)
     info = slurm.wait(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=600)
     text = log.read_text()
     assert "the job's time limit is near (SIGUSR1" in text, text[-4000:]
@@ -548,7 +603,7 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     assert parent.info.status == "KILLED" and "SIGTERM" in parent.data.tags["failure_reason"]
     statuses = sorted(r.info.status for r in _trials(path))
     assert set(statuses) <= {"FINISHED", "KILLED"} and "KILLED" in statuses, statuses
-    assert statuses.count("FINISHED") < 8
+    assert statuses.count("FINISHED") < 3
     killed = [r.info.run_id for r in _trials(path, "KILLED")]
 
     release.touch()
@@ -556,7 +611,7 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
     info = slurm.wait(again, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, timeout=1800)
     text = (tmp_path / f"job-{again}.out").read_text()
     assert info["JobState"] == "COMPLETED", text[-4000:]
-    _one_finished_run_per_cell(path, 8)
+    _one_finished_run_per_cell(path, 3)
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(yaml.safe_load(path.read_text())["tracking_uri"])
@@ -569,22 +624,18 @@ def test_a_job_at_its_time_limit_stops_cleanly_and_a_resubmission_completes_it(
 def test_a_job_requeues_itself_at_its_time_limit_and_the_next_run_finishes(
     slurm, tmp_path, data_cache
 ):
-    """``--requeue-on-time-limit 1``: at the warning the sweep stops and the job requeues itself
-    (one job id, one log, ``Restarts=1``); given its time back, the next run finishes the
-    sweep, every cell once. The cells after the first (``held_add``) wait after their first
-    epoch until the test gives the job its time back."""
-    path = _sweep(
-        tmp_path, "slurm_chain", epochs=EPOCHS, concurrent=1, seeds=8, n_train=800,
-        fusions=("held_add",),
-    )  # fmt: skip
+    """``--requeue-on-time-limit 1``: at the warning (due at SLURM's next check once the first
+    cell has finished and the second waits, as above) the sweep stops and the job requeues
+    itself (one job id, one log, ``Restarts=1``); given its time back, the next run finishes the
+    sweep, every cell once. The held cell waits until the test gives the job its time back."""
+    path = _held_sweep(tmp_path, "slurm_chain")
     site, release = _held(tmp_path)
-    script = _script(slurm, path, time="30", signal_seconds=30, requeue_on_time_limit=1)
+    script = _script(slurm, path, time="30", signal_seconds=WARN_S, requeue_on_time_limit=1)
     job_id = slurm.sbatch(script, tmp_path, _job_env(data_cache, site))
     log = tmp_path / f"job-{job_id}.out"
-    _wait_for_line(log, r"\[1/8\]", (slurm, job_id))
+    _wait_for_line(log, r"\[1/3\]", (slurm, job_id))
     wait_until_held(release, _job_ended((slurm, job_id)), timeout=600)
-    elapsed = int(slurm.job(job_id)["RunTime"].split(":")[-2]) + 1
-    slurm.run("scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed + 1}")
+    _warning_due(slurm, job_id, log)
     _wait_for_line(log, rf"requeueing job {job_id}", (slurm, job_id))
     slurm.restarted(job_id)
     slurm.run("scontrol", "update", f"JobId={job_id}", "TimeLimit=30")
@@ -596,4 +647,4 @@ def test_a_job_requeues_itself_at_its_time_limit_and_the_next_run_finishes(
         f"{info}\n{text[-3000:]}\n{slurm.logs()}"
     )
     assert "the sweep driver exited with status 143" in text and "run 1:" in text
-    _one_finished_run_per_cell(path, 8)
+    _one_finished_run_per_cell(path, 3)
