@@ -5,6 +5,10 @@ checked when pytest collects (``pytest -m unit -n 2`` is the quick check)."""
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
+from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -90,6 +94,28 @@ def data_cache(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("fusion_ray_cache")
     os.environ["FUSION_RAY_CACHE"] = str(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def mlflow_store(tmp_path_factory) -> Callable[[Path], str]:
+    """``mlflow_store(path)``: a new, empty MLflow sqlite store at ``path`` (the folder is
+    made), and its tracking URI. MLflow migrates a new sqlite file in seconds; here it migrates
+    one per session and each store is a copy of it, in milliseconds. The copy has no experiment:
+    MLflow makes the Default one, with its artifact folder, as it opens the store."""
+    template = tmp_path_factory.mktemp("mlflow_template") / "mlflow.db"
+    uri = f"sqlite:///{template}"
+    from mlflow import MlflowClient
+
+    MlflowClient(uri).search_experiments()  # MLflow creates and migrates the file
+    with closing(sqlite3.connect(template)) as db, db:  # closed, after one commit
+        db.execute("DELETE FROM experiments")  # the Default one, its artifacts under this cwd
+
+    def make(path: Path) -> str:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+        return f"sqlite:///{path}"
+
+    return make
 
 
 def tiny_sweep(tmp_path: Path, name: str = "tiny", **overrides) -> Path:

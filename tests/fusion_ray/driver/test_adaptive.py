@@ -106,7 +106,7 @@ def test_a_failed_cell_counts_as_a_loss_for_its_arm_and_is_not_run_again(tmp_pat
 
 @pytest.mark.ray
 def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
-    tmp_path, ray_session, data_cache
+    tmp_path, ray_session, data_cache, mlflow_store
 ):
     """The searcher suggests the first wave, then only what the evidence needs; nothing runs
     twice, and the schedule rebuilt from the tracking store agrees with what ran."""
@@ -121,7 +121,7 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     # (chosen by name in the file): after the first wave (seeds 0-1) its 7 remaining seeds could
     # still reach e = 20 (E_7 = 26.8): seed 2 runs; then 6 remaining cannot (E_6 = 14.4):
     # futile, and the sweep stops at 3 seeds of 9.
-    path = tiny_sweep(tmp_path, name="adaptive_ray")
+    path = tiny_sweep(tmp_path, name="adaptive_ray", tracking_uri=mlflow_store(tmp_path / "m.db"))
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = {"adaptive": True, "first": 2, "max": 9, "rule": "sign"}
     raw["grid"]["fusions"] = ["gate_mlp", {"name": "gate_mlp", "hidden": 16}]

@@ -441,11 +441,12 @@ def test_the_fragment_overrides_the_study_presets_when_listed_after_them(tmp_pat
 
 @pytest.mark.ray
 def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(
-    tmp_path, ray_session, data_cache, monkeypatch, capsys
+    tmp_path, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
     from mlflow.tracking import MlflowClient
 
     monkeypatch.chdir(tmp_path)  # the quick file's MLflow store and Tune results are relative paths
+    mlflow_store(tmp_path / "mlflow.db")  # a new store where the file's relative URI points
     output = tmp_path / "tuned" / "quick.yaml"
     assert hpo_main([str(ROOT / "sweeps" / "hpo" / "quick.yaml"), "--output", str(output)]) == 0
     tuned = yaml.safe_load(output.read_text())["datasets"]["short"]
@@ -491,7 +492,7 @@ def test_quick_hpo_runs_end_to_end_and_feeds_a_sweep(
 
 @pytest.mark.ray
 def test_shared_settings_are_tuned_on_several_operators_end_to_end(
-    tmp_path, ray_session, data_cache, monkeypatch, capsys
+    tmp_path, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
     from mlflow.tracking import MlflowClient
 
@@ -502,6 +503,7 @@ def test_shared_settings_are_tuned_on_several_operators_end_to_end(
     quick["tune"]["num_samples"] = 2
     path = _write(tmp_path, yaml.safe_dump(quick))
     monkeypatch.chdir(tmp_path)  # the file's MLflow store and Tune results are relative paths
+    mlflow_store(tmp_path / "mlflow.db")  # a new store where the file's relative URI points
     output = tmp_path / "tuned" / "shared.yaml"
     assert hpo_main([str(path), "--output", str(output)]) == 0
     assert "[short concat" in capsys.readouterr().out  # progress lines name the operator

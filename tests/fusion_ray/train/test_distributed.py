@@ -27,6 +27,9 @@ class RecordingReporter(TrainReporter):
 
     out_dir: str = ""
     crash_in_epoch: int | None = None
+    snapshot: str = ""
+    """The run's checkpoint manager snapshot, which the controller rewrites as it registers
+    each checkpoint."""
 
     def on_train_batch(self, epoch: int, indices: list[int]) -> None:
         with open(Path(self.out_dir, f"batches_rank{self.rank}.jsonl"), "a") as f:
@@ -38,14 +41,27 @@ class RecordingReporter(TrainReporter):
             digest.update(name.encode() + tensor.detach().cpu().numpy().tobytes())
         with open(Path(self.out_dir, f"weights_rank{self.rank}.jsonl"), "a") as f:
             f.write(json.dumps({"epoch": epoch, "sha": digest.hexdigest()}) + "\n")
-        # Die hard at the end of epoch `crash_in_epoch`: no exception handling, no cleanup. The
-        # sleep first outlasts Ray Train's 2 s poll of the workers, so the previous epoch's
-        # report has reached the controller: a checkpoint is durable only once it is registered.
+        # Die hard at the end of epoch `crash_in_epoch`: no exception handling, no cleanup. First
+        # wait until the controller has registered the previous epochs' checkpoints (a checkpoint
+        # is durable only once it is registered): the restart then always resumes from there.
         marker = Path(self.out_dir, "crashed")
         if epoch == self.crash_in_epoch and self.rank == 1 and not marker.exists():
             marker.write_text(f"rank 1 killed itself at the end of epoch {epoch}")
-            time.sleep(5)
+            _wait_for_checkpoints(Path(self.snapshot), epoch)
             os._exit(1)
+
+
+def _wait_for_checkpoints(snapshot: Path, count: int, timeout: float = 300) -> None:
+    """Until Ray Train's checkpoint manager snapshot lists ``count`` registered checkpoints."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if len(json.loads(snapshot.read_text())["checkpoint_results"]) >= count:
+                return
+        except (FileNotFoundError, json.JSONDecodeError):  # not written yet, or mid-write
+            pass
+        assert time.monotonic() < deadline, f"{count} checkpoint(s) never registered: {snapshot}"
+        time.sleep(0.1)
 
 
 def recording_worker(config: dict) -> None:
@@ -57,6 +73,7 @@ def recording_worker(config: dict) -> None:
         device=base.device,
         out_dir=config["out_dir"],
         crash_in_epoch=config.get("crash_in_epoch"),
+        snapshot=config["snapshot"],
     )
     final = run_trial(config["trial"], reporter)
     if reporter.rank == 0:
@@ -90,9 +107,15 @@ def fit(out_dir: Path, storage: Path, trial: TrialConfig, **extra) -> None:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     out_dir.mkdir(parents=True)
+    snapshot = storage / out_dir.name / "checkpoint_manager_snapshot.json"
     TorchTrainer(
         recording_worker,
-        train_loop_config={"trial": trial, "out_dir": str(out_dir), **extra},
+        train_loop_config={
+            "trial": trial,
+            "out_dir": str(out_dir),
+            "snapshot": str(snapshot),
+            **extra,
+        },
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
         run_config=RunConfig(
