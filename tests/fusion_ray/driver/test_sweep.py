@@ -1,5 +1,8 @@
 """Sweeps on a real local Ray and a real MLflow store: tracking schema, idempotent re-runs,
-failures recorded while the sweep goes on, and the direct vs TorchTrainer one-worker paths."""
+failures recorded while the sweep goes on, and the direct vs TorchTrainer one-worker paths.
+
+The tests' tiny sweep runs once for the module (``tiny_run``): the schema test and the
+direct-path half of the paths test read its runs."""
 
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.ray
 
+TRIAL_PARAMS = ("data", "model", "train", "seed")
+"""The parameter groups that make a trial's numbers (resources and names aside)."""
+
 
 def _runs(spec, status=None):
     client = MlflowClient(spec.tracking_uri)
@@ -22,10 +28,19 @@ def _runs(spec, status=None):
     return client, [r for r in runs if status is None or r.info.status == status]
 
 
-def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tmp_path, ray_session, data_cache):
-    path = tiny_sweep(tmp_path)
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, ray_session, data_cache, mlflow_store):
+    """The tests' tiny sweep (seeds 0 and 1 of add and gate_scalar, one worker each, run in the
+    Tune trial), run once: its folder, file, spec and outcome. Tests that add runs to its store
+    say so and leave the first four as they were."""
+    folder = tmp_path_factory.mktemp("tiny_run")
+    path = tiny_sweep(folder, tracking_uri=mlflow_store(folder / "mlflow.db"))
     spec = load_sweep(path)
-    outcome = run_sweep(spec, str(path), verbose=0)
+    return folder, path, spec, run_sweep(spec, str(path), verbose=0)
+
+
+def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tiny_run):
+    tmp_path, path, spec, outcome = tiny_run
     assert outcome.ran == 4 and len(outcome.finished) == 4 and not outcome.failed
 
     client, runs = _runs(spec, "FINISHED")
@@ -77,7 +92,7 @@ def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tmp_path, ray_sessio
     assert again.ran == 0 and again.already_finished == 4
     assert len(_runs(spec)[1]) == 4
 
-    # one more seed: only its two cells run
+    # one more seed: only its two cells run (the store gains seed 2's runs; seeds 0-1 are kept)
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = [0, 1, 2]
     path.write_text(yaml.safe_dump(raw))
@@ -87,8 +102,11 @@ def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tmp_path, ray_sessio
     assert len(finished) == 6 and len({r.data.tags["cell_id"] for r in finished}) == 6
 
 
-def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_session, data_cache):
-    path = tiny_sweep(tmp_path, name="with_failure", seeds=[0], retries=2)
+def test_a_failing_cell_is_recorded_failed_and_the_others_finish(
+    tmp_path, ray_session, data_cache, mlflow_store
+):
+    store = mlflow_store(tmp_path / "mlflow.db")
+    path = tiny_sweep(tmp_path, name="with_failure", seeds=[0], retries=2, tracking_uri=store)
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["datasets"] = ["short", "diverges"]
     raw["datasets"]["diverges"] = {
@@ -122,43 +140,54 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(tmp_path, ray_s
     assert not old_failed & {r.info.run_id for r in runs_after if r.info.status == "FAILED"}
 
 
+def _paths_result(client, run) -> tuple:
+    history = client.get_metric_history(run.info.run_id, "val_loss")
+    return (
+        run.data.metrics["test_correct"],
+        run.data.metrics["best_val_acc"],
+        [m.value for m in sorted(history, key=lambda m: m.step)],
+    )
+
+
 def test_one_worker_direct_and_trainer_paths_give_identical_metrics(
-    tmp_path, ray_session, data_cache
+    tmp_path, tiny_run, mlflow_store
 ):
-    results = {}
-    for force in (False, True):
-        path = tiny_sweep(
-            tmp_path / str(force),
-            name=f"paths_{force}",
-            seeds=[0],
-            resources={
-                "workers": 1,
-                "cpus_per_worker": 1,
-                "force_trainer": force,
-                "max_concurrent_trials": 1,
-            },
-        )
-        raw = yaml.safe_load(path.read_text())
-        raw["grid"]["fusions"] = ["gate_scalar"]
-        path.write_text(yaml.safe_dump(raw))
-        spec = load_sweep(path)
-        assert len(run_sweep(spec, str(path), verbose=0).finished) == 1
-        client, (run,) = _runs(spec, "FINISHED")
-        history = [
-            m.value
-            for m in sorted(
-                client.get_metric_history(run.info.run_id, "val_loss"), key=lambda m: m.step
-            )
-        ]
-        results[force] = (
-            run.data.metrics["test_correct"],
-            run.data.metrics["best_val_acc"],
-            history,
-        )
-    assert results[False] == results[True]
+    """The direct path: gate_scalar at seed 0 in the module's tiny sweep (one worker, one CPU,
+    trained in the Tune trial itself). The trainer path: the same cell through a one-worker
+    TorchTrainer (``force_trainer``). A trial's threads follow cpus_per_worker, not how many
+    trials run beside it, so the two must agree exactly."""
+    _, _, shared, _ = tiny_run
+    client, runs = _runs(shared, "FINISHED")
+    (direct,) = [
+        r for r in runs if (r.data.tags["fusion"], r.data.tags["seed"]) == ("gate_scalar", "0")
+    ]
+    path = tiny_sweep(
+        tmp_path,
+        name="paths_trainer",
+        seeds=[0],
+        resources={
+            "workers": 1,
+            "cpus_per_worker": 1,
+            "force_trainer": True,
+            "max_concurrent_trials": 1,
+        },
+        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["gate_scalar"]
+    path.write_text(yaml.safe_dump(raw))
+    spec = load_sweep(path)
+    assert len(run_sweep(spec, str(path), verbose=0).finished) == 1
+    trainer_client, (trainer,) = _runs(spec, "FINISHED")
+
+    def trial(run) -> dict[str, str]:  # the trial's settings, whatever the resources
+        return {k: v for k, v in run.data.params.items() if k.split(".")[0] in TRIAL_PARAMS}
+
+    assert trial(direct) == trial(trainer) and len(trial(direct)) > 20
+    assert _paths_result(client, direct) == _paths_result(trainer_client, trainer)
 
 
-def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache):
+def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache, mlflow_store):
     """workers: 2 runs a TorchTrainer inside the Tune trial; its metrics reach MLflow through
     TuneReportCallback exactly like a one-worker trial's."""
     path = tiny_sweep(
@@ -166,6 +195,7 @@ def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache
         name="ddp",
         seeds=[0],
         resources={"workers": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
     )
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["gate_scalar"]
