@@ -1,6 +1,7 @@
 """Trials no node can hold are an error before Tune starts (never an endless wait); trials only a
-node type of the autoscaler can hold wait with one line and give up after a set time; --smoke on
-a Ray without GPUs rehearses GPU trials on CPUs."""
+node type of the autoscaler can hold wait with one line and give up after a set time. (--smoke on
+a Ray without GPUs rehearses GPU trials on CPUs: test_smoke_sweeps.py runs the shipped files that
+ask for GPUs that way.)"""
 
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ def test_the_check_separates_never_from_after_the_autoscaler(tmp_path):
     assert "FUSION_RAY_CPU_FALLBACK=1" in message
 
 
-def _gpu_sweep(tmp_path, name):
-    path = tiny_sweep(tmp_path, name=name, seeds=[0])
+def _gpu_sweep(tmp_path, name, store):
+    path = tiny_sweep(tmp_path, name=name, seeds=[0], tracking_uri=store(tmp_path / "mlflow.db"))
     raw = yaml.safe_load(path.read_text())
     raw["resources"] = {"workers": 1, "use_gpu": True, "gpus_per_worker": 1, "cpus_per_worker": 1}
     raw["defaults"]["train"]["epochs"] = 1
@@ -77,11 +78,13 @@ def _gpu_sweep(tmp_path, name):
     return load_sweep(path)
 
 
-def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_session, data_cache):
+def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(
+    tmp_path, ray_session, data_cache, mlflow_store
+):
     from fusion_ray.runner import run_sweep
     from fusion_ray.tracking import Tracker
 
-    spec = _gpu_sweep(tmp_path, "gpu_here")
+    spec = _gpu_sweep(tmp_path, "gpu_here", mlflow_store)
     started = time.monotonic()
     with pytest.raises(PlacementError) as info:
         run_sweep(spec)
@@ -91,24 +94,8 @@ def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(tmp_path, ray_sessio
     assert Tracker(spec.tracking_uri, spec.name).trial_runs() == []  # nothing was started
 
 
-def test_smoke_rehearses_gpu_trials_on_cpus(tmp_path, ray_session, data_cache):
-    from fusion_ray.config import smoke_version
-    from fusion_ray.runner import run_sweep
-    from fusion_ray.schema import CPU_REHEARSAL_TAG
-    from fusion_ray.tracking import Tracker
-
-    spec = smoke_version(_gpu_sweep(tmp_path, "gpu_smoke"))
-    outcome = run_sweep(spec, smoke=True)
-    assert len(outcome.finished) == 2 and not outcome.failed
-    tracker = Tracker(spec.tracking_uri, spec.name)
-    parents = tracker.client.search_runs(
-        [tracker.experiment_id], filter_string="tags.role = 'sweep'"
-    )
-    assert [p.data.tags.get(CPU_REHEARSAL_TAG) for p in parents] == ["true"]
-
-
 def test_waiting_for_a_node_type_gives_up_after_the_timeout(
-    tmp_path, ray_session, data_cache, monkeypatch, capsys
+    tmp_path, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
     from fusion_ray.runner import run_sweep
 
@@ -117,10 +104,10 @@ def test_waiting_for_a_node_type_gives_up_after_the_timeout(
         yaml.safe_dump({"available_node_types": {"gpu": {"resources": {"CPU": 4, "GPU": 1}}}})
     )
     monkeypatch.setenv("FUSION_RAY_AUTOSCALER_CONFIG", str(config))
-    monkeypatch.setenv("FUSION_RAY_PLACEMENT_TIMEOUT_S", "3")
-    spec = _gpu_sweep(tmp_path, "gpu_wait")
+    monkeypatch.setenv("FUSION_RAY_PLACEMENT_TIMEOUT_S", "1")
+    spec = _gpu_sweep(tmp_path, "gpu_wait", mlflow_store)
     started = time.monotonic()
-    with pytest.raises(Exception, match="no trial could be placed for 3 s"):
+    with pytest.raises(Exception, match="no trial could be placed for 1 s"):
         run_sweep(spec)
     assert time.monotonic() - started < 90
     assert "waiting for the autoscaler to add a node for short" in capsys.readouterr().out

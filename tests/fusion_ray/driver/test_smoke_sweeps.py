@@ -6,7 +6,8 @@ The study's hub datasets cannot be downloaded here, so their presets read a loca
 hub's own parquet layout that this module writes (``data.source_kwargs.data_dir``, the way a
 cluster without network runs them); the models are shrunk with ``model.*`` overrides so that the
 files' 180-odd smoke trials take minutes. Everything else (grids, presets, position methods,
-operators, resources, evaluation lengths) is the file's own."""
+operators, resources, evaluation lengths) is the file's own. Some of the files ask for GPUs, so
+the rehearsal of GPU trials on CPUs is tested here too."""
 
 from __future__ import annotations
 
@@ -56,8 +57,9 @@ def hub_copy(tmp_path_factory) -> Path:
     return root
 
 
-def _overrides(path: Path, hub_copy: Path, tmp_path: Path) -> list[str]:
-    """Tiny models, this test's own stores, and the local hub copy for each hub preset."""
+def _overrides(path: Path, hub_copy: Path, tmp_path: Path, store) -> list[str]:
+    """Tiny models, this test's own stores (a new MLflow store from ``mlflow_store``), and the
+    local hub copy for each hub preset."""
     raw_presets = load_sweep(path).datasets if path.parent.name == "sweeps" else None
     if raw_presets is None:
         from fusion_ray.hpo import load_hpo
@@ -70,7 +72,7 @@ def _overrides(path: Path, hub_copy: Path, tmp_path: Path) -> list[str]:
     ]
     stores = [
         f"storage_path={tmp_path / 'ray_results'}",
-        f"tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+        f"tracking_uri={store(tmp_path / 'mlflow.db')}",
     ]
     return [*TINY_MODEL, *stores, *hub]
 
@@ -88,9 +90,14 @@ def _parent_tags(tracker) -> dict[str, str]:
     return parent.data.tags
 
 
+def test_a_shipped_sweep_file_asks_for_gpus():
+    """The smoke tests below rehearse GPU trials on CPUs only if a shipped file asks for GPUs."""
+    assert any(_asks_for_gpus(load_sweep(ROOT / "sweeps" / name)) for name in SWEEP_FILES)
+
+
 @pytest.mark.parametrize("name", SWEEP_FILES)
 def test_every_sweep_files_smoke_path_runs_on_cpus(
-    name, tmp_path, hub_copy, ray_session, data_cache, monkeypatch, capsys
+    name, tmp_path, hub_copy, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
     from fusion_ray.grid import expand
     from fusion_ray.sweep import main
@@ -98,7 +105,7 @@ def test_every_sweep_files_smoke_path_runs_on_cpus(
 
     path = ROOT / "sweeps" / name
     monkeypatch.chdir(tmp_path)
-    overrides = _overrides(path, hub_copy, tmp_path)
+    overrides = _overrides(path, hub_copy, tmp_path, mlflow_store)
     assert main([str(path), "--smoke", "--no-report", *overrides]) == 0
 
     spec = smoke_version(load_sweep(path, overrides))
@@ -119,7 +126,7 @@ def test_every_sweep_files_smoke_path_runs_on_cpus(
 
 @pytest.mark.parametrize("name", HPO_FILES)
 def test_every_hpo_files_smoke_path_runs_on_cpus(
-    name, tmp_path, hub_copy, ray_session, data_cache, monkeypatch, capsys
+    name, tmp_path, hub_copy, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
     import yaml
 
@@ -129,7 +136,7 @@ def test_every_hpo_files_smoke_path_runs_on_cpus(
 
     path = ROOT / "sweeps" / "hpo" / name
     monkeypatch.chdir(tmp_path)
-    overrides = _overrides(path, hub_copy, tmp_path)
+    overrides = _overrides(path, hub_copy, tmp_path, mlflow_store)
     output = tmp_path / "tuned.yaml"
     assert main([str(path), "--smoke", "--output", str(output), *overrides]) == 0
 
