@@ -97,35 +97,52 @@ def test_the_heartbeat_refreshes_the_lease(client, store):
 
 RACER = """
 import sys, time
+from pathlib import Path
+
 from fusion_ray.lease import LeaseHeldError, SweepLease
 from fusion_ray.tracking import Tracker
 
-from pathlib import Path
-
-uri, name, ready, go, delay = sys.argv[1:6]
+uri, turns, me, delays = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
+other = "1" if me == "0" else "0"
 tracker = Tracker(uri, "race")
-lease = SweepLease(tracker.lease_store(), name)
-Path(ready).touch()  # imported: the test starts the race once both racers are ready
-while not Path(go).exists():
-    time.sleep(0.001)
-time.sleep(float(delay))
-try:
-    lease.acquire()
-except LeaseHeldError:
-    print("held", flush=True)
-else:
+
+
+def wait_for(path):
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        if time.monotonic() > deadline:
+            sys.exit(f"racer {me}: no {path.name} in 120 s")
+        time.sleep(0.001)
+
+
+for round_, delay in enumerate(map(float, delays.split(","))):
+    lease = SweepLease(tracker.lease_store(), f"sweep{round_}")
+    (turns / f"ready{round_}-{me}").touch()  # the test starts a round once both are ready
+    wait_for(turns / f"go{round_}")
+    time.sleep(delay)
+    try:
+        lease.acquire()
+    except LeaseHeldError:
+        (turns / f"tried{round_}-{me}").touch()
+        print(round_, "held", flush=True)
+        continue
     got = time.time()
-    time.sleep(2.0)
-    print("got", got, time.time(), flush=True)  # held from .. to (before the release)
+    (turns / f"tried{round_}-{me}").touch()
+    wait_for(turns / f"tried{round_}-{other}")  # held until the other has asked for it
+    print(round_, "got", got, time.time(), flush=True)  # held from .. to (before the release)
     lease.release()
 """
+"""``python -c RACER URI TURNS ME DELAYS``: one of two drivers that ask for the lease of sweep
+``sweepN`` in round N, each round once the test has created TURNS/goN, after that round's delay
+(DELAYS: comma-separated seconds); one that got the lease holds it until the other has asked."""
 
 
 @pytest.mark.process
 def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
     """Twenty times, two processes ask for one sweep's lease at nearly the same moment (the
-    second up to 50 ms later): never do both hold it at once (the second may get it only after
-    the first released it, when the store made it wait that long)."""
+    second up to 50 ms later): never do both hold it at once. A racer that got the lease holds
+    it until the other has asked (a file the other creates), so every round is contended: the
+    second asks while the first holds it, however slow the machine."""
     import random
 
     from fusion_ray.tracking import Tracker
@@ -134,45 +151,51 @@ def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
     uri = f"sqlite:///{tmp_path / 'race.db'}"
     Tracker(uri, "race")  # the store exists before the race, as a sweep's does
     rng = random.Random(0)
-    outcomes = []
-    for round_ in range(20):
-        turns = tmp_path / f"round{round_}"
-        turns.mkdir()
-        ready = [turns / "ready0", turns / "ready1"]
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    RACER,
-                    uri,
-                    f"sweep{round_}",
-                    str(ready[i]),
-                    str(turns / "go"),
-                    str(delay),
-                ],
-                cwd=ROOT,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for i, delay in enumerate((0.0, rng.uniform(0.0, 0.05)))
-        ]
-        # both interpreters have imported MLflow, however long that took: start the race
-        deadline = time.monotonic() + 120
-        while not all(r.exists() for r in ready):
-            assert all(p.poll() is None for p in procs) and time.monotonic() < deadline, round_
-            time.sleep(0.05)
-        (turns / "go").touch()
+    rounds = 20
+    delays = [[0.0] * rounds, [rng.uniform(0.0, 0.05) for _ in range(rounds)]]
+    turns = tmp_path / "turns"
+    turns.mkdir()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, uri, str(turns), str(i), ",".join(map(str, delays[i]))],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    try:
+        for round_ in range(rounds):
+            # both racers are at the start of the round (imported MLflow, done with the last
+            # round), however long that took: start the race
+            ready = [turns / f"ready{round_}-{i}" for i in (0, 1)]
+            deadline = time.monotonic() + 120
+            while not all(r.exists() for r in ready):
+                assert all(p.poll() is None for p in procs), [
+                    p.stderr.read()[-2000:] for p in procs
+                ]
+                assert time.monotonic() < deadline, f"round {round_}: a racer is not ready"
+                time.sleep(0.01)
+            (turns / f"go{round_}").touch()
         results = [p.communicate(timeout=120) for p in procs]
-        assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
-        held = [tuple(map(float, out.split()[1:])) for out, _ in results if out.startswith("got")]
-        assert held, "nobody got the lease"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in results]
+    outcomes = []
+    lines = [line.split() for out, _ in results for line in out.splitlines()]
+    for round_ in range(rounds):
+        said = [words[1:] for words in lines if words[0] == str(round_)]
+        assert len(said) == 2, f"round {round_}: {said}"
+        held = [tuple(map(float, words[1:])) for words in said if words[0] == "got"]
+        assert held, f"round {round_}: nobody got the lease"
         if len(held) == 2:
             (a_from, a_to), (b_from, b_to) = sorted(held)
             assert b_from >= a_to, f"round {round_}: both held the lease at once: {held}"
         outcomes.append(len(held))
-    assert outcomes.count(1) >= 10, f"too few contended rounds to say anything: {outcomes}"
+    assert outcomes == [1] * rounds, f"a round where both got the lease: {outcomes}"
 
 
 @pytest.mark.unit
