@@ -166,7 +166,7 @@ def _log_alias(client, root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     shm = Path("/dev/shm")
@@ -174,7 +174,7 @@ def store(tmp_path_factory):
         root = Path(tempfile.mkdtemp(prefix="analysis-axes-", dir=shm))
     else:
         root = tmp_path_factory.mktemp("axes")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     client = MlflowClient(uri)
     _log_axes(client, root)
     _log_scaled_only(client, root)

@@ -62,11 +62,11 @@ def log_changed_sweep(uri, root, name, *, datasets_before=("a",), artifact=True)
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("cells")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     changed = log_changed_sweep(uri, root, "changed")
     dropped = log_changed_sweep(uri, root, "dropped", datasets_before=("a", "b"))
     client = MlflowClient(uri)

@@ -51,11 +51,11 @@ def _log(client, name: str, seeds: int, parent_tags: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("decisions")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     client = MlflowClient(uri)
     _log(client, "fixed", 4, {})
     rule = {"first": 2, "max": 12, "alpha": 0.05, "margin": None}

@@ -136,11 +136,11 @@ def _log_tstl(client, root: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("extrapolation")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     _log_tstl(MlflowClient(uri), root)
     plain = SyntheticSweep(
         name="plain",

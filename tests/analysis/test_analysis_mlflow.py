@@ -73,7 +73,7 @@ def _trial(client, exp_id, op, seed, *, dataset="arxiv", status="FINISHED", pare
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     # sqlite fsyncs every commit; a RAM disk, where there is one, makes logging 2-3x faster
@@ -82,12 +82,12 @@ def store(tmp_path_factory):
         root = Path(tempfile.mkdtemp(prefix="analysis-tests-", dir=shm))
     else:
         root = tmp_path_factory.mktemp("mlflow")
-    yield from _log_store(root, MlflowClient)
+    yield from _log_store(root, MlflowClient, mlflow_store)
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _log_store(root, MlflowClient):
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+def _log_store(root, MlflowClient, mlflow_store):
+    uri = mlflow_store(root / "mlflow.db")
     clean = SyntheticSweep(
         name="clean",
         datasets={"short_ds": "short", "long_ds": "long"},

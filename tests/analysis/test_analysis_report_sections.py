@@ -92,11 +92,11 @@ def _log_paper(client, root: Path) -> dict[tuple[str, int], str]:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
+def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("sections")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     ids = _log_paper(MlflowClient(uri), root)
     simulated = SyntheticSweep(
         name="synthetic",

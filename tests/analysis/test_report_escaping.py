@@ -84,11 +84,11 @@ def _trial(client, exp: str, parent: str, op: str, seed: int, level: str, cell: 
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("escaping")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     client = MlflowClient(uri)
     exp = client.create_experiment(EXPERIMENT, artifact_location=str(root / "art"))
     tags = {ROLE_TAG: ROLE_SWEEP, "sweep": "esc", GRID_AXES_TAG: json.dumps({AXIS: LEVELS})}

@@ -77,11 +77,11 @@ def _page(text: str) -> Page:
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory):
+def report(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("report_html")
-    uri = f"sqlite:///{root / 'mlflow.db'}"
+    uri = mlflow_store(root / "mlflow.db")
     spec = SyntheticSweep(
         name=EXPERIMENT,
         datasets={IMG_DATASET: "long"},

@@ -90,14 +90,14 @@ def test_refused_credentials_in_the_uri_are_named_as_the_thing_to_fix():
 
 
 def test_a_pickled_tracking_callback_holds_no_tracker_and_its_copy_writes_nothing(
-    tmp_path, monkeypatch
+    tmp_path, mlflow_store, monkeypatch
 ):
     from fusion_ray.callbacks import MLflowSweepCallback
     from fusion_ray.tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # as the tracker sets it
     store = tmp_path / "store-only-the-live-callback-knows.db"
-    tracker = Tracker(f"sqlite:///{store}", "pickled")
+    tracker = Tracker(mlflow_store(store), "pickled")
     callback = MLflowSweepCallback(tracker, {}, {}, "parent", str(tmp_path / "ray_results"))
     data = pickle.dumps(callback)
     assert store.name.encode() not in data

@@ -226,11 +226,11 @@ def test_a_trial_without_eval_lengths_has_neither_metrics_nor_file(tmp_path, dat
 # ----------------------------------------------------------------------------- MLflow
 
 
-def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_path):
+def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_path, mlflow_store):
     from fusion_ray.tracking import Tracker
 
     _, final, checkpoint = order_run
-    tracker = Tracker(f"sqlite:///{tmp_path / 'mlflow.db'}", "lengths")
+    tracker = Tracker(mlflow_store(tmp_path / "mlflow.db"), "lengths")
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     tracker.log_final(run_id, final)
     assert tracker.log_predictions(run_id, str(checkpoint))

@@ -352,13 +352,13 @@ def _synthetic_gates(value: float) -> pd.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, gated_run, add_run):
+def store(tmp_path_factory, mlflow_store, gated_run, add_run):
     """A sqlite MLflow store: the two real trials logged by the sweep's tracker, and synthetic
     gate_vector runs (seeds 0-2 on two datasets, one FAILED run that must be ignored)."""
     from fusion_ray.tracking import Tracker
 
     root = tmp_path_factory.mktemp("gates_store")
-    tracker = Tracker(f"sqlite:///{root / 'mlflow.db'}", "gates")
+    tracker = Tracker(mlflow_store(root / "mlflow.db"), "gates")
     client, ids = tracker.client, {}
     for key, (trial, final, checkpoint) in {"real": gated_run, "add": add_run}.items():
         tags = _tags("short", trial.model.fusion, trial.seed, **{AXIS: "true"})
