@@ -1,15 +1,18 @@
 """Wall time and failures of the test tiers, each run as its own pytest process.
 
 Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``;
-``unit-n2`` is the unit tier on two pytest-xdist workers), ``--repeat`` times in a row, and
-prints one line per run (wall time, passed / failed / skipped) and the failing tests by name;
-each run's whole pytest output, with every test's duration, is written as it runs to
-``--log-dir`` (a new temporary folder unless given).
+``unit-n2`` is the unit tier on two pytest-xdist workers, ``not-unit`` every other tier in one
+process: the README's test command is ``unit-n2`` then ``not-unit``), ``--repeat`` times in a
+row, and prints one line per run (wall time, passed / failed / skipped, the load average before
+and after: the box may be shared) and the failing tests by name; each run's whole pytest output,
+with every test's duration, is written as it runs to ``--log-dir`` (a new temporary folder
+unless given).
 ``--load`` keeps every CPU core busy with a spinning process for the whole time, for the loaded
 repetitions of tests that must not race the clock.
 
     python bench/tiers.py                               # each tier once
     python bench/tiers.py unit unit-n2                  # the quick check, serial and on 2
+    python bench/tiers.py unit-n2 not-unit              # the README's test command, in two
     python bench/tiers.py process cluster --repeat 5 --load
 """
 
@@ -29,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIERS = {
     "unit": ["-m", "unit"],
     "unit-n2": ["-m", "unit", "-n", "2"],
+    "not-unit": ["-m", "not unit"],
     "ray": ["-m", "ray"],
     "process": ["-m", "process"],
     "cluster": ["-m", "cluster"],
@@ -84,8 +88,10 @@ def main() -> None:
         for tier in args.tiers:
             for i in range(1, args.repeat + 1):
                 name = f"{tier}-{'loaded-' if args.load else ''}run{i}.txt"
+                before = os.getloadavg()[0]
                 seconds, summary, failed = run_tier(tier, log_dir / name)
-                print(f"{tier:<8} run {i}: {seconds:7.1f} s  {summary}", flush=True)
+                load = f"load {before:.1f} -> {os.getloadavg()[0]:.1f}"
+                print(f"{tier:<8} run {i}: {seconds:7.1f} s  {load}  {summary}", flush=True)
                 for test in failed:
                     print(f"    failed: {test}", flush=True)
     finally:
