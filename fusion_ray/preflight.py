@@ -6,6 +6,7 @@ exits 2.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -25,8 +26,48 @@ def preflight(
     """What would fail only after Ray starts: storage that cannot be written, a tracking store
     that cannot be reached. Leaves nothing behind; a server gets ``timeout_s``. ``remote=False``
     checks only local paths (a dry run on a machine that cannot reach the cluster's stores)."""
-    problems = _storage_problems(storage_path, remote)
+    problems = _setting_problems() + _storage_problems(storage_path, remote)
     return problems + _tracking_problems(tracking_uri, timeout_s, remote)
+
+
+SQLITE_WAIT_ENV = "FUSION_RAY_SQLITE_WAIT_S"
+"""Seconds a read or write of a sqlite tracking store waits for a lock another process holds
+before it fails with "database is locked" (unset: MLflow's own waits, 20 s in its sessions and
+5 s when it opens the store; ``fusion_ray.tracking`` applies it). Tests shorten it; a lab may
+lengthen it for a script that writes to the store at length."""
+SQLITE_WAIT_MAX_S = 86400
+
+
+def _sqlite_wait_s() -> float | None:
+    """``FUSION_RAY_SQLITE_WAIT_S`` as seconds; None when unset; NaN when it is no number of
+    seconds from 0 to ``SQLITE_WAIT_MAX_S``."""
+    value = os.environ.get(SQLITE_WAIT_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return math.nan
+    return seconds if 0 <= seconds <= SQLITE_WAIT_MAX_S else math.nan
+
+
+def sqlite_wait_ms() -> int | None:
+    """``FUSION_RAY_SQLITE_WAIT_S`` in milliseconds; None when it is unset or not a number of
+    seconds from 0 to 86400 (MLflow's own waits then; ``preflight`` refuses such a value)."""
+    seconds = _sqlite_wait_s()
+    return None if seconds is None or math.isnan(seconds) else round(seconds * 1000)
+
+
+def _setting_problems() -> list[str]:
+    """Settings read from the environment that hold no usable value."""
+    seconds = _sqlite_wait_s()
+    if seconds is None or not math.isnan(seconds):
+        return []
+    value = os.environ[SQLITE_WAIT_ENV]
+    return [
+        f"{SQLITE_WAIT_ENV} (environment): {value[:40]!r} is not a number of seconds from 0 to "
+        f"{SQLITE_WAIT_MAX_S}; set it to one (e.g. 20) or unset it for MLflow's own wait"
+    ]
 
 
 def _writable_dir_problem(path: Path, what: str) -> str | None:

@@ -34,6 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.decide.questions import quarter_accuracy
+from fusion_ray.preflight import sqlite_wait_ms
 from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
@@ -560,6 +561,40 @@ HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV = (
 )
 """How often MLflow's client retries a request to a server (7 by default, about 4 minutes with
 its backoff), and how many seconds it waits for each answer (120)."""
+
+
+def _sqlite_wait_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    """A new sqlite connection waits ``FUSION_RAY_SQLITE_WAIT_S`` for a lock (MLflow opens the
+    store on connections whose wait is the sqlite3 driver's 5 s)."""
+    wait_ms = sqlite_wait_ms()
+    if wait_ms is not None and isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {wait_ms}")
+
+
+def _sqlite_wait_in_sessions(
+    _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any
+) -> tuple[str, Any]:
+    """MLflow starts every session on a sqlite store with ``PRAGMA busy_timeout = 20000``: with
+    ``FUSION_RAY_SQLITE_WAIT_S`` set, that statement sets its value instead."""
+    if statement.lstrip().upper().startswith("PRAGMA BUSY_TIMEOUT"):
+        wait_ms = sqlite_wait_ms()
+        if wait_ms is not None:
+            return f"PRAGMA busy_timeout = {wait_ms};", parameters
+    return statement, parameters
+
+
+def _listen_for_sqlite_waits() -> None:
+    """Every SQLAlchemy engine of this process (MLflow's sqlite stores among them) takes
+    ``FUSION_RAY_SQLITE_WAIT_S``; the listeners change nothing while it is unset."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _sqlite_wait_on_connect):
+        event.listen(Engine, "connect", _sqlite_wait_on_connect)
+        event.listen(Engine, "before_cursor_execute", _sqlite_wait_in_sessions, retval=True)
+
+
+_listen_for_sqlite_waits()
 
 
 @contextlib.contextmanager

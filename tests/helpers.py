@@ -103,9 +103,14 @@ def one_long_cell(tmp_path: Path, name: str) -> tuple[Path, dict]:
     return path, raw
 
 
-def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path) -> None:
-    """``run`` (the one cell of sweep ``path``) logged what the same trial logs trained locally
-    without interruption, on one thread as the trial ran (cpus_per_worker: 1)."""
+UNINTERRUPTED_METRICS = ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run")
+"""What a trial that was interrupted and resumed must log as the same trial run without a break."""
+
+
+def uninterrupted_metrics(path: Path, workdir: Path) -> dict[str, float]:
+    """``UNINTERRUPTED_METRICS`` of the one cell of sweep ``path`` trained locally without
+    interruption (in ``workdir``), on one thread as its trials run (cpus_per_worker: 1). In a
+    process where every operator of the sweep can be built (a plug-in's included)."""
     import torch
 
     from fusion_ray.config import load_sweep
@@ -115,16 +120,24 @@ def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same float sums
     try:
-        reference = run_local(expand(load_sweep(path))[0].trial, str(tmp_path / "reference"))
+        reference = run_local(expand(load_sweep(path))[0].trial, str(workdir))
     finally:
         torch.set_num_threads(threads)
-    for name in ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run"):
+    return {name: reference[name] for name in UNINTERRUPTED_METRICS}
+
+
+def assert_metrics_of_an_uninterrupted_run(path: Path, run: Any, tmp_path: Path) -> None:
+    """``run`` (the one cell of sweep ``path``) logged what the same trial logs trained locally
+    without interruption, on one thread as the trial ran (cpus_per_worker: 1)."""
+    reference = uninterrupted_metrics(path, tmp_path / "reference")
+    for name in UNINTERRUPTED_METRICS:
         assert run.data.metrics[name] == reference[name], name
 
 
 HELD_ADD = '''"""`add` whose trials take turns as a test says: the first {through} Tune trials that
 build it go on; every other trial, after {hold_after} training steps, writes waiting-<trial id>
-next to {release!r} and waits until that file exists. Outside a Tune trial it never waits.
+next to {release!r} and waits until that file exists. Outside a Tune trial it never waits (with
+RANKS, each rank of a Ray Train run waits too, as trial <run name>-rank<rank>).
 ``tag`` changes nothing: a second grid entry that builds the same model."""
 
 import os
@@ -136,19 +149,30 @@ from fusion_ray.model.fusion import Add
 RELEASE = Path({release!r})
 HOLD_AFTER = {hold_after}
 THROUGH = {through}
+RANKS = {ranks}
 
 
 def _trial_id():
     import warnings
 
+    trial = None
     try:
         from ray import tune
 
         with warnings.catch_warnings():  # outside a trial Ray warns, then returns None
             warnings.simplefilter("ignore")
-            return tune.get_context().get_trial_id()
+            trial = tune.get_context().get_trial_id()
     except Exception:  # not in a Tune trial
-        return None
+        pass
+    if trial is None and RANKS:
+        try:
+            from ray import train
+
+            context = train.get_context()
+            trial = f"{{context.get_experiment_name()}}-rank{{context.get_world_rank()}}"
+        except Exception:  # not in a Ray Train run either
+            pass
+    return trial
 
 
 class HeldAdd(Add):
@@ -189,18 +213,20 @@ class HeldAdd(Add):
 '''
 
 
-def install_held_add(directory: Path, release: Path, hold_after: int = 0, through: int = 1) -> Path:
+def install_held_add(
+    directory: Path, release: Path, hold_after: int = 0, through: int = 1, ranks: bool = False
+) -> Path:
     """The plug-in operator ``held_add`` (HELD_ADD) and its dist-info in ``directory``: the first
     ``through`` trials that build it run through (0: none does); every other waits for the file
     ``release`` (the test creates it to let them go), from the start (``hold_after`` 0) or after
     that many training steps (past its first checkpoint, when that is more than one epoch's
-    steps). Found in every
+    steps). With ``ranks``, the ranks of a multi-worker (Ray Train) trial wait too. Found in every
     process with ``directory`` on its path: a driver's own Ray with ``directory`` on PYTHONPATH,
     or the driver's working directory, which Ray puts on its workers' path. The release path is
     written into the module: workers of a shared Ray do not see the driver's environment."""
     (directory / "fusion_ray_held").mkdir(parents=True)
     (directory / "fusion_ray_held" / "__init__.py").write_text(
-        HELD_ADD.format(release=str(release), hold_after=hold_after, through=through)
+        HELD_ADD.format(release=str(release), hold_after=hold_after, through=through, ranks=ranks)
     )
     info = directory / "fusion_ray_held-0.1.dist-info"
     info.mkdir()
@@ -209,6 +235,12 @@ def install_held_add(directory: Path, release: Path, hold_after: int = 0, throug
         "[fusion_ray.fusions]\nheld_add = fusion_ray_held:HeldAdd\n"
     )
     return directory
+
+
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""Added to the environment of every ``mlflow server`` a test starts: without MLflow's job runner
+(a pool of job-consumer processes, each importing MLflow as the server starts: seconds of CPU
+per server on two cores), which no test uses; the tracking and artifact service is the same."""
 
 
 SCENARIO_HANG_S = 1800
@@ -261,3 +293,23 @@ def wait_until_held(
         assert why is None, why
         assert time.monotonic() < deadline, f"no held trial (waiting-* in {release.parent})"
         time.sleep(0.2)
+
+
+def wait_until_lapsed(tracking_uri: str, name: str, ttl_s: float, timeout: float = 300) -> None:
+    """Until the lease of sweep or HPO ``name`` in the store at ``tracking_uri`` has had no
+    heartbeat for more than ``ttl_s`` (``FUSION_RAY_LEASE_TTL_S`` of the next driver): the state
+    in which the next driver takes it over. For a paused holder whose heartbeat is slower than
+    the pause; sleeps only until the last heartbeat is ``ttl_s`` old, then reads it again."""
+    from mlflow.tracking import MlflowClient
+
+    from fusion_ray.lease import LEASE_PREFIX
+
+    client = MlflowClient(tracking_uri)
+    deadline = time.monotonic() + timeout
+    while True:
+        heartbeat = float(client.get_registered_model(LEASE_PREFIX + name).tags["heartbeat"])
+        left = heartbeat + ttl_s - time.time()
+        if left < 0:
+            return
+        assert time.monotonic() < deadline, f"the lease of {name} kept its heartbeat"
+        time.sleep(min(left + 0.05, 1.0))

@@ -1,8 +1,12 @@
-"""Against a real ``mlflow server`` on loopback, as a lab shares one: the analysis reads artifacts
-through the server (``mlflow-artifacts:``) and finds what a sqlite store gives; with MLflow's
-basic-auth app, a sweep with credentials from the environment works and no output holds the
-password; without them (or, for the report, with a wrong password), with the store locked, or
-(a dry run) with no server answering, the command says so in one line and an exit code.
+"""Against a real ``mlflow server`` on loopback, as a lab shares one: with MLflow's basic-auth
+app, a sweep with credentials from the environment works and no output holds the password, and
+the analysis reads its artifacts through the server (``mlflow-artifacts:``) and finds what a
+sqlite store gives; without credentials (or, for the report, with a wrong password), with the
+store locked, or (a dry run) with no server answering, the command says so in one line and an
+exit code.
+
+One server and one sweep on it (``authed``, a module fixture) serve the tests that read it; the
+drivers join the session's Ray (``ray_session``).
 """
 
 from __future__ import annotations
@@ -12,8 +16,10 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,6 +28,7 @@ import yaml
 from mlflow import MlflowClient
 
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import MLFLOW_SERVER_ENV
 
 pytestmark = pytest.mark.process
 
@@ -41,7 +48,7 @@ def _server(root: Path, *, auth: bool = False) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--backend-store-uri", f"sqlite:///{root / 'server.db'}"]
     cmd += ["--artifacts-destination", str(root / "served"), "--workers", "1"]
-    env = {**os.environ}
+    env = {**os.environ, **MLFLOW_SERVER_ENV}
     if auth:
         cmd += ["--app-name", "basic-auth"]
         env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = "csrf-key-for-the-test"
@@ -49,15 +56,16 @@ def _server(root: Path, *, auth: bool = False) -> tuple[subprocess.Popen, str]:
         env["MLFLOW_AUTH_CONFIG_PATH"] = str(_auth_config(root))
     log = (root / "server.log").open("w")
     server = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                time.sleep(1.0)
-                return server, f"http://127.0.0.1:{port}"
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and server.poll() is None:
+        try:  # /health answers once the server serves requests (no auth needed there)
+            with urllib.request.urlopen(f"{uri}/health", timeout=2) as answer:
+                if answer.status == 200:
+                    return server, uri
         except OSError:
-            time.sleep(0.5)
-    server.kill()
+            time.sleep(0.2)
+    _stop(server)
     raise RuntimeError(f"the MLflow server did not start: {(root / 'server.log').read_text()}")
 
 
@@ -74,14 +82,18 @@ def _auth_config(root: Path) -> Path:
 
 
 def _stop(server: subprocess.Popen) -> None:
-    os.killpg(server.pid, 9)
+    if server.poll() is None:
+        os.killpg(server.pid, 9)
     server.wait()
 
 
 def _sweep_file(tmp_path: Path, uri: str, name: str) -> Path:
+    """Two seeds of ``add`` and ``gate_scalar`` (a gated operator: the gate diagnostics too), one
+    epoch each, in a folder ``name`` of its own."""
     path = tiny_sweep(tmp_path / name, name=name, seeds=[0, 1], tracking_uri=uri)
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["add", "gate_scalar"]
+    raw["defaults"]["train"]["epochs"] = 1
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 
@@ -93,43 +105,81 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600):
     )  # fmt: skip
 
 
-def _env(data_cache: str, **extra: str) -> dict[str, str]:
+def _env(data_cache: str, ray_session=None, **extra: str) -> dict[str, str]:
+    """A command's environment: this checkout, the session's data cache, no credentials, and
+    the session's Ray when given (else a driver starts a Ray of its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
+    if ray_session is not None:
+        env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
     return {**env, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache, **extra}
 
 
-def test_the_report_reads_artifacts_through_a_server_as_from_sqlite(tmp_path, data_cache):
-    """The same tiny sweep logged to a server (artifacts served as mlflow-artifacts:) and to a
-    sqlite store: the report's length analysis and gate diagnostics agree, none left out."""
+CREDENTIALS = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+
+
+@dataclass
+class Authed:
+    """The module's basic-auth server and the sweep ``authed`` run on it: first without
+    credentials (``refused``), then with them from the environment (``ran``, report included)."""
+
+    root: Path
+    uri: str
+    path: Path
+    refused: subprocess.CompletedProcess
+    ran: subprocess.CompletedProcess
+
+
+@pytest.fixture(scope="module")
+def authed(tmp_path_factory, data_cache, ray_session) -> Iterator[Authed]:
+    root = tmp_path_factory.mktemp("authed_server")
+    server, uri = _server(root, auth=True)
+    try:
+        path = _sweep_file(root, uri, "authed")
+        env = _env(data_cache, ray_session)
+        refused = _cli(["fusion_ray.sweep", str(path), "--no-report"], path.parent, env)
+        ran = _cli(["fusion_ray.sweep", str(path)], path.parent, {**env, **CREDENTIALS})
+        yield Authed(root, uri, path, refused, ran)
+    finally:
+        _stop(server)
+
+
+def test_the_report_reads_artifacts_through_a_server_as_from_sqlite(
+    authed, tmp_path, data_cache, ray_session, monkeypatch
+):
+    """The module's sweep, logged to the server (artifacts served as mlflow-artifacts:), and the
+    same sweep file logged to a sqlite store: the report's length analysis and gate diagnostics
+    agree, none left out."""
     from analysis.context import ReportOptions
     from analysis.report import build_report
 
-    server, uri = _server(tmp_path)
-    try:
-        reports = {}
-        for where, tracking in (("server", uri), ("sqlite", f"sqlite:///{tmp_path / 'l.db'}")):
-            path = _sweep_file(tmp_path, tracking, f"same_{where}")
-            run = _cli(
-                ["fusion_ray.sweep", str(path), "--no-report"], path.parent, _env(data_cache)
-            )
-            assert run.returncode == 0, run.stderr[-3000:]
-            out = tmp_path / f"report_{where}"
-            build_report(path.stem, tracking, ReportOptions(out=out, log_to_mlflow=False))
-            reports[where] = out
-        client = MlflowClient(uri)
-        exp = client.get_experiment_by_name("same_server")
-        (trial, *_) = client.search_runs([exp.experiment_id], "tags.role = 'trial'")
-        assert trial.info.artifact_uri.startswith("mlflow-artifacts:")
-    finally:
-        _stop(server)
+    assert authed.ran.returncode == 0, authed.ran.stderr[-3000:]
+    local = tmp_path / "authed.yaml"
+    raw = yaml.safe_load(authed.path.read_text())
+    raw.update(tracking_uri=f"sqlite:///{tmp_path / 'l.db'}", storage_path=str(tmp_path / "rr"))
+    local.write_text(yaml.safe_dump(raw, sort_keys=False))
+    run = _cli(
+        ["fusion_ray.sweep", str(local), "--no-report"], tmp_path, _env(data_cache, ray_session)
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    for name, value in CREDENTIALS.items():
+        monkeypatch.setenv(name, value)
+    reports = {}
+    for where, tracking in (("server", authed.uri), ("sqlite", raw["tracking_uri"])):
+        out = tmp_path / f"report_{where}"
+        build_report("authed", tracking, ReportOptions(out=out, log_to_mlflow=False))
+        reports[where] = out
+    client = MlflowClient(authed.uri)
+    exp = client.get_experiment_by_name("authed")
+    (trial, *_) = client.search_runs([exp.experiment_id], "tags.role = 'trial'")
+    assert trial.info.artifact_uri.startswith("mlflow-artifacts:")
     text = (reports["server"] / "report.md").read_text()
     assert "left out" not in text and "no test_predictions.parquet" not in text
     for name in ("length_accuracy.csv", "gates_by_position.csv"):
         served = pd.read_csv(reports["server"] / name)
-        local = pd.read_csv(reports["sqlite"] / name)
+        local_csv = pd.read_csv(reports["sqlite"] / name)
         assert len(served) > 0
         drop = [c for c in served.columns if c.endswith("run_id")]
-        pd.testing.assert_frame_equal(served.drop(columns=drop), local.drop(columns=drop))
+        pd.testing.assert_frame_equal(served.drop(columns=drop), local_csv.drop(columns=drop))
 
 
 def _everything_logged(client: MlflowClient, name: str, tmp_path: Path) -> str:
@@ -146,54 +196,47 @@ def _everything_logged(client: MlflowClient, name: str, tmp_path: Path) -> str:
     return "\n".join(parts)
 
 
-def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(tmp_path, data_cache):
-    server, uri = _server(tmp_path, auth=True)
-    try:
-        path = _sweep_file(tmp_path, uri, "authed")
-        # without credentials: one message and exit 8, no traceback
-        refused = _cli(
-            ["fusion_ray.sweep", str(path), "--no-report"], path.parent, _env(data_cache)
-        )
-        assert refused.returncode == 8, refused.stderr[-3000:]
-        assert "MLFLOW_TRACKING_USERNAME" in refused.stderr and "Traceback" not in refused.stderr
-        creds = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
-        env = _env(data_cache, **creds)
-        ran = _cli(["fusion_ray.sweep", str(path)], path.parent, env)
-        assert ran.returncode == 0, ran.stderr[-3000:]
-        # a URI with the user info works too (MLflow's client sends it as basic auth)
-        with_info = uri.replace("http://", f"http://admin:{PASSWORD}@")
-        dry = _cli(
-            ["fusion_ray.sweep", str(path), "--dry-run", f"tracking_uri={with_info}"],
-            path.parent,
-            _env(data_cache),
-        )
-        assert dry.returncode == 0, dry.stderr[-2000:]
-        report = _cli(
-            ["analysis.report", "--experiment", "authed", "--tracking-uri", with_info, "--out",
-             str(tmp_path / "authed_report")],
-            path.parent,
-            _env(data_cache),
-        )  # fmt: skip
-        assert report.returncode == 0, report.stderr[-2000:]
-        # a wrong password in the report's URI: one message, exit 8
-        wrong = uri.replace("http://", "http://admin:not-the-password@")
-        denied = _cli(
-            ["analysis.report", "--experiment", "authed", "--tracking-uri", wrong, "--out",
-             str(tmp_path / "denied_report")],
-            path.parent,
-            _env(data_cache),
-        )  # fmt: skip
-        assert denied.returncode == 8, denied.stderr[-2000:]
-        assert denied.stderr.startswith(
-            f"error: the MLflow server at {uri.replace('http://', 'http://admin:***@')} refused "
-            "the report's credentials (401 unauthenticated): fix the user and password in "
-            "--tracking-uri"
-        ), denied.stderr[-2000:]
-        assert len(denied.stderr.splitlines()) == 1 and "not-the-password" not in denied.stderr
-        assert not (tmp_path / "denied_report").exists()
-        logged = _everything_logged(MlflowClient(with_info), "authed", tmp_path)
-    finally:
-        _stop(server)
+def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(
+    authed, tmp_path, data_cache
+):
+    uri, path, refused, ran = authed.uri, authed.path, authed.refused, authed.ran
+    # without credentials: one message and exit 8, no traceback
+    assert refused.returncode == 8, refused.stderr[-3000:]
+    assert "MLFLOW_TRACKING_USERNAME" in refused.stderr and "Traceback" not in refused.stderr
+    # with them from the environment: the sweep and its report
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    # a URI with the user info works too (MLflow's client sends it as basic auth)
+    with_info = uri.replace("http://", f"http://admin:{PASSWORD}@")
+    dry = _cli(
+        ["fusion_ray.sweep", str(path), "--dry-run", f"tracking_uri={with_info}"],
+        path.parent,
+        _env(data_cache),
+    )
+    assert dry.returncode == 0, dry.stderr[-2000:]
+    report = _cli(
+        ["analysis.report", "--experiment", "authed", "--tracking-uri", with_info, "--out",
+         str(tmp_path / "authed_report")],
+        path.parent,
+        _env(data_cache),
+    )  # fmt: skip
+    assert report.returncode == 0, report.stderr[-2000:]
+    # a wrong password in the report's URI: one message, exit 8
+    wrong = uri.replace("http://", "http://admin:not-the-password@")
+    denied = _cli(
+        ["analysis.report", "--experiment", "authed", "--tracking-uri", wrong, "--out",
+         str(tmp_path / "denied_report")],
+        path.parent,
+        _env(data_cache),
+    )  # fmt: skip
+    assert denied.returncode == 8, denied.stderr[-2000:]
+    assert denied.stderr.startswith(
+        f"error: the MLflow server at {uri.replace('http://', 'http://admin:***@')} refused "
+        "the report's credentials (401 unauthenticated): fix the user and password in "
+        "--tracking-uri"
+    ), denied.stderr[-2000:]
+    assert len(denied.stderr.splitlines()) == 1 and "not-the-password" not in denied.stderr
+    assert not (tmp_path / "denied_report").exists()
+    logged = _everything_logged(MlflowClient(with_info), "authed", tmp_path)
     outputs = [refused.stdout, refused.stderr, ran.stdout, ran.stderr, dry.stdout, dry.stderr]
     outputs += [report.stdout, report.stderr, logged]
     outputs += [p.read_text(errors="replace") for p in (tmp_path / "authed_report").rglob("*")
@@ -206,34 +249,59 @@ def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(tmp
     assert not leaks, leaks
 
 
+LOCK_WAIT_S = 1
+"""The sqlite wait (``FUSION_RAY_SQLITE_WAIT_S``) of the driver that meets a locked store."""
+
+
 def test_a_store_locked_past_mlflows_wait_is_one_message(tmp_path, data_cache):
-    """Another process holds the sqlite store's write lock longer than MLflow's busy timeout
-    (20 s): the driver ends with exit 9 and one message, no traceback; nothing was created."""
-    path = _sweep_file(tmp_path, f"sqlite:///{tmp_path / 'locked.db'}", "locked")
+    """Another process holds the sqlite store's write lock for longer than the driver waits for
+    it (``FUSION_RAY_SQLITE_WAIT_S``, MLflow's 20 s unless set): the driver ends with exit 9 and
+    one message, no traceback; nothing was created.
+
+    Nothing races the clock: the lock is taken before the driver starts and held until the
+    driver has ended, so its wait has run out whatever the machine's speed."""
+    db = tmp_path / "locked.db"
+    path = _sweep_file(tmp_path, f"sqlite:///{db}", "locked")
     first = _cli(["fusion_ray.sweep", str(path), "--dry-run"], path.parent, _env(data_cache))
     assert first.returncode == 0, first.stderr[-2000:]
-    MlflowClient(f"sqlite:///{tmp_path / 'locked.db'}").search_experiments()  # tables exist
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        db = sqlite3.connect(tmp_path / "locked.db", timeout=1, isolation_level=None)
-        db.execute("BEGIN EXCLUSIVE")
-        held.set()
-        release.wait(90)
-        db.execute("ROLLBACK")
-        db.close()
-
-    holder = threading.Thread(target=hold)
-    holder.start()
+    MlflowClient(f"sqlite:///{db}").search_experiments()  # tables exist
+    lock = sqlite3.connect(db, timeout=10, isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")
     try:
-        held.wait(10)
-        run = _cli(["fusion_ray.sweep", str(path), "--no-report"], path.parent, _env(data_cache))
+        env = _env(data_cache, FUSION_RAY_SQLITE_WAIT_S=str(LOCK_WAIT_S))
+        began = time.monotonic()
+        run = _cli(["fusion_ray.sweep", str(path), "--no-report"], path.parent, env)
+        took = time.monotonic() - began
     finally:
-        release.set()
-        holder.join()
+        lock.execute("ROLLBACK")
+        lock.close()
     assert run.returncode == 9, run.stderr[-3000:]
     assert "locked" in run.stderr and "Traceback" not in run.stderr
     assert len(run.stderr.strip().splitlines()) <= 3, run.stderr
+    assert took >= LOCK_WAIT_S, f"ended after {took:.1f} s, before its wait ran out"
+    client = MlflowClient(f"sqlite:///{db}")
+    assert client.get_experiment_by_name("locked") is None, "the driver created its experiment"
+    assert not client.search_registered_models(), "the driver left a lease"
+
+
+def test_a_sqlite_wait_that_is_no_number_of_seconds_is_refused_before_anything_starts(
+    tmp_path, monkeypatch
+):
+    """``FUSION_RAY_SQLITE_WAIT_S`` is read where MLflow opens a store: a value that is no
+    number of seconds is one of the problems the checks before a run list (exit 2), naming the
+    variable, the value and the fix; MLflow's own waits stay in force meanwhile."""
+    from fusion_ray.preflight import preflight, sqlite_wait_ms
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for value in ("soon", "-1", "1e9", "nan"):
+        monkeypatch.setenv("FUSION_RAY_SQLITE_WAIT_S", value)
+        assert sqlite_wait_ms() is None
+        assert preflight(str(tmp_path), uri) == [
+            f"FUSION_RAY_SQLITE_WAIT_S (environment): {value!r} is not a number of seconds from "
+            "0 to 86400; set it to one (e.g. 20) or unset it for MLflow's own wait"
+        ]
+    monkeypatch.setenv("FUSION_RAY_SQLITE_WAIT_S", "2.5")
+    assert sqlite_wait_ms() == 2500 and preflight(str(tmp_path), uri) == []
 
 
 def test_a_dry_run_against_a_server_that_does_not_answer_gives_up_as_it_says(tmp_path, data_cache):
