@@ -4,7 +4,13 @@ resource) and two worker nodes of one CPU, each with its own temp dir, token aut
 driver started with ``--address`` trains a cell, the raylet of the node running it is killed
 mid-trial with SIGKILL, and the trial resumes on the other node from its last checkpoint: one
 FINISHED run with the metrics of an uninterrupted run. The head killed mid-sweep: the driver
-fails clearly, and a re-run on a new head resumes without duplicates."""
+fails clearly, and a re-run on a new head resumes without duplicates.
+
+One cluster serves the module (``ray start`` of three nodes costs seconds of CPU each): the
+lost-raylet test leaves its head and one worker, which is all the lost-head test needs before
+it kills the head and starts a new cluster. Each test has its own sweep, store and storage. The
+mid-trial states are made, not waited for: the trial or cell the test interrupts
+(``held_add``) waits until the test has killed what it kills."""
 
 from __future__ import annotations
 
@@ -114,8 +120,8 @@ class Cluster:
             )
 
 
-@pytest.fixture
-def cluster(tmp_path_factory) -> Iterator[Cluster]:
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
     # short paths: Ray's socket paths under pytest's tmp_path would be too long
     base = Path(f"/tmp/frc-{secrets.token_hex(3)}")
     ray_cluster = Cluster(base)
@@ -141,18 +147,52 @@ def _driver(
         )
 
 
+def uninterrupted(path: str, run_id: str, work: str) -> None:
+    """Subprocess entry point (run where ``held_add`` is installed): the run ``run_id`` of sweep
+    ``path`` logged what its cell logs trained locally without interruption."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.helpers import assert_metrics_of_an_uninterrupted_run
+
+    tracking_uri = yaml.safe_load(Path(path).read_text())["tracking_uri"]
+    run = MlflowClient(tracking_uri).get_run(run_id)
+    assert_metrics_of_an_uninterrupted_run(Path(path), run, Path(work))
+
+
+def _held_sweep(tmp_path: Path, name: str, seeds: int, epochs: int, retries: int) -> Path:
+    """``held_add`` cells, one at a time, on the tiny synthetic data (5 steps an epoch)."""
+    path = tiny_sweep(
+        tmp_path,
+        name=name,
+        seeds=list(range(seeds)),
+        retries=retries,
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
+        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+    )
+    raw = yaml.safe_load(path.read_text())
+    raw["defaults"]["train"]["epochs"] = epochs
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
 def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_lost_raylet(
     cluster: Cluster, tmp_path, data_cache
 ):
+    """The trial (``held_add``, every trial held) waits after its first epoch, checkpointed,
+    until the test has killed its node's raylet and the driver has seen the trial fail: still
+    training when its node goes, however fast this machine is."""
     from mlflow.tracking import MlflowClient
 
-    from tests.helpers import assert_metrics_of_an_uninterrupted_run, one_long_cell
+    from tests.helpers import install_held_add, process_ended, wait_until_held
 
     connect = f"import ray; ray.init(address={cluster.address!r}); print('connected')"
-    wrong = {**cluster.env, "RAY_AUTH_TOKEN": secrets.token_hex(16)}
+    # Ray's client tries the GCS 20 times, a second apart, before it gives up; refused, it is
+    # refused each time: two tries say the same
+    tries = {"RAY_NUM_REDIS_GET_RETRIES": "2"}
+    wrong = {**cluster.env, **tries, "RAY_AUTH_TOKEN": secrets.token_hex(16)}
     # no token at all: none in the environment, none in a home of its own
     none = {k: v for k, v in cluster.env.items() if not k.startswith("RAY_AUTH_")}
-    none["HOME"] = str(tmp_path / "home")
+    none.update(tries, HOME=str(tmp_path / "home"))
     for env in (wrong, none):
         refused = subprocess.run(
             [sys.executable, "-c", connect], env=env, capture_output=True, text=True, timeout=180
@@ -161,17 +201,19 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         assert "Authentication token is missing or incorrect" in refused.stderr[-20000:]
     assert len(cluster.raylets()) == 3
 
-    path, raw = one_long_cell(tmp_path, "raylet")
+    path = _held_sweep(tmp_path, "raylet", seeds=1, epochs=4, retries=2)
+    raw = yaml.safe_load(path.read_text())
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, hold_after=5, through=0)  # the driver's working dir
     out = tmp_path / "driver.out"
     driver = _driver(cluster, path, data_cache, out)
     try:
-        deadline = time.time() + 300
-        while not list(tmp_path.glob("ray_results/raylet-*/*/checkpoint_*")):
-            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
-            time.sleep(0.2)
-        # the driver stopped, the trial waits for it at its next report: still training when
-        # its node goes, however fast this machine is
-        driver.send_signal(signal.SIGSTOP)
+        wait_until_held(
+            release,
+            process_ended(driver, out),
+            also=lambda: bool(list(tmp_path.glob("ray_results/raylet-*/*/checkpoint_*"))),
+        )
         # the trial's process is a child of its node's raylet: kill that raylet
         trial = [
             pid
@@ -182,7 +224,14 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
         raylet = int((Path(f"/proc/{trial[0]}/stat").read_text().rsplit(")", 1)[1].split())[1])
         assert raylet in cluster.raylets()
         os.kill(raylet, signal.SIGKILL)
-        driver.send_signal(signal.SIGCONT)
+        # let the trial go on only once Tune has seen it fail: a held worker on the other node
+        # could otherwise finish it before its node's loss is noticed
+        deadline = time.monotonic() + 300
+        while "Trial task failed" not in out.read_text():
+            assert driver.poll() is None, out.read_text()[-4000:]
+            assert time.monotonic() < deadline, f"the trial outlived its node: {trial}"
+            time.sleep(0.2)
+        release.touch()
         assert driver.wait(timeout=600) == 0, out.read_text()[-4000:]
     finally:
         if driver.poll() is None:
@@ -196,35 +245,41 @@ def test_a_ray_start_cluster_refuses_a_client_without_the_token_and_survives_a_l
     assert "Trial task failed" in out.read_text()  # it did lose its node, then resumed
     steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "val_acc")]
     assert sorted(steps) == [0, 1, 2, 3], f"epochs logged twice or missing: {steps}"
-    assert_metrics_of_an_uninterrupted_run(path, runs[0], tmp_path)
+    # the same cell trained locally, in an interpreter that finds held_add (its working dir)
+    check = f"import sys; from {__name__} import uninterrupted; uninterrupted(*sys.argv[1:])"
+    reference = subprocess.run(
+        [sys.executable, "-c", check, str(path), runs[0].info.run_id, str(tmp_path)],
+        cwd=tmp_path,
+        env={**cluster.env, "FUSION_RAY_CACHE": data_cache},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert reference.returncode == 0, reference.stdout[-2000:] + reference.stderr[-4000:]
 
 
 def test_a_lost_head_fails_the_sweep_clearly_and_a_rerun_on_a_new_head_resumes(
     cluster: Cluster, tmp_path, data_cache
 ):
-    """The head's processes killed mid-sweep (two of four cells finished): the driver exits 7
-    within the head timeout with one message, the parent run is FAILED saying the head is gone;
-    a new head on the same port and the same command again: four cells, one FINISHED run each,
-    the first two not run again."""
+    """The head's processes killed mid-sweep (two of four cells finished, the third held by
+    ``held_add`` until the re-run): the driver exits 7 within the head timeout with one
+    message, the parent run is FAILED saying the head is gone; a new head on the same port and
+    the same command again: four cells, one FINISHED run each, the first two not run again."""
     from mlflow.tracking import MlflowClient
 
-    path = tiny_sweep(
-        tmp_path,
-        name="head",
-        seeds=[0, 1],
-        retries=2,
-        resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
-    )
+    from tests.helpers import install_held_add, process_ended, wait_until_held
+
+    path = _held_sweep(tmp_path, "head", seeds=4, epochs=2, retries=2)
     raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"]["epochs"] = 6
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, through=2)  # the driver's working dir
     out = tmp_path / "driver.out"
     driver = _driver(cluster, path, data_cache, out, FUSION_RAY_HEAD_TIMEOUT_S="6")
     try:
-        deadline = time.time() + 300
-        while "[2/4]" not in out.read_text():
-            assert driver.poll() is None and time.time() < deadline, out.read_text()[-4000:]
-            time.sleep(0.2)
+        wait_until_held(
+            release, process_ended(driver, out), also=lambda: "[2/4]" in out.read_text()
+        )
         head = [
             pid
             for pid, cmd in _processes_naming(str(cluster.base)).items()
@@ -248,10 +303,11 @@ def test_a_lost_head_fails_the_sweep_clearly_and_a_rerun_on_a_new_head_resumes(
         for r in client.search_runs([experiment], "tags.role = 'trial'")
         if r.info.status == "FINISHED"
     }
-    assert len(before) >= 2
+    assert len(before) == 2
 
     cluster.stop()
     cluster.start_all()  # a new head on the same port
+    release.touch()
     rerun = _driver(cluster, path, data_cache, tmp_path / "rerun.out")
     assert rerun.wait(timeout=600) == 0, (tmp_path / "rerun.out").read_text()[-4000:]
     runs = client.search_runs([experiment], "tags.role = 'trial'")
