@@ -11,7 +11,8 @@ sshd cannot start. The system's SSH setup is neither used nor changed: the test 
 a user key, authorized_keys and an sshd_config in a temporary folder and runs its own sshd on a
 free port of 127.0.0.1, which Ray's launcher reaches through ``ssh_proxy_command: nc %h PORT``
 (Ray has no SSH port setting). That sshd gives every session HOME, TMPDIR and RAY_TMPDIR inside
-the temporary folder, so the "head" writes nothing to the real home or to /tmp/ray; the laptop
+the temporary folder, so the "head" writes nothing to the real home or to /tmp/ray, and the
+environment every test's ``mlflow server`` gets (``tests.helpers.MLFLOW_SERVER_ENV``); the laptop
 side (``ray up``, ``ray exec``, ...) has a HOME of its own too, holding the checkout (a copy of
 this working tree) and Ray's token. The nodes' Python environment is this interpreter's
 (``--python-env``): nothing is installed. As root, sshd needs its privilege separation folder
@@ -19,9 +20,10 @@ this working tree) and Ray's token. The nodes' Python environment is this interp
 
 ``ray stop``, which ``ray up`` and ``ray down`` run on the head, stops every Ray process on the
 machine, other users' and other tests' included. The head's ~/.bashrc here therefore turns ``ray
-stop`` into stopping only the Ray processes started through this test's sshd. That sshd is a child
-subreaper (prctl), so every process started through it stays its descendant; whatever is left at
-the end (Ray, MLflow, a driver) is stopped by pid, and the sshd with it, even when the test fails.
+stop`` into stopping only the Ray processes started through this test's sshd (SIGKILL for what
+SIGTERM has not stopped after ``STOP_GRACE_S``). That sshd is a child subreaper (prctl), so
+every process started through it stays its descendant; whatever is left at the end (Ray, MLflow,
+a driver) is stopped by pid, and the sshd with it, even when the test fails.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import MLFLOW_SERVER_ENV
 
 pytestmark = pytest.mark.cluster
 
@@ -58,6 +61,10 @@ TOOLS = ("sshd", "ssh", "ssh-keygen", "rsync", "nc", "curl")
 #: Ports `ray start --head` takes by default that the cluster file does not set.
 RAY_FIXED_PORTS = (10001, 52365)
 PR_SET_CHILD_SUBREAPER = 36
+#: Seconds the head's ``ray stop`` gives Ray's processes between SIGTERM and SIGKILL. Ray's own
+#: waits 16 s, and its gcs_server and raylet here outlive SIGTERM longer than that: a wait that
+#: only delays ``ray down``.
+STOP_GRACE_S = 2.0
 
 
 def _free_port() -> int:
@@ -97,6 +104,7 @@ def _write_sshd_files(root: Path, port: int, head_home: Path, user: str) -> Path
     (ssh / "authorized_keys").write_text((ssh / "id.pub").read_text())
     (ssh / "authorized_keys").chmod(0o600)
     config = ssh / "sshd_config"
+    mlflow_env = " ".join(f"{key}={value}" for key, value in MLFLOW_SERVER_ENV.items())
     config.write_text(
         f"ListenAddress 127.0.0.1:{port}\n"
         f"HostKey {ssh / 'host_key'}\n"
@@ -105,7 +113,7 @@ def _write_sshd_files(root: Path, port: int, head_home: Path, user: str) -> Path
         f"AllowUsers {user}\n"
         "PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "UsePAM no\nStrictModes no\nPermitRootLogin prohibit-password\n"
-        f"SetEnv HOME={head_home} TMPDIR={root / 'rt'} RAY_TMPDIR={root / 'rt'}\n"
+        f"SetEnv HOME={head_home} TMPDIR={root / 'rt'} RAY_TMPDIR={root / 'rt'} {mlflow_env}\n"
     )
     return config
 
@@ -201,10 +209,11 @@ def is_ray_process(pid: int) -> bool:
 
 def stop_processes(root: int, everything: bool) -> None:
     """``ray stop`` for the processes under ``root`` only (everything: all of them), by pid:
-    SIGTERM, then SIGKILL for what is left after 10 s. The head's ``ray stop`` calls this."""
+    SIGTERM, then SIGKILL for what is left after ``STOP_GRACE_S``. The head's ``ray stop`` calls
+    this."""
     me = os.getpid()
     pids = [p for p in descendants(root) if p != me and (everything or is_ray_process(p))]
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
