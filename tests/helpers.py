@@ -89,20 +89,6 @@ def hub_copy(root: Path, layout: str) -> None:
                 frame(n, 11).to_parquet(root / config / split / "0000.parquet")
 
 
-def one_long_cell(tmp_path: Path, name: str) -> tuple[Path, dict]:
-    """A one-cell sweep (gate_scalar, 3,000 documents, 4 epochs, one trial at a time, 2
-    retries), long enough to lose a node mid-trial; its path and its mapping."""
-    path = tiny_sweep(tmp_path, name=name, seeds=[0], retries=2)
-    raw = yaml.safe_load(path.read_text())
-    raw["grid"]["fusions"] = ["gate_scalar"]
-    raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = 3000
-    raw["defaults"]["model"].update(d_model=32, n_layers=2, d_ff=64)
-    raw["defaults"]["train"]["epochs"] = 4
-    raw["resources"]["max_concurrent_trials"] = 1
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path, raw
-
-
 UNINTERRUPTED_METRICS = ("test_acc", "test_correct", "best_val_acc", "best_epoch", "epochs_run")
 """What a trial that was interrupted and resumed must log as the same trial run without a break."""
 

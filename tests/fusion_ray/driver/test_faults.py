@@ -23,19 +23,25 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import ROOT, tiny_sweep
 from tests.helpers import (
-    assert_metrics_of_an_uninterrupted_run,
+    MLFLOW_SERVER_ENV,
+    UNINTERRUPTED_METRICS,
     install_held_add,
-    one_long_cell,
     process_ended,
     run_with_hang_guard,
+    uninterrupted_metrics,
     wait_until_held,
 )
 
 pytestmark = pytest.mark.process
 
 
-def _env(data_cache: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache}
+def _env(data_cache: str, ray_session=None) -> dict[str, str]:
+    """A command's environment: this checkout, the session's data cache, and the session's Ray
+    when given (else what this process has: a driver starts a Ray of its own)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache}
+    if ray_session is not None:
+        env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
+    return env
 
 
 def _trial_runs(tracking_uri: str, name: str):
@@ -61,9 +67,11 @@ def die_at_first_finish(sweep_file: str) -> None:
     run_sweep(load_sweep(sweep_file), sweep_file)
 
 
-def test_a_driver_killed_after_a_trial_ended_finishes_it_from_storage(tmp_path, data_cache):
+def test_a_driver_killed_after_a_trial_ended_finishes_it_from_storage(
+    tmp_path, data_cache, ray_session
+):
     path = tiny_sweep(tmp_path, seeds=[0])
-    env = _env(data_cache)
+    env = _env(data_cache, ray_session)
     first = subprocess.run(
         [
             sys.executable,
@@ -136,30 +144,33 @@ def _start_server(root: Path, port: int) -> subprocess.Popen:
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env={**os.environ, **MLFLOW_SERVER_ENV},
         start_new_session=True,
     )
-    deadline = time.time() + 120
-    while time.time() < deadline:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and server.poll() is None:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return server
         except OSError:
-            time.sleep(0.5)
-    server.kill()
+            time.sleep(0.2)
+    _stop_server(server)
     raise RuntimeError("the MLflow server did not start")
 
 
 def _stop_server(server: subprocess.Popen) -> None:
-    os.killpg(server.pid, 9)
+    if server.poll() is None:
+        os.killpg(server.pid, 9)
     server.wait()
 
 
-def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
-    """The MLflow server is stopped for 30 s while trials train and report: the driver says it
-    waits for the server, and the sweep ends with every run FINISHED and complete.
+def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache, ray_session):
+    """The MLflow server is stopped while trials train and report, and started again once the
+    driver has said that it waits for it: the sweep ends with every run FINISHED and complete.
 
     Nothing races the clock: the trials after the first (``held_add``) wait until the server is
-    down, so the outage always falls in the middle of the sweep."""
+    down, so the outage always falls in the middle of the sweep, and the server comes back only
+    once the driver has met the outage."""
     port = _free_port()
     server = _start_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
@@ -170,7 +181,6 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
         grid={"datasets": ["short"], "fusions": ["held_add"]},
     )
     raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"]["epochs"] = 3
     raw["resources"]["max_concurrent_trials"] = 1
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     release = tmp_path / "turns" / "release"
@@ -181,7 +191,7 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
         driver = subprocess.Popen(
             [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
             cwd=tmp_path,
-            env=_env(data_cache),
+            env=_env(data_cache, ray_session),
             stdout=sink,
             stderr=subprocess.STDOUT,
         )
@@ -193,7 +203,11 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
         )
         _stop_server(server)
         release.touch()  # the other trials train and report while the server is down
-        time.sleep(30)
+        deadline = time.monotonic() + 300
+        while f"no answer from {uri}: waiting for it" not in out.read_text():
+            assert driver.poll() is None, out.read_text()[-4000:]
+            assert time.monotonic() < deadline, "the driver never met the outage"
+            time.sleep(0.2)
         server = _start_server(tmp_path, port)
         assert driver.wait(timeout=600) == 0, out.read_text()[-4000:]
     finally:
@@ -207,7 +221,7 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache):
         assert len({r.data.tags["cell_id"] for r in runs}) == 4
         for run in runs:
             steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_acc")]
-            assert sorted(steps) == [0, 1, 2], steps
+            assert sorted(steps) == [0, 1], steps
             assert "test_acc" in run.data.metrics and run.data.tags.get("checkpoint_path")
             artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
             assert artifacts == ["test_predictions.parquet"], artifacts
@@ -231,9 +245,48 @@ def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
+STEPS_PER_EPOCH = 5
+"""Training steps of one epoch of the tiny sweep: 160 documents in batches of 32 (shared among a
+DDP trial's ranks)."""
+
+
+def _held_cell(workdir: Path, name: str, **resources: Any) -> Path:
+    """A one-cell sweep of ``held_add`` (3 epochs, 2 retries, one trial at a time) whose trial,
+    every rank of it, waits after its first epoch, checkpointed, until the file
+    ``workdir/turns/release`` exists: long enough to lose a node mid-trial on any machine."""
+    path = tiny_sweep(workdir, name=name, seeds=[0], retries=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["grid"]["fusions"] = ["held_add"]
+    raw["defaults"]["train"]["epochs"] = 3
+    raw["resources"] = {"workers": 1, "cpus_per_worker": 1, **resources}
+    raw["resources"]["max_concurrent_trials"] = 1
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _hold_trials(workdir: Path) -> Path:
+    """``held_add`` in ``workdir`` (the scenario's working directory: on its Ray's path), its
+    trials and ranks waiting after their first epoch; the release file, not there yet."""
+    release = workdir / "turns" / "release"
+    release.parent.mkdir(exist_ok=True)
+    install_held_add(workdir, release, hold_after=STEPS_PER_EPOCH, through=0, ranks=True)
+    return release
+
+
+def _wait_for(what: str, ready: Any, timeout: float = 600) -> None:
+    """In a scenario's watcher thread: until ``ready()``, else fail loudly after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {what} in {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def lose_a_node(workdir: str) -> None:
-    """Subprocess entry point: a head (no CPU) and two worker nodes of one CPU; once the trial's
-    first epoch is checkpointed, the node it runs on is removed. Writes observed.json."""
+    """Subprocess entry point: a head (no CPU) and two worker nodes of one CPU; once the trial
+    has checkpointed its first epoch and waits (``held_add``), the node it runs on is removed,
+    then the trial is let go. Writes observed.json, with the metrics of the same trial trained
+    locally without interruption (this process can build ``held_add``: its working directory)."""
     import threading
 
     import ray
@@ -243,6 +296,7 @@ def lose_a_node(workdir: str) -> None:
     from fusion_ray.runner import run_sweep
 
     work = Path(workdir)
+    release = work / "turns" / "release"
     cluster = Cluster(
         initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
     )
@@ -254,39 +308,63 @@ def lose_a_node(workdir: str) -> None:
     removed: dict[str, str] = {}
 
     def remove_the_trials_node() -> None:
-        while not list(storage.glob("lost-*/*/checkpoint_*")):
-            time.sleep(0.05)
-        alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
-        trial_nodes = {
-            a["Address"]["NodeID"] for a in alive if "ImplicitFunc" in a["ActorClassName"]
-        }
-        for node in nodes:
-            if node.node_id in trial_nodes:
-                cluster.remove_node(node, allow_graceful=False)  # the trial dies mid-epoch
-                removed["node"] = node.node_id
+        try:
+            _wait_for(
+                "held trial with a checkpoint",
+                lambda: (
+                    list(storage.glob("lost-*/*/checkpoint_*"))
+                    and list(release.parent.glob("waiting-*"))
+                ),
+            )
+            alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
+            trial_nodes = {
+                a["Address"]["NodeID"] for a in alive if "ImplicitFunc" in a["ActorClassName"]
+            }
+            for node in nodes:
+                if node.node_id in trial_nodes:
+                    cluster.remove_node(node, allow_graceful=False)  # the trial dies mid-epoch
+                    removed["node"] = node.node_id
+        except Exception as exc:  # said in observed.json; the test fails on it
+            removed["error"] = repr(exc)
+        finally:
+            release.touch()  # the trial, resumed on the other node, runs through
 
     watcher = threading.Thread(target=remove_the_trials_node, daemon=True)
     watcher.start()
     try:
         outcome = run_sweep(spec, str(work / "lost.yaml"))
+        reference = uninterrupted_metrics(work / "lost.yaml", work / "reference")
         (work / "observed.json").write_text(
-            json.dumps({"finished": outcome.finished, "failed": outcome.failed, "removed": removed})
+            json.dumps(
+                {
+                    "finished": outcome.finished,
+                    "failed": outcome.failed,
+                    "removed": removed,
+                    "reference": reference,
+                }
+            )
         )
     finally:
+        release.touch()
         ray.shutdown()
         cluster.shutdown()
 
 
 def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
-    path, raw = one_long_cell(tmp_path, "lost")
+    """The node of a one-worker trial removed while the trial waits after its first epoch: Tune
+    retries it from that checkpoint on the other node, and the run logs what the same trial
+    logs trained without interruption."""
+    path = _held_cell(tmp_path, "lost")
+    _hold_trials(tmp_path)
     _scenario("lose_a_node", tmp_path, _env(data_cache))
     observed = json.loads((tmp_path / "observed.json").read_text())
-    assert observed["removed"], observed
+    assert "node" in observed["removed"], observed  # removed while the trial waited
     assert len(observed["finished"]) == 1 and not observed["failed"], observed
 
-    _, runs = _trial_runs(raw["tracking_uri"], "lost")
+    _, runs = _trial_runs(yaml.safe_load(path.read_text())["tracking_uri"], "lost")
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert_metrics_of_an_uninterrupted_run(path, runs[0], tmp_path)
+    for name in UNINTERRUPTED_METRICS:
+        assert runs[0].data.metrics[name] == observed["reference"][name], name
 
 
 # ----------------------------------------------------------------------------- a lost DDP rank
@@ -296,28 +374,17 @@ DRIVER_RESOURCE = "fusion_ray_driver"
 
 def _ddp_sweep(workdir: Path, name: str) -> Path:
     """A one-cell DDP sweep: two ranks of one CPU each, the Tune trial (and Ray Train's
-    controller) pinned by the driver resource, epochs long enough to lose a node mid-epoch."""
-    path = tiny_sweep(workdir, name=name, seeds=[0], retries=2)
-    raw = yaml.safe_load(path.read_text())
-    raw["grid"]["fusions"] = ["gate_scalar"]
-    raw["datasets"]["short"]["data"]["source_kwargs"]["n_train"] = 3000
-    raw["defaults"]["model"].update(d_model=32, n_layers=2, d_ff=64)
-    raw["defaults"]["train"]["epochs"] = 3
-    raw["resources"] = {
-        "workers": 2,
-        "cpus_per_worker": 1,
-        "driver_resource": DRIVER_RESOURCE,
-        "max_concurrent_trials": 1,
-    }
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
+    controller) pinned by the driver resource, its ranks waiting after their first epoch until
+    the release file exists (``_held_cell``)."""
+    return _held_cell(workdir, name, workers=2, driver_resource=DRIVER_RESOURCE)
 
 
 def lose_a_ranks_node(workdir: str) -> None:
     """Subprocess entry point: a head (no CPU, the driver resource) and three worker nodes of one
-    CPU. The DDP cell runs twice: as sweep `clean`, then as sweep `lost`, where the node of one
-    of its ranks is removed once the first epoch's checkpoint is registered. Writes
-    observed.json: the nodes, the removed one, and where every Train actor ran."""
+    CPU. The DDP cell runs twice: as sweep `clean` (the release file there: nothing waits), then
+    as sweep `lost`, whose ranks wait after the first epoch (its checkpoint registered) while
+    the node of one of them is removed, then are let go. Writes observed.json: the nodes, the
+    removed one, and where every Train actor ran."""
     import threading
 
     import ray
@@ -327,6 +394,7 @@ def lose_a_ranks_node(workdir: str) -> None:
     from fusion_ray.runner import run_sweep
 
     work = Path(workdir)
+    release = work / "turns" / "release"
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
@@ -353,19 +421,36 @@ def lose_a_ranks_node(workdir: str) -> None:
         }
 
     def remove_a_ranks_node() -> None:
-        # The snapshot is written when a checkpoint is registered: only then is it durable.
-        while not list(work.glob("ray_results/lost-train/*/checkpoint_manager_snapshot.json")):
-            time.sleep(0.05)
-        ranks = {k: v for k, v in train_actors(alive_only=True).items() if v[0] == "RayTrainWorker"}
-        hosts = {host for _, host in ranks.values()}
-        node = next(n for n in nodes if n.node_id in hosts)
-        cluster.remove_node(node, allow_graceful=False)  # its rank dies mid-epoch
-        observed["ranks_at_removal"], observed["removed"] = ranks, node.node_id
+        try:
+            # The snapshot is written when a checkpoint is registered: only then is it durable.
+            _wait_for(
+                "registered checkpoint and held ranks",
+                lambda: (
+                    list(work.glob("ray_results/lost-train/*/checkpoint_manager_snapshot.json"))
+                    and len(list(release.parent.glob("waiting-*"))) == 2
+                ),
+            )
+            ranks = {
+                k: v for k, v in train_actors(alive_only=True).items() if v[0] == "RayTrainWorker"
+            }
+            hosts = {host for _, host in ranks.values()}
+            node = next(n for n in nodes if n.node_id in hosts)
+            cluster.remove_node(node, allow_graceful=False)  # its rank dies mid-epoch
+            observed["ranks_at_removal"], observed["removed"] = ranks, node.node_id
+        except Exception as exc:  # said in observed.json; the test fails on it
+            observed["watcher_error"] = repr(exc)
+        finally:
+            release.touch()  # the restarted ranks run through
 
     try:
         for name in ("clean", "lost"):
             if name == "lost":
+                release.unlink()
+                for waited in release.parent.glob("waiting-*"):
+                    waited.unlink()
                 threading.Thread(target=remove_a_ranks_node, daemon=True).start()
+            else:
+                release.touch()
             before = train_actors()
             outcome = run_sweep(load_sweep(work / f"{name}.yaml"), str(work / f"{name}.yaml"))
             observed[name] = {
@@ -375,6 +460,7 @@ def lose_a_ranks_node(workdir: str) -> None:
             }
         (work / "observed.json").write_text(json.dumps(observed, indent=1))
     finally:
+        release.touch()
         ray.shutdown()
         cluster.shutdown()
 
@@ -388,13 +474,14 @@ def _tune_trial_dir(storage: Path, sweep: str) -> Path:
 def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(tmp_path, data_cache):
     for name in ("clean", "lost"):
         _ddp_sweep(tmp_path, name)
+    _hold_trials(tmp_path)
     _scenario("lose_a_ranks_node", tmp_path, _env(data_cache))
     seen = json.loads((tmp_path / "observed.json").read_text())
     for name in ("clean", "lost"):
         assert len(seen[name]["finished"]) == 1 and not seen[name]["failed"], seen[name]
 
     # the removed node hosted one of the two ranks
-    assert "removed" in seen, "no node was removed: the first epoch's checkpoint never came"
+    assert "removed" in seen, f"no node was removed: {seen.get('watcher_error')}"
     assert seen["removed"] in seen["workers"]
     assert seen["removed"] in {node for _, node in seen["ranks_at_removal"].values()}
     # the Tune trial failed once and Tune retried it; Ray Train's controller stayed on the head,
