@@ -35,8 +35,8 @@ GAIN = {("short", "true"): 20.0, ("long", "true"): 45.0, ("short", "false"): -6.
 GAIN[("long", "false")] = -6.0
 
 
-def _spec(tmp_path):
-    path = tiny_sweep(tmp_path, name="verdicts")
+def _spec(tmp_path, store: str):
+    path = tiny_sweep(tmp_path, name="verdicts", tracking_uri=store)
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = {"adaptive": True, "first": 6, "max": 14}
     raw["grid"]["datasets"] = ["short", "long"]
@@ -57,11 +57,11 @@ def _correct(cell) -> int:
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, mlflow_store):
     """Run the adaptive schedule to its end with the driver's tracker, logging each result as
     the sweep's callback would, then the driver's end: its decisions on the parent run."""
     tmp_path = tmp_path_factory.mktemp("one_verdict")
-    spec = _spec(tmp_path)
+    spec = _spec(tmp_path, mlflow_store())  # on the RAM disk
     tracker = Tracker(spec.tracking_uri, spec.name)
     policy = AdaptiveSeedPolicy(spec, plan(spec, tracker))
     parent = tracker.parent_run(None, policy.parent_params())

@@ -66,7 +66,7 @@ def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("cells")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     changed = log_changed_sweep(uri, root, "changed")
     dropped = log_changed_sweep(uri, root, "dropped", datasets_before=("a", "b"))
     client = MlflowClient(uri)

@@ -51,11 +51,10 @@ def _log(client, name: str, seeds: int, parent_tags: dict[str, str]) -> None:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, mlflow_store):
+def store(mlflow_store):
     from mlflow import MlflowClient
 
-    root = tmp_path_factory.mktemp("decisions")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     client = MlflowClient(uri)
     _log(client, "fixed", 4, {})
     rule = {"first": 2, "max": 12, "alpha": 0.05, "margin": None}

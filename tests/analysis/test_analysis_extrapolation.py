@@ -140,7 +140,7 @@ def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("extrapolation")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     _log_tstl(MlflowClient(uri), root)
     plain = SyntheticSweep(
         name="plain",

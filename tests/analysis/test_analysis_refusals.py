@@ -30,11 +30,10 @@ def sweep(name, operators=("add", "concat"), seeds=(0, 1, 2), **kw):
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory, mlflow_store):
+def store(mlflow_store):
     from mlflow import MlflowClient
 
-    root = tmp_path_factory.mktemp("refusals")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     log_synthetic_sweep(sweep("one_operator", operators=("add",)), uri)
     log_synthetic_sweep(sweep("two_operators"), uri)
     # add ran seeds 0 and 1, concat seeds 2 and 3: no seed in common

@@ -96,7 +96,7 @@ def store(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("sections")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     ids = _log_paper(MlflowClient(uri), root)
     simulated = SyntheticSweep(
         name="synthetic",

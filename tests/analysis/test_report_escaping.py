@@ -88,7 +88,7 @@ def report(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("escaping")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     client = MlflowClient(uri)
     exp = client.create_experiment(EXPERIMENT, artifact_location=str(root / "art"))
     tags = {ROLE_TAG: ROLE_SWEEP, "sweep": "esc", GRID_AXES_TAG: json.dumps({AXIS: LEVELS})}

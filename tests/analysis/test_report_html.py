@@ -81,7 +81,7 @@ def report(tmp_path_factory, mlflow_store):
     from mlflow import MlflowClient
 
     root = tmp_path_factory.mktemp("report_html")
-    uri = mlflow_store(root / "mlflow.db")
+    uri = mlflow_store()  # on the RAM disk
     spec = SyntheticSweep(
         name=EXPERIMENT,
         datasets={IMG_DATASET: "long"},

@@ -230,7 +230,7 @@ def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_pat
     from fusion_ray.tracking import Tracker
 
     _, final, checkpoint = order_run
-    tracker = Tracker(mlflow_store(tmp_path / "mlflow.db"), "lengths")
+    tracker = Tracker(mlflow_store(), "lengths")
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     tracker.log_final(run_id, final)
     assert tracker.log_predictions(run_id, str(checkpoint))

@@ -358,7 +358,7 @@ def store(tmp_path_factory, mlflow_store, gated_run, add_run):
     from fusion_ray.tracking import Tracker
 
     root = tmp_path_factory.mktemp("gates_store")
-    tracker = Tracker(mlflow_store(root / "mlflow.db"), "gates")
+    tracker = Tracker(mlflow_store(), "gates")
     client, ids = tracker.client, {}
     for key, (trial, final, checkpoint) in {"real": gated_run, "add": add_run}.items():
         tags = _tags("short", trial.model.fusion, trial.seed, **{AXIS: "true"})
