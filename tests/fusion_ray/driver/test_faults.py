@@ -229,7 +229,7 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache, 
         _stop_server(server)
 
 
-# ----------------------------------------------------------------------------- a lost node
+# ------------------------------------------------------------- a lost node, a lost DDP rank's node
 
 
 def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
@@ -248,6 +248,7 @@ def _scenario(function: str, tmp_path: Path, env: dict[str, str]) -> None:
 STEPS_PER_EPOCH = 5
 """Training steps of one epoch of the tiny sweep: 160 documents in batches of 32 (shared among a
 DDP trial's ranks)."""
+DRIVER_RESOURCE = "fusion_ray_driver"
 
 
 def _held_cell(workdir: Path, name: str, **resources: Any) -> Path:
@@ -264,15 +265,6 @@ def _held_cell(workdir: Path, name: str, **resources: Any) -> Path:
     return path
 
 
-def _hold_trials(workdir: Path) -> Path:
-    """``held_add`` in ``workdir`` (the scenario's working directory: on its Ray's path), its
-    trials and ranks waiting after their first epoch; the release file, not there yet."""
-    release = workdir / "turns" / "release"
-    release.parent.mkdir(exist_ok=True)
-    install_held_add(workdir, release, hold_after=STEPS_PER_EPOCH, through=0, ranks=True)
-    return release
-
-
 def _wait_for(what: str, ready: Any, timeout: float = 600) -> None:
     """In a scenario's watcher thread: until ``ready()``, else fail loudly after ``timeout``."""
     deadline = time.monotonic() + timeout
@@ -282,109 +274,21 @@ def _wait_for(what: str, ready: Any, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
-def lose_a_node(workdir: str) -> None:
-    """Subprocess entry point: a head (no CPU) and two worker nodes of one CPU; once the trial
-    has checkpointed its first epoch and waits (``held_add``), the node it runs on is removed,
-    then the trial is let go. Writes observed.json, with the metrics of the same trial trained
-    locally without interruption (this process can build ``held_add``: its working directory)."""
-    import threading
+def lose_nodes(workdir: str) -> None:
+    """Subprocess entry point: one cluster, a head (no CPU, the driver resource) and three
+    worker nodes of one CPU, for two faults, each made while the trial (``held_add``, every
+    rank of it) waits after its first epoch, checkpointed; the trial is let go once the node is
+    removed.
 
-    import ray
-    from ray.cluster_utils import Cluster
+    1. Sweep ``lost_node``, one worker: the trial's node is removed. Then the metrics of the same
+       trial trained locally without a break (this process can build ``held_add``: its working
+       directory).
+    2. A third worker node again. The DDP cell (two ranks) runs as sweep ``ddp_clean`` (the
+       release file there: nothing waits), then as ``ddp_lost``, where the node of one rank is
+       removed once the first epoch's checkpoint is registered.
 
-    from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
-
-    work = Path(workdir)
-    release = work / "turns" / "release"
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
-    )
-    nodes = [cluster.add_node(num_cpus=1), cluster.add_node(num_cpus=1)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
-    spec = load_sweep(work / "lost.yaml")
-    storage = Path(spec.storage_path)
-    removed: dict[str, str] = {}
-
-    def remove_the_trials_node() -> None:
-        try:
-            _wait_for(
-                "held trial with a checkpoint",
-                lambda: (
-                    list(storage.glob("lost-*/*/checkpoint_*"))
-                    and list(release.parent.glob("waiting-*"))
-                ),
-            )
-            alive = [a for a in ray._private.state.actors().values() if a["State"] == "ALIVE"]
-            trial_nodes = {
-                a["Address"]["NodeID"] for a in alive if "ImplicitFunc" in a["ActorClassName"]
-            }
-            for node in nodes:
-                if node.node_id in trial_nodes:
-                    cluster.remove_node(node, allow_graceful=False)  # the trial dies mid-epoch
-                    removed["node"] = node.node_id
-        except Exception as exc:  # said in observed.json; the test fails on it
-            removed["error"] = repr(exc)
-        finally:
-            release.touch()  # the trial, resumed on the other node, runs through
-
-    watcher = threading.Thread(target=remove_the_trials_node, daemon=True)
-    watcher.start()
-    try:
-        outcome = run_sweep(spec, str(work / "lost.yaml"))
-        reference = uninterrupted_metrics(work / "lost.yaml", work / "reference")
-        (work / "observed.json").write_text(
-            json.dumps(
-                {
-                    "finished": outcome.finished,
-                    "failed": outcome.failed,
-                    "removed": removed,
-                    "reference": reference,
-                }
-            )
-        )
-    finally:
-        release.touch()
-        ray.shutdown()
-        cluster.shutdown()
-
-
-def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(tmp_path, data_cache):
-    """The node of a one-worker trial removed while the trial waits after its first epoch: Tune
-    retries it from that checkpoint on the other node, and the run logs what the same trial
-    logs trained without interruption."""
-    path = _held_cell(tmp_path, "lost")
-    _hold_trials(tmp_path)
-    _scenario("lose_a_node", tmp_path, _env(data_cache))
-    observed = json.loads((tmp_path / "observed.json").read_text())
-    assert "node" in observed["removed"], observed  # removed while the trial waited
-    assert len(observed["finished"]) == 1 and not observed["failed"], observed
-
-    _, runs = _trial_runs(yaml.safe_load(path.read_text())["tracking_uri"], "lost")
-    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    for name in UNINTERRUPTED_METRICS:
-        assert runs[0].data.metrics[name] == observed["reference"][name], name
-
-
-# ----------------------------------------------------------------------------- a lost DDP rank
-
-DRIVER_RESOURCE = "fusion_ray_driver"
-
-
-def _ddp_sweep(workdir: Path, name: str) -> Path:
-    """A one-cell DDP sweep: two ranks of one CPU each, the Tune trial (and Ray Train's
-    controller) pinned by the driver resource, its ranks waiting after their first epoch until
-    the release file exists (``_held_cell``)."""
-    return _held_cell(workdir, name, workers=2, driver_resource=DRIVER_RESOURCE)
-
-
-def lose_a_ranks_node(workdir: str) -> None:
-    """Subprocess entry point: a head (no CPU, the driver resource) and three worker nodes of one
-    CPU. The DDP cell runs twice: as sweep `clean` (the release file there: nothing waits), then
-    as sweep `lost`, whose ranks wait after the first epoch (its checkpoint registered) while
-    the node of one of them is removed, then are let go. Writes observed.json: the nodes, the
-    removed one, and where every Train actor ran."""
+    Writes observed.json: per fault the outcome, the nodes, the removed one, and (DDP) where
+    every Train actor ran."""
     import threading
 
     import ray
@@ -406,63 +310,114 @@ def lose_a_ranks_node(workdir: str) -> None:
     nodes = [cluster.add_node(num_cpus=1) for _ in range(3)]
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
-    observed: dict[str, Any] = {
-        "head": cluster.head_node.node_id,
-        "workers": [n.node_id for n in nodes],
-    }
+    observed: dict[str, Any] = {"head": cluster.head_node.node_id}
 
-    def train_actors(alive_only: bool = False) -> dict[str, list[str]]:
-        """actor id -> [class, node] of Ray Train's controller and rank actors."""
+    def actors(classes: tuple[str, ...], alive_only: bool = False) -> dict[str, list[str]]:
+        """actor id -> [class, node] of the actors of ``classes``."""
         return {
             actor_id: [a["ActorClassName"], a["Address"]["NodeID"]]
             for actor_id, a in ray._private.state.actors().items()
-            if a["ActorClassName"] in ("RayTrainWorker", "TrainController")
+            if any(c in a["ActorClassName"] for c in classes)
             and (a["State"] == "ALIVE" or not alive_only)
         }
 
-    def remove_a_ranks_node() -> None:
+    def remove_a_node(seen: dict[str, Any], ready: Any, classes: tuple[str, ...]) -> None:
+        """Once ``ready()``: the node of one live actor of ``classes`` removed, said in
+        ``seen``; then the held trial is let go (also when something went wrong)."""
         try:
-            # The snapshot is written when a checkpoint is registered: only then is it durable.
-            _wait_for(
-                "registered checkpoint and held ranks",
-                lambda: (
-                    list(work.glob("ray_results/lost-train/*/checkpoint_manager_snapshot.json"))
-                    and len(list(release.parent.glob("waiting-*"))) == 2
-                ),
-            )
-            ranks = {
-                k: v for k, v in train_actors(alive_only=True).items() if v[0] == "RayTrainWorker"
-            }
-            hosts = {host for _, host in ranks.values()}
-            node = next(n for n in nodes if n.node_id in hosts)
-            cluster.remove_node(node, allow_graceful=False)  # its rank dies mid-epoch
-            observed["ranks_at_removal"], observed["removed"] = ranks, node.node_id
+            _wait_for("held trial with its first epoch checkpointed", ready)
+            found = actors(classes, alive_only=True)
+            node = next(n for n in nodes if n.node_id in {host for _, host in found.values()})
+            cluster.remove_node(node, allow_graceful=False)  # the trial dies mid-epoch
+            nodes.remove(node)
+            seen["at_removal"], seen["removed"] = found, node.node_id
         except Exception as exc:  # said in observed.json; the test fails on it
-            observed["watcher_error"] = repr(exc)
+            seen["watcher_error"] = repr(exc)
         finally:
-            release.touch()  # the restarted ranks run through
+            release.touch()  # the resumed trial runs through
+
+    def held(checkpoint: str, waiting: int) -> Any:
+        return lambda: (
+            bool(list(work.glob(checkpoint)))
+            and (len(list(release.parent.glob("waiting-*"))) == waiting)
+        )
 
     try:
-        for name in ("clean", "lost"):
-            if name == "lost":
+        lost: dict[str, Any] = {"workers": [n.node_id for n in nodes]}
+        threading.Thread(
+            target=remove_a_node,
+            args=(lost, held("ray_results/lost_node-*/*/checkpoint_*", 1), ("ImplicitFunc",)),
+            daemon=True,
+        ).start()
+        outcome = run_sweep(load_sweep(work / "lost_node.yaml"), str(work / "lost_node.yaml"))
+        lost.update(finished=outcome.finished, failed=outcome.failed)
+        lost["reference"] = uninterrupted_metrics(work / "lost_node.yaml", work / "reference")
+        observed["lost_node"] = lost
+
+        nodes.append(cluster.add_node(num_cpus=1))
+        cluster.wait_for_nodes()
+        ddp: dict[str, Any] = {"workers": [n.node_id for n in nodes]}
+        for name in ("ddp_clean", "ddp_lost"):
+            for waited in release.parent.glob("waiting-*"):
+                waited.unlink()
+            if name == "ddp_lost":
                 release.unlink()
-                for waited in release.parent.glob("waiting-*"):
-                    waited.unlink()
-                threading.Thread(target=remove_a_ranks_node, daemon=True).start()
-            else:
-                release.touch()
-            before = train_actors()
+                # The snapshot is written when a checkpoint is registered: only then durable.
+                snapshot = "ray_results/ddp_lost-train/*/checkpoint_manager_snapshot.json"
+                threading.Thread(
+                    target=remove_a_node,
+                    args=(ddp, held(snapshot, 2), ("RayTrainWorker",)),
+                    daemon=True,
+                ).start()
+            before = actors(("RayTrainWorker", "TrainController"))
             outcome = run_sweep(load_sweep(work / f"{name}.yaml"), str(work / f"{name}.yaml"))
-            observed[name] = {
+            ddp[name] = {
                 "finished": outcome.finished,
                 "failed": outcome.failed,
-                "actors": {k: v for k, v in train_actors().items() if k not in before},
+                "actors": {
+                    k: v
+                    for k, v in actors(("RayTrainWorker", "TrainController")).items()
+                    if k not in before
+                },
             }
-        (work / "observed.json").write_text(json.dumps(observed, indent=1))
+        observed["ddp"] = ddp
     finally:
+        (work / "observed.json").write_text(json.dumps(observed, indent=1))
         release.touch()
         ray.shutdown()
         cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def lost_nodes(tmp_path_factory, data_cache) -> tuple[Path, dict[str, Any]]:
+    """The lost-node scenarios (``lose_nodes``) run once for the module: their folder (sweep
+    files, storage, the MLflow store) and what they observed."""
+    work = tmp_path_factory.mktemp("lost_nodes")
+    _held_cell(work, "lost_node")
+    for name in ("ddp_clean", "ddp_lost"):  # two ranks, the controller on the head
+        _held_cell(work, name, workers=2, driver_resource=DRIVER_RESOURCE)
+    release = work / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(work, release, hold_after=STEPS_PER_EPOCH, through=0, ranks=True)
+    _scenario("lose_nodes", work, _env(data_cache))
+    return work, json.loads((work / "observed.json").read_text())
+
+
+def test_a_trial_on_a_lost_node_resumes_elsewhere_with_the_same_result(lost_nodes):
+    """The node of a one-worker trial removed while the trial waits after its first epoch: Tune
+    retries it from that checkpoint on another node, and the run logs what the same trial logs
+    trained without interruption."""
+    work, observed = lost_nodes
+    seen = observed["lost_node"]
+    assert "removed" in seen, f"no node was removed: {seen.get('watcher_error')}"
+    assert seen["removed"] in seen["workers"]
+    assert seen["removed"] in {node for _, node in seen["at_removal"].values()}
+    assert len(seen["finished"]) == 1 and not seen["failed"], seen
+
+    _, runs = _trial_runs(f"sqlite:///{work / 'mlflow.db'}", "lost_node")
+    assert len(runs) == 1 and runs[0].info.status == "FINISHED"
+    for name in UNINTERRUPTED_METRICS:
+        assert runs[0].data.metrics[name] == seen["reference"][name], name
 
 
 def _tune_trial_dir(storage: Path, sweep: str) -> Path:
@@ -471,29 +426,29 @@ def _tune_trial_dir(storage: Path, sweep: str) -> Path:
     return trial_dir
 
 
-def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(tmp_path, data_cache):
-    for name in ("clean", "lost"):
-        _ddp_sweep(tmp_path, name)
-    _hold_trials(tmp_path)
-    _scenario("lose_a_ranks_node", tmp_path, _env(data_cache))
-    seen = json.loads((tmp_path / "observed.json").read_text())
-    for name in ("clean", "lost"):
+def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(lost_nodes):
+    """The node of one rank of a two-rank DDP trial removed while the ranks wait after their
+    first epoch, its checkpoint registered: Ray Train restarts the gang on the nodes left, from
+    that checkpoint, and the run logs what the same cell logs without the fault."""
+    work, observed = lost_nodes
+    seen = observed["ddp"]
+    for name in ("ddp_clean", "ddp_lost"):
         assert len(seen[name]["finished"]) == 1 and not seen[name]["failed"], seen[name]
 
     # the removed node hosted one of the two ranks
     assert "removed" in seen, f"no node was removed: {seen.get('watcher_error')}"
     assert seen["removed"] in seen["workers"]
-    assert seen["removed"] in {node for _, node in seen["ranks_at_removal"].values()}
+    assert seen["removed"] in {node for _, node in seen["at_removal"].values()}
     # the Tune trial failed once and Tune retried it; Ray Train's controller stayed on the head,
     # and the restarted gang ran on the two worker nodes left
-    lost_trial = _tune_trial_dir(tmp_path / "ray_results", "lost")
+    lost_trial = _tune_trial_dir(work / "ray_results", "ddp_lost")
     assert "WorkerGroupError" in (lost_trial / "error.txt").read_text()
-    actors = seen["lost"]["actors"]
-    assert {node for cls, node in actors.values() if cls == "TrainController"} == {seen["head"]}
+    actors = seen["ddp_lost"]["actors"]
+    assert {node for cls, node in actors.values() if cls == "TrainController"} == {observed["head"]}
     restarted = [
         node
         for actor_id, (cls, node) in actors.items()
-        if cls == "RayTrainWorker" and actor_id not in seen["ranks_at_removal"]
+        if cls == "RayTrainWorker" and actor_id not in seen["at_removal"]
     ]
     assert sorted(restarted) == sorted(set(seen["workers"]) - {seen["removed"]})
     # ... from its last checkpoint: every epoch reported once, none trained again from scratch
@@ -502,10 +457,10 @@ def test_a_ddp_trial_that_loses_a_ranks_node_resumes_with_the_same_result(tmp_pa
 
     # and with the same numbers as the run without the fault (DDP with gloo on CPU is
     # deterministic given the seed, whichever nodes the ranks run on)
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = {name: _trial_runs(client.tracking_uri, name)[1] for name in ("clean", "lost")}
+    client = MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+    runs = {name: _trial_runs(client.tracking_uri, name)[1] for name in ("ddp_clean", "ddp_lost")}
     assert [len(r) for r in runs.values()] == [1, 1]
-    clean, lost = runs["clean"][0], runs["lost"][0]
+    clean, lost = runs["ddp_clean"][0], runs["ddp_lost"][0]
     assert clean.info.status == lost.info.status == "FINISHED"
     histories = {
         run.info.run_id: [
