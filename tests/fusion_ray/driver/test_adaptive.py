@@ -121,7 +121,7 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     # (chosen by name in the file): after the first wave (seeds 0-1) its 7 remaining seeds could
     # still reach e = 20 (E_7 = 26.8): seed 2 runs; then 6 remaining cannot (E_6 = 14.4):
     # futile, and the sweep stops at 3 seeds of 9.
-    path = tiny_sweep(tmp_path, name="adaptive_ray", tracking_uri=mlflow_store(tmp_path / "m.db"))
+    path = tiny_sweep(tmp_path, name="adaptive_ray", tracking_uri=mlflow_store())
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = {"adaptive": True, "first": 2, "max": 9, "rule": "sign"}
     raw["grid"]["fusions"] = ["gate_mlp", {"name": "gate_mlp", "hidden": 16}]

@@ -70,7 +70,7 @@ def test_the_check_separates_never_from_after_the_autoscaler(tmp_path):
 
 
 def _gpu_sweep(tmp_path, name, store):
-    path = tiny_sweep(tmp_path, name=name, seeds=[0], tracking_uri=store(tmp_path / "mlflow.db"))
+    path = tiny_sweep(tmp_path, name=name, seeds=[0], tracking_uri=store())
     raw = yaml.safe_load(path.read_text())
     raw["resources"] = {"workers": 1, "use_gpu": True, "gpus_per_worker": 1, "cpus_per_worker": 1}
     raw["defaults"]["train"]["epochs"] = 1

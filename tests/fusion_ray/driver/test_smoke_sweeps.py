@@ -72,7 +72,7 @@ def _overrides(path: Path, hub_copy: Path, tmp_path: Path, store) -> list[str]:
     ]
     stores = [
         f"storage_path={tmp_path / 'ray_results'}",
-        f"tracking_uri={store(tmp_path / 'mlflow.db')}",
+        f"tracking_uri={store()}",
     ]
     return [*TINY_MODEL, *stores, *hub]
 

@@ -34,7 +34,7 @@ def tiny_run(tmp_path_factory, ray_session, data_cache, mlflow_store):
     Tune trial), run once: its folder, file, spec and outcome. Tests that add runs to its store
     say so and leave the first four as they were."""
     folder = tmp_path_factory.mktemp("tiny_run")
-    path = tiny_sweep(folder, tracking_uri=mlflow_store(folder / "mlflow.db"))
+    path = tiny_sweep(folder, tracking_uri=mlflow_store())
     spec = load_sweep(path)
     return folder, path, spec, run_sweep(spec, str(path), verbose=0)
 
@@ -105,7 +105,7 @@ def test_sweep_logs_the_schema_and_a_rerun_does_no_new_work(tiny_run):
 def test_a_failing_cell_is_recorded_failed_and_the_others_finish(
     tmp_path, ray_session, data_cache, mlflow_store
 ):
-    store = mlflow_store(tmp_path / "mlflow.db")
+    store = mlflow_store()
     path = tiny_sweep(tmp_path, name="with_failure", seeds=[0], retries=2, tracking_uri=store)
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["datasets"] = ["short", "diverges"]
@@ -171,7 +171,7 @@ def test_one_worker_direct_and_trainer_paths_give_identical_metrics(
             "force_trainer": True,
             "max_concurrent_trials": 1,
         },
-        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
+        tracking_uri=mlflow_store(),
     )
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["gate_scalar"]
@@ -195,7 +195,7 @@ def test_two_worker_ddp_cell_through_the_sweep(tmp_path, ray_session, data_cache
         name="ddp",
         seeds=[0],
         resources={"workers": 2, "cpus_per_worker": 1, "max_concurrent_trials": 1},
-        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
+        tracking_uri=mlflow_store(),
     )
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["gate_scalar"]
