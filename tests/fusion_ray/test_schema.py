@@ -69,4 +69,5 @@ def test_the_loop_reports_only_schema_metrics(tmp_path, data_cache):
         *fusion_ray.schema.INIT_METRICS,
         fusion_ray.schema.LATENCY_RATIO_METRIC,
         *fusion_ray.schema.REFERENCE_METRICS,
+        *fusion_ray.schema.LENGTH_QUARTER_METRICS,
     }

@@ -586,4 +586,4 @@ def test_the_tune_section_is_checked_as_a_grid_named_by_its_keys(tmp_path):
         load_hpo(_write(tmp_path, yaml.safe_dump(quick)))
     text = str(info.value)
     assert "tune.seed: required field is missing" in text
-    assert "datasets.short.train.lr: " in text and "-1.0" in text
+    assert "defaults.train.lr: " in text and "-1.0" in text  # named where it was set
