@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 
 from fusion_ray.schema import PARENT_TAG
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import install_held_add, process_ended, wait_until_held
+from tests.helpers import install_held_add, process_ended, wait_until_held, wait_until_lapsed
 
 pytestmark = pytest.mark.process
 
@@ -140,7 +140,7 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
     holds the lease whatever the machine's speed. A third driver starts then too, finds no
     fragment, and waits just before the lease (``AT_THE_LEASE``) until the first has written the
     fragment and ended: holding the lease, it finds the fragment and tunes nothing (exit 2)."""
-    path = _hpo_file(tmp_path, "twice")
+    path = _hpo_file(tmp_path, "twice", epochs=1)  # held from the start: one epoch is enough
     release = _held(tmp_path, hold_after=0)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
@@ -187,24 +187,25 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
 def test_a_paused_hpo_driver_that_lost_its_lease_stops_and_writes_nothing_more(
     tmp_path, ray_session, data_cache
 ):
-    """The first driver is paused while its first trial waits after its first epoch
+    """The first driver is paused while its first trial waits after its first epoch of two
     (``held_add``): none of its trials can have finished; the trials go on once the second
-    driver starts."""
-    path = _hpo_file(tmp_path, "paused_hpo")
+    driver starts, which it does once the paused driver's lease has had no heartbeat for longer
+    than the TTL (1 s)."""
+    path = _hpo_file(tmp_path, "paused_hpo", epochs=2)
     release = _held(tmp_path, hold_after=5)  # one epoch: 160 documents in batches of 32
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     command = [sys.executable, "-m", "fusion_ray.hpo", str(path)]
     # a heartbeat slower than the pause: the first driver learns of the takeover through the
     # fence before its writes
     env = _env(
-        ray_session, data_cache, FUSION_RAY_LEASE_TTL_S="3", FUSION_RAY_LEASE_HEARTBEAT_S="600"
+        ray_session, data_cache, FUSION_RAY_LEASE_TTL_S="1", FUSION_RAY_LEASE_HEARTBEAT_S="600"
     )
     first_err = tmp_path / "first.err"
     first = _start(command, tmp_path, env, first_err)
     wait_until_held(release, process_ended(first, first_err))
     _pause_outside_the_store(first, tmp_path / "mlflow.db")
     try:
-        time.sleep(5)  # past the TTL: the lease has no living heartbeat
+        wait_until_lapsed(f"sqlite:///{tmp_path / 'mlflow.db'}", "paused_hpo", ttl_s=1)
         release.touch()
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
