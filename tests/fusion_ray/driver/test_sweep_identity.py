@@ -19,6 +19,7 @@ from fusion_ray.lease import LEASE_PREFIX
 from fusion_ray.runner import run_sweep
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import install_held_add
 
 
 def _experiment_runs(spec, role: str):
@@ -93,26 +94,50 @@ def test_a_dry_run_creates_no_tracking_store(tmp_path, capsys):
 
 
 @pytest.mark.process
-def test_two_drivers_on_one_sweep_file_run_every_cell_once(tmp_path, data_cache):
-    path = tiny_sweep(tmp_path, seeds=[0])
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache}
+def test_two_drivers_on_one_sweep_file_run_every_cell_once(tmp_path, ray_session, data_cache):
+    """Two drivers of one sweep file started at once: one runs every cell once, the other is
+    refused (exit 3) naming the driver that holds the lease.
+
+    Nothing races the clock: every trial (``held_add``, ``through=0``) waits until the test lets
+    it go, which it does once one of the drivers has ended: the other holds the lease until
+    then, whichever of them got it and however slow the machine."""
+    path = tiny_sweep(tmp_path, seeds=[0, 1], grid={"datasets": ["short"], "fusions": ["held_add"]})
+    release = tmp_path / "turns" / "release"
+    release.parent.mkdir()
+    install_held_add(tmp_path, release, through=0)  # the drivers' working directory
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "FUSION_RAY_CACHE": data_cache,
+        "RAY_ADDRESS": ray_session.get_runtime_context().gcs_address,
+    }
     cmd = [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"]
-    first = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    time.sleep(0.2)
-    second = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    outputs = [p.communicate(timeout=600) for p in (first, second)]
-    codes = sorted(p.returncode for p in (first, second))
-    assert codes == [0, 3], outputs
-    refused = next(
-        err for (_, err), p in zip(outputs, (first, second), strict=True) if p.returncode == 3
-    )
+    drivers = [
+        subprocess.Popen(
+            cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    try:
+        deadline = time.monotonic() + 300
+        while all(p.poll() is None for p in drivers):  # one ends while the other's trials wait
+            assert time.monotonic() < deadline, "neither driver ended while the trials waited"
+            time.sleep(0.1)
+        release.touch()
+        outputs = [p.communicate(timeout=600) for p in drivers]
+    finally:
+        release.touch()
+        for p in drivers:
+            if p.poll() is None:
+                p.kill()
+    codes = [p.returncode for p in drivers]
+    assert sorted(codes) == [0, 3], outputs
+    refused = outputs[codes.index(3)][1]
     assert "is being run by another driver" in refused and "pid" in refused
-    spec = load_sweep(path)
-    _, trials = _experiment_runs(spec, "trial")
+    tracking_uri = yaml.safe_load(path.read_text())["tracking_uri"]
+    client = MlflowClient(tracking_uri)
+    exp = client.get_experiment_by_name("tiny")
+    trials = client.search_runs([exp.experiment_id], filter_string="tags.role = 'trial'")
     assert sorted(r.info.status for r in trials) == ["FINISHED", "FINISHED"]
     assert len({r.data.tags["cell_id"] for r in trials}) == 2
 
