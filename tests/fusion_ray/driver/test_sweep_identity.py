@@ -28,8 +28,8 @@ def _experiment_runs(spec, role: str):
     return client, client.search_runs([exp.experiment_id], filter_string=f"tags.role = '{role}'")
 
 
-def _one_seed(tmp_path, epochs: int):
-    path = tiny_sweep(tmp_path, seeds=[0])
+def _one_seed(tmp_path, epochs: int, store: str):
+    path = tiny_sweep(tmp_path, seeds=[0], tracking_uri=store)
     raw = yaml.safe_load(path.read_text())
     raw["defaults"]["train"]["epochs"] = epochs
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -37,12 +37,15 @@ def _one_seed(tmp_path, epochs: int):
 
 
 @pytest.mark.ray
-def test_a_changed_sweep_file_never_mixes_its_runs(tmp_path, ray_session, data_cache, capsys):
-    path = _one_seed(tmp_path, epochs=1)
+def test_a_changed_sweep_file_never_mixes_its_runs(
+    tmp_path, ray_session, data_cache, mlflow_store, capsys
+):
+    store = mlflow_store()
+    path = _one_seed(tmp_path, epochs=1, store=store)
     first = run_sweep(load_sweep(path), str(path))
     assert len(first.finished) == 2 and first.other_settings is None
 
-    path = _one_seed(tmp_path, epochs=2)  # same name, another setting
+    path = _one_seed(tmp_path, epochs=2, store=store)  # same name, another setting
     spec = load_sweep(path)
     second = run_sweep(spec, str(path))
     assert second.already_finished == 0 and len(second.finished) == 2
@@ -66,7 +69,7 @@ def test_a_changed_sweep_file_never_mixes_its_runs(tmp_path, ray_session, data_c
 
 @pytest.mark.ray
 def test_a_crash_of_the_driver_marks_the_parent_run_failed_and_frees_the_lease(
-    tmp_path, ray_session, data_cache, monkeypatch
+    tmp_path, ray_session, data_cache, mlflow_store, monkeypatch
 ):
     import fusion_ray.runner as sweep_module
 
@@ -74,7 +77,7 @@ def test_a_crash_of_the_driver_marks_the_parent_run_failed_and_frees_the_lease(
         raise RuntimeError("simulated driver bug")
 
     monkeypatch.setattr(sweep_module, "_tuner", broken)
-    path = tiny_sweep(tmp_path, seeds=[0])
+    path = tiny_sweep(tmp_path, seeds=[0], tracking_uri=mlflow_store())
     spec = load_sweep(path)
     with pytest.raises(RuntimeError, match="simulated driver bug"):
         run_sweep(spec, str(path))
