@@ -121,6 +121,9 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
         "FUSION_RAY_CPU_FALLBACK": "1",  # the GPU is one Ray is told about; the trial trains on CPU
         "FUSION_RAY_CACHE": data_cache,
         "PYTHONPATH": str(ROOT),
+        # Ray Train's controller collects its workers' reports every 2 s (its default): the DDP
+        # cell's epochs of milliseconds would wait for it; 0.2 s saves about 6 s of the sweep
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
     }
     env.pop("RAY_ADDRESS", None)
     command = [
