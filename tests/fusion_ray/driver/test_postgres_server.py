@@ -3,11 +3,16 @@ of the test's own, listening on a free port of 127.0.0.1 only), with an artifact
 drivers against it over REST.
 
 Checked: two drivers started at once on the same sweep file (one holds the lease, which lives in
-the server's registry; the other is refused; one FINISHED run per cell); the server stopped for
-30 s mid-sweep and started again (the driver waits for it or stops with one message, and nothing
-is lost: a re-run completes with one FINISHED run per cell); MLflow's basic-auth app (its users
-in PostgreSQL too) with credentials from the environment (the sweep works; the password is in no
-param, tag, artifact, report or log line).
+the server's registry; the other is refused; one FINISHED run per cell); the server stopped
+mid-sweep and started again once the driver says it waits for it (the driver waits for it or
+stops with one message, and nothing is lost: a re-run completes with one FINISHED run per cell);
+the server gone for longer than MLflow's client retries (shortened through its settings); MLflow's
+basic-auth app (its users in PostgreSQL too) with credentials from the environment (the sweep
+works; the password is in no param, tag, artifact, report or log line).
+
+One PostgreSQL and one ``mlflow server`` on it serve the module (each test its own experiment);
+the drivers join the session's Ray (``ray_session``). Nothing races the clock: the trials after
+the first (``held_add``) wait until the test has done what it does mid-sweep.
 
 Needs Debian's ``postgresql`` (``.ci/run`` installs it) and psycopg2 (the ``dev`` extra).
 PostgreSQL refuses to run as root: as root the test runs ``initdb`` and ``pg_ctl`` as the
@@ -34,6 +39,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, tiny_sweep
+from tests.helpers import MLFLOW_SERVER_ENV, install_held_add, process_ended, wait_until_held
 
 pytestmark = pytest.mark.process
 
@@ -140,7 +146,7 @@ class Server:
         self.command += ["--port", str(self.port), "--workers", "1"]
         self.command += ["--backend-store-uri", pg.uri(database)]
         self.command += ["--artifacts-destination", str(root / "artifacts")]
-        self.env = {**os.environ}
+        self.env = {**os.environ, **MLFLOW_SERVER_ENV}
         if auth:
             pg.createdb(f"{database}_auth")
             config = root / "basic_auth.ini"
@@ -181,9 +187,10 @@ class Server:
             self.process.wait()
 
 
-@pytest.fixture
-def server(postgres, tmp_path) -> Iterator[Server]:
-    started = Server(postgres, tmp_path, f"mlflow_{secrets.token_hex(3)}")
+@pytest.fixture(scope="module")
+def module_server(postgres, tmp_path_factory) -> Iterator[Server]:
+    """The module's ``mlflow server`` (each test its own experiment)."""
+    started = Server(postgres, tmp_path_factory.mktemp("mlflow_pg"), "mlflow_shared")
     started.start()
     try:
         yield started
@@ -191,20 +198,41 @@ def server(postgres, tmp_path) -> Iterator[Server]:
         started.stop()
 
 
-def _sweep(tmp_path: Path, name: str, uri: str, epochs: int = 2, concurrent: int = 2) -> Path:
+@pytest.fixture
+def server(module_server) -> Server:
+    """The module's server, running (a test that stopped it and failed before starting it
+    again leaves it stopped)."""
+    if module_server.process is None or module_server.process.poll() is not None:
+        module_server.start()
+    return module_server
+
+
+def _sweep(
+    tmp_path: Path, name: str, uri: str, concurrent: int = 2, held: bool = False, through: int = 1
+) -> tuple[Path, Path]:
+    """Four cells (two seeds of ``add`` and ``gate_scalar``, or with ``held`` four seeds of
+    ``held_add``, whose trials after the first ``through`` wait for the file returned), one
+    epoch each, in a folder ``name`` of its own, which the drivers run in."""
+    grid = {"datasets": ["short"], "fusions": ["held_add"]} if held else None
     path = tiny_sweep(
         tmp_path / name, name=name, tracking_uri=uri,
+        **({"seeds": [0, 1, 2, 3], "grid": grid} if held else {}),
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": concurrent},
     )  # fmt: skip
     raw = yaml.safe_load(path.read_text())
-    raw["defaults"]["train"]["epochs"] = epochs
+    raw["defaults"]["train"]["epochs"] = 1
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
+    release = path.parent / "turns" / "release"
+    if held:
+        release.parent.mkdir()
+        install_held_add(path.parent, release, through=through)  # the drivers' working directory
+    return path, release
 
 
-def _env(data_cache: str, **extra: str) -> dict[str, str]:
+def _env(data_cache: str, ray_session, **extra: str) -> dict[str, str]:
+    """A driver's environment: no credentials, the session's Ray, this checkout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}
-    env.pop("RAY_ADDRESS", None)
+    env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
     return {**env, "PYTHONPATH": str(ROOT), "FUSION_RAY_CACHE": data_cache, **extra}
 
 
@@ -234,11 +262,33 @@ def _one_finished_run_per_cell(uri: str, name: str, cells: int) -> list:
     return finished
 
 
-def test_two_drivers_at_once_share_one_lease_over_rest(server, tmp_path, data_cache):
-    path = _sweep(tmp_path, "pg_two", server.uri)
-    env = _env(data_cache)
+def _wait_for_line(driver: subprocess.Popen, out: Path, line: str) -> None:
+    """Until the driver has written ``line`` to ``out``; fails at once if it ends first."""
+    deadline = time.monotonic() + 600
+    while line not in out.read_text():
+        assert driver.poll() is None, f"ended before {line!r}: {out.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {line!r} in 600 s: {out.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_two_drivers_at_once_share_one_lease_over_rest(server, tmp_path, data_cache, ray_session):
+    """Both drivers start at once; the trials (``held_add``, none through) wait until one of
+    the drivers has ended, so the other holds the lease until then, whichever got it."""
+    path, release = _sweep(tmp_path, "pg_two", server.uri, held=True, through=0)
+    env = _env(data_cache, ray_session)
     drivers = [_driver(path, env, tmp_path / f"driver{i}.out") for i in (0, 1)]
-    codes = [d.wait(timeout=900) for d in drivers]
+    try:
+        deadline = time.monotonic() + 600
+        while all(d.poll() is None for d in drivers):
+            assert time.monotonic() < deadline, "neither driver ended while the trials waited"
+            time.sleep(0.2)
+        release.touch()
+        codes = [d.wait(timeout=900) for d in drivers]
+    finally:
+        release.touch()
+        for d in drivers:
+            if d.poll() is None:
+                d.kill()
     outputs = [(tmp_path / f"driver{i}.out").read_text() for i in (0, 1)]
     assert sorted(codes) == [0, 3], outputs
     refused = outputs[codes.index(3)]
@@ -250,32 +300,33 @@ def test_two_drivers_at_once_share_one_lease_over_rest(server, tmp_path, data_ca
     assert not [m.name for m in models if "pg_two" in m.name], "the lease was not released"
 
 
-def test_the_server_stopped_for_30_s_mid_sweep_loses_nothing(server, tmp_path, data_cache):
-    """The server killed once a cell has finished, started again on the same port 30 s later:
-    the driver either waits it out (exit 0: MLflow's client retries a request for about four
-    minutes), saying so in one line, or stops with one message (exit 5, no traceback); then
-    the same command again ends with one FINISHED run per cell."""
-    path = _sweep(tmp_path, "pg_down", server.uri, epochs=6, concurrent=1)
-    env = _env(data_cache)
+def test_the_server_stopped_mid_sweep_loses_nothing(server, tmp_path, data_cache, ray_session):
+    """The server killed once a cell has finished (the next trials wait until it is down), and
+    started again on the same port once the driver has said that it waits for it: the driver
+    either waits it out (exit 0: MLflow's client retries a request for about four minutes),
+    saying so in one line, or stops with one message (exit 5, no traceback); then the same
+    command again ends with one FINISHED run per cell."""
+    path, release = _sweep(tmp_path, "pg_down", server.uri, concurrent=1, held=True)
+    env = _env(data_cache, ray_session)
     out = tmp_path / "driver.out"
     driver = _driver(path, env, out)
     try:
-        deadline = time.monotonic() + 600
-        while "[1/4]" not in out.read_text():
-            assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_until_held(
+            release, process_ended(driver, out), also=lambda: "[1/4]" in out.read_text()
+        )
         server.stop()
-        time.sleep(30)
+        release.touch()  # the waiting trials train and report while the server is down
+        _wait_for_line(driver, out, ": waiting for it")
         server.start()
         code = driver.wait(timeout=900)
     finally:
         if driver.poll() is None:
             driver.kill()
     text = out.read_text()
-    print(f"\ndriver exit status with the server down for 30 s: {code}")
+    print(f"\ndriver exit status with the server down: {code}")
     assert code in (0, 5), text[-4000:]
     # one line a minute while it waits, not urllib3's line per retried request
-    assert "no answer from " in text and ": waiting for it" in text, text[-4000:]
+    assert f"no answer from {server.uri}: waiting for it" in text, text[-4000:]
     assert "Retrying (" not in text and "Traceback" not in text, text[-4000:]
     if code == 5:
         assert f"no MLflow server answered at {server.uri}" in text, text[-4000:]
@@ -288,24 +339,27 @@ def test_the_server_stopped_for_30_s_mid_sweep_loses_nothing(server, tmp_path, d
 
 
 def test_a_server_gone_longer_than_the_retries_stops_the_driver_with_one_message(
-    server, tmp_path, data_cache
+    server, tmp_path, data_cache, ray_session
 ):
-    """MLflow's client made to retry a request for a few seconds only
-    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``), the server killed once a cell has finished and
-    not started again: the driver stops the sweep with one message saying what is kept and what
-    to do (exit 5), without a traceback; with the server back, the same command finishes the
-    sweep, every cell once."""
-    path = _sweep(tmp_path, "pg_gone", server.uri, epochs=6, concurrent=1)
-    env = _env(data_cache, MLFLOW_HTTP_REQUEST_MAX_RETRIES="1",
-               MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")  # fmt: skip
+    """MLflow's client made to retry a request for a second only
+    (``MLFLOW_HTTP_REQUEST_MAX_RETRIES=1``, its back-off shortened), the server killed once a
+    cell has finished (the next trials wait until it is down) and not started again: the driver
+    stops the sweep with one message saying what is kept and what to do (exit 5), without a
+    traceback; with the server back, the same command finishes the sweep, every cell once."""
+    path, release = _sweep(tmp_path, "pg_gone", server.uri, concurrent=1, held=True)
+    retries = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0",
+    }
     out = tmp_path / "driver.out"
-    driver = _driver(path, env, out)
+    driver = _driver(path, _env(data_cache, ray_session, **retries), out)
     try:
-        deadline = time.monotonic() + 600
-        while "[1/4]" not in out.read_text():
-            assert driver.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
-            time.sleep(0.2)
+        wait_until_held(
+            release, process_ended(driver, out), also=lambda: "[1/4]" in out.read_text()
+        )
         server.stop()
+        release.touch()  # the waiting trials report to a driver whose server is gone
         code = driver.wait(timeout=600)
     finally:
         if driver.poll() is None:
@@ -318,7 +372,8 @@ def test_a_server_gone_longer_than_the_retries_stops_the_driver_with_one_message
     server.start()
     rerun = subprocess.run(
         [sys.executable, "-m", "fusion_ray.sweep", str(path), "--no-report"],
-        cwd=path.parent, env=_env(data_cache), capture_output=True, text=True, timeout=900,
+        cwd=path.parent, env=_env(data_cache, ray_session), capture_output=True, text=True,
+        timeout=900,
     )  # fmt: skip
     assert rerun.returncode == 0, rerun.stdout[-3000:] + rerun.stderr[-3000:]
     _one_finished_run_per_cell(server.uri, "pg_gone", 4)
@@ -341,18 +396,18 @@ def _everything_logged(uri: str, name: str, where: Path) -> str:
 
 
 def test_a_basic_auth_server_on_postgres_keeps_the_password_out_of_everything(
-    postgres, tmp_path, data_cache
+    postgres, tmp_path, data_cache, ray_session
 ):
     server = Server(postgres, tmp_path, f"mlflow_{secrets.token_hex(3)}", auth=True)
     server.start()
     try:
-        path = _sweep(tmp_path, "pg_auth", server.uri)
+        path, _ = _sweep(tmp_path, "pg_auth", server.uri)
         creds = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
         ran = subprocess.run(
             [sys.executable, "-m", "fusion_ray.sweep", str(path), "--report-dir",
              str(tmp_path / "report")],
-            cwd=path.parent, env=_env(data_cache, **creds), capture_output=True, text=True,
-            timeout=900,
+            cwd=path.parent, env=_env(data_cache, ray_session, **creds), capture_output=True,
+            text=True, timeout=900,
         )  # fmt: skip
         assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
         os.environ.update(creds)
