@@ -16,9 +16,11 @@ from tests.conftest import ROOT, tiny_sweep
 pytestmark = pytest.mark.process
 
 
-def _install(tmp_path) -> str:
-    """The example package pip-installed into a folder of its own (its site directory)."""
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> str:
+    """The example package pip-installed, once for the module, into a folder of its own (its
+    site directory); the tests only read it."""
+    site = tmp_path_factory.mktemp("example_plugin") / "site"
     install = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
         + ["--target", str(site), str(ROOT / "examples" / "plugin")],
@@ -47,15 +49,15 @@ def _passed(proc: subprocess.CompletedProcess) -> int:
     return int(proc.stdout.strip().splitlines()[-1].split(" passed")[0].split()[-1])
 
 
-def test_the_plugin_own_tests_pass_through_the_contract_kit(tmp_path):
+def test_the_plugin_own_tests_pass_through_the_contract_kit(site):
     """examples/plugin/tests, the plug-in's own pytest, checks each of its entries with
     fusion_ray.testing (fusion, data source, decision rule), by name, as installed."""
-    proc = _pytest(_install(tmp_path), str(ROOT / "examples" / "plugin" / "tests"))
+    proc = _pytest(site, str(ROOT / "examples" / "plugin" / "tests"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _passed(proc) == 4, proc.stdout[-2000:]
 
 
-def test_the_registry_contract_tests_cover_the_plugin_entries(tmp_path):
+def test_the_registry_contract_tests_cover_the_plugin_entries(site):
     """fusion-ray's own contract tests run over every registered entry: with the example
     installed, its operator, source and rule go through them like the built-in ones."""
     tests = [
@@ -65,13 +67,12 @@ def test_the_registry_contract_tests_cover_the_plugin_entries(tmp_path):
     ]
     paths = [str(ROOT / "tests" / "fusion_ray" / t) for t in tests]
     select = "position_gate or keywords or sign_closure"
-    proc = _pytest(_install(tmp_path), *paths, select=select)
+    proc = _pytest(site, *paths, select=select)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _passed(proc) >= 6, proc.stdout[-2000:]
 
 
-def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, data_cache):
-    site = _install(tmp_path)
+def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(site, tmp_path, data_cache):
     path = tiny_sweep(tmp_path, name="plugin_demo", seeds=[0, 1])
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["add", "position_gate"]
@@ -107,11 +108,10 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(tmp_path, dat
     assert tags == {("add", "false"), ("position_gate", "true")}
 
 
-def test_a_plugin_decision_rule_decides_a_sweep(tmp_path, data_cache):
+def test_a_plugin_decision_rule_decides_a_sweep(site, tmp_path, data_cache):
     """The example's ``sign_closure`` (entry-point group fusion_ray.decision_rules), installed
     as a user would (its contract is in the plug-in's own tests): ``fusion-ray list`` shows it,
     and an adaptive sweep that names it decides with it (its parent run says so)."""
-    site = _install(tmp_path)
     env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "FUSION_RAY_CACHE": data_cache}
     listed = subprocess.run(
         [sys.executable, "-m", "fusion_ray.cli", "list"],
