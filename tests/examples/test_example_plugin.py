@@ -72,8 +72,12 @@ def test_the_registry_contract_tests_cover_the_plugin_entries(site):
     assert _passed(proc) >= 6, proc.stdout[-2000:]
 
 
-def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(site, tmp_path, data_cache):
-    path = tiny_sweep(tmp_path, name="plugin_demo", seeds=[0, 1])
+def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(
+    site, tmp_path, data_cache, mlflow_store
+):
+    path = tiny_sweep(
+        tmp_path, name="plugin_demo", seeds=[0, 1], tracking_uri=mlflow_store(tmp_path / "m.db")
+    )
     raw = yaml.safe_load(path.read_text())
     raw["grid"]["fusions"] = ["add", "position_gate"]
     raw["datasets"]["short"]["data"] = {
@@ -108,7 +112,7 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(site, tmp_pat
     assert tags == {("add", "false"), ("position_gate", "true")}
 
 
-def test_a_plugin_decision_rule_decides_a_sweep(site, tmp_path, data_cache):
+def test_a_plugin_decision_rule_decides_a_sweep(site, tmp_path, data_cache, mlflow_store):
     """The example's ``sign_closure`` (entry-point group fusion_ray.decision_rules), installed
     as a user would (its contract is in the plug-in's own tests): ``fusion-ray list`` shows it,
     and an adaptive sweep that names it decides with it (its parent run says so)."""
@@ -118,7 +122,7 @@ def test_a_plugin_decision_rule_decides_a_sweep(site, tmp_path, data_cache):
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert "sign_closure" in listed.stdout and "fusion-ray-example-plugin" in listed.stdout
-    path = tiny_sweep(tmp_path, name="plugin_rule")
+    path = tiny_sweep(tmp_path, name="plugin_rule", tracking_uri=mlflow_store(tmp_path / "m.db"))
     raw = yaml.safe_load(path.read_text())
     raw["seeds"] = {"adaptive": True, "first": 2, "max": 3, "rule": "sign_closure"}
     raw["defaults"]["train"]["epochs"] = 1

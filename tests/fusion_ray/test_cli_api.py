@@ -60,7 +60,10 @@ def test_overrides_change_cell_ids_exactly_as_the_edited_file_does(tmp_path):
 def test_bad_overrides_are_file_problems_before_anything_starts(tmp_path):
     with pytest.raises(SweepFileError, match="write key=value"):
         api.load(QUICKSTART, ["epochs"])
-    with pytest.raises(SweepFileError, match=r"datasets\.short\.train\.epochs: must be > 0"):
+    # the problem names the override that caused it, as the user wrote it
+    with pytest.raises(
+        SweepFileError, match=r"override train\.epochs=0: train\.epochs: must be > 0"
+    ):
         api.load(QUICKSTART, ["train.epochs=0"])
     proc = _cli("sweep", str(QUICKSTART), "train.lr=fast", "--dry-run", cwd=tmp_path)
     assert proc.returncode == 2 and "train.lr" in proc.stderr and "fast" in proc.stderr
@@ -81,10 +84,13 @@ def test_fusion_ray_list_names_every_entry_with_its_options_and_origin(tmp_path)
 
 @pytest.mark.process
 def test_fusion_ray_without_a_command_shows_the_commands(tmp_path):
+    """A usage error: the commands and the error go to stderr, exit 2 (``--help`` prints the
+    same list to stdout, exit 0)."""
     proc = _cli(cwd=tmp_path)
-    assert proc.returncode == 2
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.rstrip().endswith("error: name a command")
     for command in ("sweep", "hpo", "report", "train", "cluster", "list"):
-        assert f"  {command} " in proc.stdout
+        assert f"  {command} " in proc.stderr
 
 
 @pytest.mark.unit

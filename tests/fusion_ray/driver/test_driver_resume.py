@@ -28,6 +28,13 @@ from tests.helpers import (
 pytestmark = pytest.mark.process
 
 
+@pytest.fixture(autouse=True)
+def _store(tmp_path, mlflow_store) -> None:
+    """Each test's sweep logs into a new sqlite store at the tiny sweep's ``mlflow.db``, a copy
+    of the session's migrated one (a driver migrating a new file takes seconds)."""
+    mlflow_store(tmp_path / "mlflow.db")
+
+
 def _snapshot(client: MlflowClient, name: str) -> dict[str, dict]:
     exp = client.get_experiment_by_name(name)
     if exp is None:

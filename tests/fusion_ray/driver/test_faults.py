@@ -68,9 +68,9 @@ def die_at_first_finish(sweep_file: str) -> None:
 
 
 def test_a_driver_killed_after_a_trial_ended_finishes_it_from_storage(
-    tmp_path, data_cache, ray_session
+    tmp_path, data_cache, ray_session, mlflow_store
 ):
-    path = tiny_sweep(tmp_path, seeds=[0])
+    path = tiny_sweep(tmp_path, seeds=[0], tracking_uri=mlflow_store(tmp_path / "mlflow.db"))
     env = _env(data_cache, ray_session)
     first = subprocess.run(
         [
@@ -164,7 +164,9 @@ def _stop_server(server: subprocess.Popen) -> None:
     server.wait()
 
 
-def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache, ray_session):
+def test_a_tracking_server_outage_mid_sweep_loses_nothing(
+    tmp_path, data_cache, ray_session, mlflow_store
+):
     """The MLflow server is stopped while trials train and report, and started again once the
     driver has said that it waits for it: the sweep ends with every run FINISHED and complete.
 
@@ -172,6 +174,7 @@ def test_a_tracking_server_outage_mid_sweep_loses_nothing(tmp_path, data_cache, 
     down, so the outage always falls in the middle of the sweep, and the server comes back only
     once the driver has met the outage."""
     port = _free_port()
+    mlflow_store(tmp_path / "server.db")  # the server's store, migrated
     server = _start_server(tmp_path, port)
     uri = f"http://127.0.0.1:{port}"
     path = tiny_sweep(
@@ -389,10 +392,11 @@ def lose_nodes(workdir: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def lost_nodes(tmp_path_factory, data_cache) -> tuple[Path, dict[str, Any]]:
+def lost_nodes(tmp_path_factory, data_cache, mlflow_store) -> tuple[Path, dict[str, Any]]:
     """The lost-node scenarios (``lose_nodes``) run once for the module: their folder (sweep
     files, storage, the MLflow store) and what they observed."""
     work = tmp_path_factory.mktemp("lost_nodes")
+    mlflow_store(work / "mlflow.db")  # the three sweeps' store
     _held_cell(work, "lost_node")
     for name in ("ddp_clean", "ddp_lost"):  # two ranks, the controller on the head
         _held_cell(work, name, workers=2, driver_resource=DRIVER_RESOURCE)
@@ -523,9 +527,12 @@ timeout) to tell the dead GCS before they exit."""
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads /proc (Linux)")
-def test_a_driver_killed_with_sigkill_leaves_no_ray_processes_behind(tmp_path, data_cache):
+def test_a_driver_killed_with_sigkill_leaves_no_ray_processes_behind(
+    tmp_path, data_cache, mlflow_store
+):
     path = tiny_sweep(
         tmp_path,
+        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
         name="orphans",
         seeds=[0],
         # force_trainer: the Tune trial, Ray Train's controller and a rank, on one CPU
@@ -600,7 +607,9 @@ def _private_tmpfs_prefix(mount_point: Path, size: str = "32m") -> list[str] | N
     return None
 
 
-def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_cache):
+def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(
+    tmp_path, data_cache, mlflow_store
+):
     """storage_path on a 32 MiB tmpfs that fills up (another file takes the space) once the
     first cell has finished: the other trials fail for want of space, the driver exits 6 with
     one message saying the storage is full and what to do, the finished cell stays FINISHED,
@@ -620,6 +629,7 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(tmp_path, data_
         grid={"datasets": ["short"], "fusions": ["held_add"]},
         storage_path=str(storage),
         resources={"workers": 1, "cpus_per_worker": 1, "max_concurrent_trials": 1},
+        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),
     )
     turns = tmp_path / "turns"
     turns.mkdir()
@@ -721,7 +731,7 @@ def store_summary(db: str, out: str) -> None:
 
 
 def test_a_tracking_store_whose_disk_fills_mid_sweep_is_one_message_and_stays_whole(
-    tmp_path, data_cache
+    tmp_path, data_cache, mlflow_store
 ):
     """The sqlite store on an 8 MiB tmpfs that fills up (another file takes the space) once the
     first cell has finished: the next write to the store fails with SQLite's "database or disk
@@ -739,6 +749,7 @@ def test_a_tracking_store_whose_disk_fills_mid_sweep_is_one_message_and_stays_wh
     if not unshare:
         pytest.skip("cannot mount a private tmpfs here (needs root or user namespaces)")
     db = disk / "mlflow.db"
+    template = mlflow_store(tmp_path / "template" / "mlflow.db").removeprefix("sqlite:///")
     path = tiny_sweep(
         tmp_path,
         name="store_full",
@@ -761,6 +772,7 @@ def test_a_tracking_store_whose_disk_fills_mid_sweep_is_one_message_and_stays_wh
     script = "; ".join(
         [
             f"mount -t tmpfs -o size=8m tmpfs {disk} || exit 99",
+            f"cp {template} {db}",  # a new store, migrated (MLflow takes seconds to)
             f"RAY_TMPDIR={ray_tmps[0]} {sweep} > {tmp_path / 'full.out'} 2>&1",
             f"echo $? > {tmp_path / 'full.rc'}",
             f"{summary} {db} {tmp_path / 'left.json'}",

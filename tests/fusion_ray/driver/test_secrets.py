@@ -45,9 +45,9 @@ def _leaks(root: Path, skip: set[Path]) -> list[str]:
 
 
 def test_a_password_in_the_tracking_uri_reaches_no_console_file_or_store(
-    tmp_path, ray_session, data_cache
+    tmp_path, ray_session, data_cache, mlflow_store
 ):
-    (tmp_path / "server").mkdir()
+    mlflow_store(tmp_path / "server" / "server.db")  # the server's store, migrated
     server, plain = _server(tmp_path / "server", auth=True)
     uri = plain.replace("http://", f"http://admin:{PASSWORD}@")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING_")}

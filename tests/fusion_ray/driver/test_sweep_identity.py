@@ -97,14 +97,21 @@ def test_a_dry_run_creates_no_tracking_store(tmp_path, capsys):
 
 
 @pytest.mark.process
-def test_two_drivers_on_one_sweep_file_run_every_cell_once(tmp_path, ray_session, data_cache):
+def test_two_drivers_on_one_sweep_file_run_every_cell_once(
+    tmp_path, ray_session, data_cache, mlflow_store
+):
     """Two drivers of one sweep file started at once: one runs every cell once, the other is
     refused (exit 3) naming the driver that holds the lease.
 
     Nothing races the clock: every trial (``held_add``, ``through=0``) waits until the test lets
     it go, which it does once one of the drivers has ended: the other holds the lease until
     then, whichever of them got it and however slow the machine."""
-    path = tiny_sweep(tmp_path, seeds=[0, 1], grid={"datasets": ["short"], "fusions": ["held_add"]})
+    path = tiny_sweep(
+        tmp_path,
+        seeds=[0, 1],
+        grid={"datasets": ["short"], "fusions": ["held_add"]},
+        tracking_uri=mlflow_store(tmp_path / "mlflow.db"),  # new, migrated: no experiment yet
+    )
     release = tmp_path / "turns" / "release"
     release.parent.mkdir()
     install_held_add(tmp_path, release, through=0)  # the drivers' working directory

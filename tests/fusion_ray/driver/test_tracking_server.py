@@ -130,8 +130,9 @@ class Authed:
 
 
 @pytest.fixture(scope="module")
-def authed(tmp_path_factory, data_cache, ray_session) -> Iterator[Authed]:
+def authed(tmp_path_factory, data_cache, ray_session, mlflow_store) -> Iterator[Authed]:
     root = tmp_path_factory.mktemp("authed_server")
+    mlflow_store(root / "server.db")  # the server's store, migrated (MLflow takes seconds to)
     server, uri = _server(root, auth=True)
     try:
         path = _sweep_file(root, uri, "authed")
@@ -144,7 +145,7 @@ def authed(tmp_path_factory, data_cache, ray_session) -> Iterator[Authed]:
 
 
 def test_the_report_reads_artifacts_through_a_server_as_from_sqlite(
-    authed, tmp_path, data_cache, ray_session, monkeypatch
+    authed, tmp_path, data_cache, ray_session, monkeypatch, mlflow_store
 ):
     """The module's sweep, logged to the server (artifacts served as mlflow-artifacts:), and the
     same sweep file logged to a sqlite store: the report's length analysis and gate diagnostics
@@ -155,7 +156,7 @@ def test_the_report_reads_artifacts_through_a_server_as_from_sqlite(
     assert authed.ran.returncode == 0, authed.ran.stderr[-3000:]
     local = tmp_path / "authed.yaml"
     raw = yaml.safe_load(authed.path.read_text())
-    raw.update(tracking_uri=f"sqlite:///{tmp_path / 'l.db'}", storage_path=str(tmp_path / "rr"))
+    raw.update(tracking_uri=mlflow_store(tmp_path / "l.db"), storage_path=str(tmp_path / "rr"))
     local.write_text(yaml.safe_dump(raw, sort_keys=False))
     run = _cli(
         ["fusion_ray.sweep", str(local), "--no-report"], tmp_path, _env(data_cache, ray_session)
@@ -253,7 +254,7 @@ LOCK_WAIT_S = 1
 """The sqlite wait (``FUSION_RAY_SQLITE_WAIT_S``) of the driver that meets a locked store."""
 
 
-def test_a_store_locked_past_mlflows_wait_is_one_message(tmp_path, data_cache):
+def test_a_store_locked_past_mlflows_wait_is_one_message(tmp_path, data_cache, mlflow_store):
     """Another process holds the sqlite store's write lock for longer than the driver waits for
     it (``FUSION_RAY_SQLITE_WAIT_S``, MLflow's 20 s unless set): the driver ends with exit 9 and
     one message, no traceback; nothing was created.
@@ -264,7 +265,7 @@ def test_a_store_locked_past_mlflows_wait_is_one_message(tmp_path, data_cache):
     path = _sweep_file(tmp_path, f"sqlite:///{db}", "locked")
     first = _cli(["fusion_ray.sweep", str(path), "--dry-run"], path.parent, _env(data_cache))
     assert first.returncode == 0, first.stderr[-2000:]
-    MlflowClient(f"sqlite:///{db}").search_experiments()  # tables exist
+    mlflow_store(db)  # the store exists, migrated, as a sweep's does
     lock = sqlite3.connect(db, timeout=10, isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")
     try:

@@ -26,6 +26,13 @@ from tests.helpers import install_held_add, process_ended, wait_until_held, wait
 pytestmark = pytest.mark.process
 
 
+@pytest.fixture(autouse=True)
+def _store(tmp_path, mlflow_store) -> None:
+    """Each test's HPO run logs into a new sqlite store at ``mlflow.db``, a copy
+    of the session's migrated one (a driver migrating a new file takes seconds)."""
+    mlflow_store(tmp_path / "mlflow.db")
+
+
 def _hpo_file(tmp_path: Path, name: str, epochs: int = 4, samples: int = 2) -> Path:
     """A tiny HPO file over the tiny sweep's dataset: one operator, ``held_add`` (every trial
     waits after ``hold_after`` steps for the file ``tmp_path/turns/release``: see ``_held``),
