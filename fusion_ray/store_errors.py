@@ -9,9 +9,12 @@ causes, and never imports MLflow.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
 import re
 import sqlite3
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fusion_ray.redact import split_credentials
@@ -19,6 +22,33 @@ from fusion_ray.redact import split_credentials
 EXIT_CODES = {"auth": 8, "locked": 9, "unreachable": 10, "full": 12}
 """The exit code of each kind of store fault, for every command (a sweep, HPO, the report); a
 URI that names no store (kind "store") is an invalid input: exit 2."""
+
+HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV = (
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+)
+"""How often MLflow's client retries a request to a server (7 by default, about 4 minutes with
+its backoff), and how many seconds it waits for each answer (120)."""
+
+
+@contextlib.contextmanager
+def each_request_once(wait_s: int) -> Iterator[None]:
+    """While the body runs, MLflow's client sends each request to a server once and waits at
+    most ``wait_s`` seconds for its answer, instead of retrying for minutes: for a first look at
+    a store that should fail fast. MLflow reads both settings from the environment at every
+    request, so they hold for the whole process while the body runs, and are as they were
+    after."""
+    saved = {name: os.environ.get(name) for name in (HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV)}
+    os.environ[HTTP_RETRIES_ENV], os.environ[HTTP_TIMEOUT_ENV] = "0", str(wait_s)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 _UNREACHABLE = re.compile(r"Max retries exceeded|Connection refused|timed out|Failed to establish")
 _AUTH = re.compile(r"error code (40[13])\b|\b(UNAUTHENTICATED|PERMISSION_DENIED)\b")

@@ -49,7 +49,12 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     TRIAL_TAGS,
 )
-from fusion_ray.store_errors import classify, credentials_fix
+from fusion_ray.store_errors import classify, credentials_fix, each_request_once
+
+FIRST_CONTACT_S = 10
+"""Seconds the report waits for a tracking server's answer to its first request, sent once:
+a server that is down is one message in seconds, not after MLflow's retries (about 4 minutes).
+Once the server has answered, every later request gets MLflow's retries."""
 
 
 def _available_experiments(client: Any) -> list[str]:
@@ -144,6 +149,10 @@ def _tidy(df: pd.DataFrame) -> pd.DataFrame:
 
 def _is_sqlite(uri: str) -> bool:
     return uri.split(":", 1)[0].split("+", 1)[0].lower() == "sqlite"
+
+
+def _is_http(uri: str) -> bool:
+    return uri.split(":", 1)[0].lower() in ("http", "https")
 
 
 def _sql_queries(experiment_id: str) -> dict[str, tuple[Any, list[str]]]:
@@ -295,7 +304,10 @@ def load_experiment(
 
     uri = tracking_uri or mlflow.get_tracking_uri()
     _require_store(uri)
-    with store_access(uri):
+    first_contact = (
+        each_request_once(FIRST_CONTACT_S) if _is_http(uri) else contextlib.nullcontext()
+    )
+    with store_access(uri), first_contact:
         client = MlflowClient(uri)
         exp = _find_experiment(client, name, uri)
     if method not in LOAD_METHODS:
@@ -364,7 +376,9 @@ def access_problem(exc: BaseException, uri: str) -> StoreAccessError | None:
         )
     if fault.kind == "unreachable":
         return StoreAccessError(
-            "unreachable", f"no MLflow server answers at {where}: start it or fix --tracking-uri"
+            "unreachable",
+            f"no MLflow server answers at {where} (the report's first request waits "
+            f"{FIRST_CONTACT_S} s): start it or fix --tracking-uri, then run the report again",
         )
     if fault.kind == "locked":
         return StoreAccessError(

@@ -3,6 +3,8 @@ logged metrics (exit 2). Experiments are logged once for the module into a sqlit
 
 from __future__ import annotations
 
+import os
+import socket
 from dataclasses import replace
 
 import numpy as np
@@ -10,9 +12,11 @@ import pandas as pd
 import pytest
 
 from analysis.load import ImpossibleMetricsError, check_metrics, metric_problems
+from analysis.load import store as store_module
 from analysis.pairing import NothingToCompareError
 from analysis.report import ReportOptions, build_report, main
 from analysis.synthetic import SyntheticSweep, log_synthetic_sweep, log_trial, simulate_trial
+from fusion_ray.store_errors import HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV
 
 pytestmark = pytest.mark.unit
 
@@ -248,6 +252,33 @@ def test_a_server_that_refuses_the_credentials_is_one_message_and_exit_8(
     )
     assert "Traceback" not in err and len(err.splitlines()) == 1
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("answer", ["refused", "silent"])
+def test_a_server_that_is_down_is_one_message_after_one_try_and_exit_10(
+    answer, tmp_path, capsys, monkeypatch
+):
+    """A port nothing listens on (the connection is refused) and a server that takes the
+    connection but never answers: the report sends its first request once and waits
+    ``FIRST_CONTACT_S`` (1 s here) for it, where MLflow's client would retry for minutes; then
+    one message, exit 10, nothing written, and MLflow's own settings as they were."""
+    monkeypatch.setattr(store_module, "FIRST_CONTACT_S", 1)
+    monkeypatch.delenv(HTTP_RETRIES_ENV, raising=False)
+    monkeypatch.setenv(HTTP_TIMEOUT_ENV, "77")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        if answer == "silent":
+            listener.listen(8)  # the kernel takes the connection; nobody reads or answers
+        uri = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        args = ["--experiment", "x", "--tracking-uri", uri, "--out", str(tmp_path / "r")]
+        assert main(args) == 10
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: no MLflow server answers at {uri} (the report's first request waits 1 s): "
+        "start it or fix --tracking-uri, then run the report again\n"
+    )
+    assert not (tmp_path / "r").exists()
+    assert HTTP_RETRIES_ENV not in os.environ and os.environ[HTTP_TIMEOUT_ENV] == "77"
 
 
 @pytest.mark.parametrize(
