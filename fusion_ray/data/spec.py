@@ -23,11 +23,11 @@ class DataSpec:
     """Number of labels; None takes the source's own count. Labels outside 0..num_classes-1 fail."""
     validation_fraction: Annotated[float, Gt(0), Lt(1)] = 0.1
     """Share of train carved out as validation when the source has no validation split."""
-    split_seed: Annotated[int, Ge(0)] = 1234
+    split_seed: Annotated[int, Ge(0), Le(2**63 - 1)] = 1234
     """Seed of the validation carve-out and of subsampling; never the trial seed."""
-    max_train_samples: Annotated[int, Ge(1)] | None = None
+    max_train_samples: Annotated[int, Ge(1), Le(10**9)] | None = None
     """Keep at most this many training documents (a seeded subsample), for quick runs."""
-    max_eval_samples: Annotated[int, Ge(1)] | None = None
+    max_eval_samples: Annotated[int, Ge(1), Le(10**9)] | None = None
     """Keep at most this many validation and, separately, test documents (seeded subsamples of
     each), for quick runs such as --smoke; None keeps every one. The reported accuracies are
     then those of the subsample."""

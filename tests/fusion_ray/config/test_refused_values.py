@@ -40,6 +40,18 @@ def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
             "n_train: must be an integer in 1..10,000,000, got 1000000000000",
         ),
         ("retries=1000000000", "retries: must be <= 100 (got 1000000000)"),
+        (
+            "datasets.short.data.split_seed=9223372036854775808",
+            "data.split_seed: must be <= 9223372036854775807",
+        ),
+        (
+            "datasets.short.data.max_train_samples=1000000000000",
+            "data.max_train_samples: must be <= 1000000000",
+        ),
+        (
+            "datasets.short.data.max_eval_samples=1000000000000",
+            "data.max_eval_samples: must be <= 1000000000",
+        ),
         ("retries=true", "retries: must be a whole number, not true or false"),
         ("resources.cpus_per_worker=.inf", "resources.cpus_per_worker: must be a finite number"),
         ("resources.cpus_per_worker=true", "resources.cpus_per_worker: must be a number, not"),
