@@ -7,6 +7,7 @@ imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report
 
     from analysis import load_experiment, pair_runs, compare, StatsSettings
     exp = load_experiment("full_grid", "sqlite:///mlflow.db")
+    exp.decisions      # an adaptive sweep's verdicts as its driver logged them (None: fixed seeds)
     pairing = pair_runs(exp.runs, baseline="add")
     result = compare(pairing, StatsSettings(alpha=0.05), experiment=exp)
     result.table       # fixed-n tests per comparison (descriptive after adaptive seeds)

@@ -2,7 +2,8 @@
 driver's own schedule and tracker against a real (sqlite) MLflow store with planted accuracies
 (no Ray, no training), then read back from each place a researcher reads it: the driver's rows
 (the console table and decisions.csv on the parent run), the parent run's per-look metrics, the
-report (its decisions.csv, summary and Tables 1-3 with their .tex) and analysis.compare().
+report (its decisions.csv, summary and Tables 1-3 with their .tex), analysis.compare() and
+load_experiment().
 
 Planted: with scale_embeddings=true gate_scalar gains 20 points on short documents and 45 on
 long ones (a 25-point length trend); with it false, it loses 6 points on both (no trend); one
@@ -122,7 +123,10 @@ def test_every_surface_shows_the_same_verdicts(sweep):
     api = compare(pair_runs(exp.runs, baseline="add"), experiment=exp).decisions
     api = api.set_index("comparison")
     columns = ["kind", "state", "verdict", "seeds_used", "decided_at_seed", "failed_runs"]
-    for other in (logged, report, api):
+    # load_experiment() returns the logged ones
+    assert exp.decisions is not None
+    loaded = exp.decisions.set_index("comparison")
+    for other in (logged, report, api, loaded):
         assert list(other.index) == list(driver.index)
         assert other[columns].astype(str).equals(driver[columns].astype(str))
         for col in ("ci_low", "ci_high", "mean", "p_family"):

@@ -1,10 +1,12 @@
 """A run's artifacts read through the tracking URI the runs were logged to (a server's
 ``mlflow-artifacts:``, S3 or a local store alike; a local one read in place), a missing file told
-apart from an unreadable one, and the sweep's cells (``sweep_cells.json`` on the parent run).
+apart from an unreadable one, and what the sweep's parent run holds: its cells
+(``sweep_cells.json``) and an adaptive sweep's logged verdicts (``decisions.csv``).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import tempfile
 from collections.abc import Sequence
@@ -18,9 +20,7 @@ import pandas as pd
 
 from analysis.load.frame import AnalysisError
 from fusion_ray.redact import redact
-from fusion_ray.schema import (
-    CELLS_ARTIFACT,
-)
+from fusion_ray.schema import CELLS_ARTIFACT, DECISIONS_FILE
 
 
 def local_artifact_path(artifact_uri: str) -> Path | None:
@@ -124,24 +124,34 @@ def unreadable_artifacts(
     )
 
 
-def read_sweep_cells(client: Any, parent: Any) -> list[str] | None:
-    """The cell ids in ``sweep_cells.json`` of the sweep's parent run ``parent`` (an MLflow
-    ``Run``), or None when it has no such artifact (an older sweep, or another tool's runs).
-
-    A local artifact store is read in place; any other is listed once and the file downloaded
-    once, through ``client``."""
+def _parent_artifact_text(client: Any, parent: Any, name: str) -> str | None:
+    """The text of artifact ``name`` of the sweep's parent run ``parent`` (an MLflow ``Run``),
+    or None when it has none. A local artifact store is read in place; any other is listed once
+    and the file downloaded once, through ``client``."""
     run_id, artifact_uri = parent.info.run_id, parent.info.artifact_uri
     local = local_artifact_path(artifact_uri) if artifact_uri else None
     if local is not None:
-        path = local / CELLS_ARTIFACT
-        return (
-            parse_sweep_cells(path.read_text(encoding="utf-8"), run_id) if path.is_file() else None
-        )
-    if not any(a.path == CELLS_ARTIFACT for a in client.list_artifacts(run_id)):
+        path = local / name
+        return path.read_text(encoding="utf-8") if path.is_file() else None
+    if not any(a.path == name for a in client.list_artifacts(run_id)):
         return None
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(client.download_artifacts(run_id, CELLS_ARTIFACT, tmp))
-        return parse_sweep_cells(path.read_text(encoding="utf-8"), run_id)
+        return Path(client.download_artifacts(run_id, name, tmp)).read_text(encoding="utf-8")
+
+
+def read_sweep_cells(client: Any, parent: Any) -> list[str] | None:
+    """The cell ids in ``sweep_cells.json`` of the sweep's parent run ``parent`` (an MLflow
+    ``Run``), or None when it has no such artifact (an older sweep, or another tool's runs)."""
+    text = _parent_artifact_text(client, parent, CELLS_ARTIFACT)
+    return None if text is None else parse_sweep_cells(text, parent.info.run_id)
+
+
+def read_logged_decisions(client: Any, parent: Any) -> pd.DataFrame | None:
+    """The verdicts of an adaptive sweep as its driver last logged them: ``decisions.csv`` of
+    the parent run ``parent``, one row per hypothesis in the family's order; None when it has
+    none (a sweep of fixed seeds, an older sweep, another tool's runs)."""
+    text = _parent_artifact_text(client, parent, DECISIONS_FILE)
+    return None if text is None else pd.read_csv(io.StringIO(text))
 
 
 def parse_sweep_cells(text: str, run_id: str) -> list[str]:

@@ -129,6 +129,10 @@ class Experiment:
     sweep_cells: list[str] | None = None
     """The cell ids in the parent run's ``sweep_cells.json``; None when it has none, and then
     every trial run of the experiment is in ``runs``."""
+    decisions: pd.DataFrame | None = None
+    """An adaptive sweep's verdicts as its driver last logged them (the parent run's
+    ``decisions.csv``: one row per hypothesis, in the family's order); None for a sweep of fixed
+    seeds. ``analysis.compare(...).decisions`` recomputes the same rows from ``runs``."""
     other_runs: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Trial runs (every status) whose ``cell_id`` is not in ``sweep_cells``: runs of other
     settings, never counted, paired or analysed. Same columns as ``runs``."""

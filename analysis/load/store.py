@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.load.artifacts import read_sweep_cells, split_sweep_cells
+from analysis.load.artifacts import read_logged_decisions, read_sweep_cells, split_sweep_cells
 from analysis.load.checks import check_metrics
 from analysis.load.frame import (
     BASE_COLUMNS,
@@ -331,6 +331,7 @@ def load_experiment(
         parent_tags=parent_tags,
         notes=notes,
         sweep_cells=cells,
+        decisions=read_logged_decisions(client, parent) if parent is not None else None,
         other_runs=integer_counts(other),
         axis_levels=axis_levels(runs, parent_tags.get(GRID_AXES_TAG), notes),
     )

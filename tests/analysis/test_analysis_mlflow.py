@@ -187,6 +187,7 @@ def test_load_tidy_frame(store):
     assert (runs["test_total"] == 120).all()
     assert "params.train.lr" in runs and "params.model.fusion" in runs
     assert runs["latency_ms_per_sample"].notna().all()
+    assert exp.decisions is None  # fixed seeds: no logged verdicts
 
 
 @pytest.mark.unit
