@@ -175,6 +175,23 @@ def _table_lines(table: pd.DataFrame, alpha: float = 0.05) -> list[str]:
     return lines
 
 
+def _panel_title(name: str, verdict: str) -> str:
+    """A panel's title in a panel's width: the contrast, its group wrapped at ``/``, and the
+    verdict in the table's words."""
+    group, _, contrast = name.rpartition(": ")
+    lines: list[str] = []
+    for part in group.split("/"):
+        if lines and len(lines[-1]) + len(part) < PANEL_TITLE_CHARS:
+            lines[-1] += "/" + part
+        else:
+            lines.append(part)
+    return "\n".join([contrast, *lines, verdict])
+
+
+PANEL_TITLE_CHARS = 34
+"""Characters of a title line that fit a panel 3 inches wide at 7 points."""
+
+
 def _draw(result: DecisionResult, fig_dir: Path) -> list[Path]:
     """One small panel per comparison, so that no line hides another."""
     m = len(result.evidence)
@@ -182,6 +199,7 @@ def _draw(result: DecisionResult, fig_dir: Path) -> list[Path]:
     rows = math.ceil(m / cols)
     fig = Figure(figsize=(3.0 * cols, 2.3 * rows), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    verdicts = dict(zip(result.table["comparison"], result.table["verdict"], strict=True))
     for ax, (name, looks) in zip(axes.flat, result.evidence.items(), strict=False):
         seeds = [lk.seed for lk in looks]
         ax.step(seeds, [lk.e_value for lk in looks], where="post", color="C0")
@@ -194,7 +212,7 @@ def _draw(result: DecisionResult, fig_dir: Path) -> list[Path]:
             value = decided.e_equivalent if decided.state == "equivalent" else decided.e_value
             ax.plot([decided.seed], [value], marker="o", color="C3")
         ax.set_yscale("log")
-        ax.set_title(f"{name}\n{looks[-1].state}", fontsize=7)
+        ax.set_title(_panel_title(name, verdicts.get(name, looks[-1].state)), fontsize=7)
         ax.tick_params(labelsize=7)
     for ax in list(axes.flat)[m:]:
         ax.set_visible(False)

@@ -26,6 +26,7 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
@@ -128,19 +129,36 @@ def present(values: Sequence[str], frame: pd.DataFrame, column: str) -> list[str
     return [v for v in values if v in have]
 
 
+def _legend_entries(axes: Sequence[Any]) -> dict[str, Any]:
+    """label -> handle of what ``axes`` drew, each label once, in the order first drawn; an
+    error bar's entry is its marker and line, without the caps that would hide the marker."""
+    entries: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if isinstance(handle, ErrorbarContainer):
+                handle = handle.lines[0]
+            entries.setdefault(label, handle)
+    return entries
+
+
 def _grid_and_legend(ax, axis: str = "y") -> None:
     """A light grid, and the legend outside the axes on the right, so it never covers data."""
     ax.grid(axis=axis, alpha=0.3)
-    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    entries = _legend_entries([ax])
+    ax.legend(
+        list(entries.values()),
+        list(entries),
+        fontsize=7,
+        frameon=False,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
 
 
 def _figure_legend(fig: Figure, axes: Sequence[Any]) -> None:
     """One legend for every panel, outside them on the right, so it never covers data (each
     label once, in the order first drawn)."""
-    entries: dict[str, Any] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            entries.setdefault(label, handle)
+    entries = _legend_entries(axes)
     if entries:
         fig.legend(
             list(entries.values()),
@@ -261,11 +279,12 @@ def accuracy_vs_latency(
                     capsize=3,
                     label=_label(op, level),
                 )
-        ax.set_xlabel(f"inference latency (ms/sample), {SD_BARS}")
-        ax.set_ylabel(f"test accuracy (%), {SD_BARS}")
+        ax.set_xlabel("inference latency (ms/sample)")
         ax.set_title(str(d))
-        _grid_and_legend(ax, "both")
-    return save_titled(fig, title, out_dir, stem)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy (%)")
+    _figure_legend(fig, axes)  # one legend beside the panels: the same entries in each
+    return save_titled(fig, f"{title}\n{SD_BARS} on both axes", out_dir, stem)
 
 
 def accuracy_by_length_bucket(

@@ -133,12 +133,12 @@ def _summary_figures(ctx: ReportContext, fig_dir: Path, colors: dict[str, str]) 
         datasets,
         operators,
         medians,
-        f"Accuracy by length regime ({where})",
+        f"Accuracy by length regime\n({where})",  # two lines: a title wider than its axes is cut
         fig_dir,
         styles,
     )
     latency = drawing.accuracy_vs_latency(
-        main_summary, datasets, operators, f"Accuracy vs latency ({where})", fig_dir, styles
+        main_summary, datasets, operators, f"Accuracy vs latency\n({where})", fig_dir, styles
     )
     drawn = [
         ("Accuracy by length regime (datasets, shortest to longest)", regime),

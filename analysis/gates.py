@@ -188,7 +188,8 @@ def gate_figure(frame: pd.DataFrame) -> Figure | None:
 
     One panel per dataset and per level of every ``axis.*`` column (and of ``position`` and
     ``attention_position`` where the frame holds several, so that no line averages different
-    models); in each, one line per operator: the mean over seeds of ``gate_mean`` per position
+    models), in the order they first occur in ``frame`` (the report passes it in display order:
+    datasets shortest first, settings in the sweep file's order); in each, one line per operator: the mean over seeds of ``gate_mean`` per position
     bucket (runs of one seed averaged first), with a band spanning the seeds' lowest to highest
     value, and a dashed line at 0.5 (E and P weighed equally). Buckets without tokens are left
     out.
@@ -197,11 +198,11 @@ def gate_figure(frame: pd.DataFrame) -> Figure | None:
     if data.empty:
         return None
     keys = _panel_keys(data)
-    panels = list(data.groupby(keys, sort=True, dropna=False))
+    panels = list(data.groupby(keys, sort=False, dropna=False))
     colors = operator_colors(sorted(data["operator"].astype(str).unique()))
     cols = min(len(panels), 3)
     rows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.6 * cols, 3.4 * rows), layout="constrained")
+    fig = Figure(figsize=(5.8 * cols, 3.4 * rows), layout="constrained")  # legends beside panels
     axes = fig.subplots(rows, cols, squeeze=False).ravel().tolist()
     for ax in axes[len(panels) :]:
         ax.set_visible(False)
@@ -274,7 +275,10 @@ def _draw_panel(ax: Any, panel: pd.DataFrame, colors: dict[str, str]) -> None:
     ax.set_xlabel("token position (bucket)")
     ax.set_ylabel("mean gate g (weight on E)")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=7, frameon=False, title="operator (seeds)", title_fontsize=7)
+    ax.legend(
+        fontsize=7, frameon=False, title="operator (seeds)", title_fontsize=7,
+        loc="upper left", bbox_to_anchor=(1.01, 1.0),  # outside the axes: it never covers data
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- in a report
@@ -417,7 +421,8 @@ def report_gate_figure(gates: GateAnalysis, ctx: ReportContext, fig_dir: Path) -
     ``gates.gate_figure`` makes a panel per ``axis.*`` column: the report's extra axes and
     ``--by`` params are handed over under that prefix, so that no line averages two settings."""
     extra = [k for k in ctx.keys if k not in ("dataset", "position", "attention_position")]
-    frame = gates.frame.rename(columns={k: AXIS_TAG_PREFIX + k for k in extra})
+    frame = display_order(gates.frame, ctx.datasets, ctx.operators, ctx.axis_levels)
+    frame = frame.rename(columns={k: AXIS_TAG_PREFIX + k for k in extra})
     fig = gate_figure(frame)
     if fig is None:
         return []

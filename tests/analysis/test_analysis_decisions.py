@@ -157,3 +157,31 @@ def test_legends_sit_outside_the_axes_and_bars_say_what_they_are():
     anchor = ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted())
     assert anchor.x0 > 1.0  # right of the data area
     assert SD_BARS == "bars: mean ± 1 sd over seeds"
+
+
+def test_an_error_bars_legend_entry_shows_its_marker_not_the_caps():
+    """A legend entry of an error bar is its data line (marker and line style): the caps of a
+    small legend icon hid which marker, so which setting, an entry was."""
+    from matplotlib.figure import Figure
+
+    from analysis.drawing import _grid_and_legend
+
+    ax = Figure().subplots()
+    ax.errorbar([0], [1], yerr=[0.1], fmt="s", label="false", capsize=3)
+    ax.errorbar([1], [2], yerr=[0.1], fmt="o", label="true", capsize=3)
+    _grid_and_legend(ax)
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["false", "true"]
+    assert [h.get_marker() for h in legend.legend_handles] == ["s", "o"]
+
+
+def test_each_e_value_panel_is_titled_in_its_width_with_the_tables_verdict():
+    from analysis.decisions import PANEL_TITLE_CHARS, _panel_title
+
+    name = "long-short/sinusoidal/none/scale_embeddings=false-true: gate_scalar vs add"
+    title = _panel_title(name, "smaller")
+    lines = title.split("\n")
+    assert lines[0] == "gate_scalar vs add" and lines[-1] == "smaller"
+    assert "/".join(lines[1:-1]) == name.split(": ")[0]  # the whole group, wrapped at "/"
+    assert all(len(line) <= PANEL_TITLE_CHARS for line in lines[1:-1])
+    assert _panel_title("short: concat vs add", "better") == "concat vs add\nshort\nbetter"

@@ -431,6 +431,11 @@ def test_plot_gates_draws_one_panel_per_dataset_and_axis_level(store, tmp_path):
     assert len(vector) == len(gate_bucket_edges(16)) - 2 and np.allclose(vector, 0.3)
     assert any(line.get_ydata()[0] == 0.5 for line in short.get_lines())  # the 0.5 reference
 
+    # panels in the order the frame first holds them (the report hands it in display order)
+    first = [ax.get_title() for ax in axes]
+    backwards = gate_figure(frame.iloc[::-1])
+    assert [ax.get_title() for ax in backwards.axes if ax.get_visible()] == first[::-1]
+
     path = plot_gates(frame, tmp_path / "figs" / "gates.png")
     assert path == tmp_path / "figs" / "gates.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
