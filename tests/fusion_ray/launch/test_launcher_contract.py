@@ -7,12 +7,18 @@ registry."""
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 import pytest
 
 from fusion_ray.cli import list_entries
-from fusion_ray.launch import LAUNCHERS, LaunchTarget, main
+from fusion_ray.launch import LAUNCHERS, BatchJob, BatchTarget, LaunchTarget, main, render
+from fusion_ray.launch.join import JOIN_FAILED_EXIT
 from fusion_ray.testing.launch import check_launcher
+from tests.conftest import ROOT
 
 
 @pytest.mark.process  # bash -n and bash reading the sweep command's words
@@ -65,3 +71,77 @@ def test_fusion_ray_list_shows_each_target_with_its_origin_and_options():
     for name in LAUNCHERS.names():
         assert f"  {name:<20} [{LAUNCHERS.origin(name)}]  {LAUNCHERS.get(name).summary}" in text
     assert "--requeue-on-time-limit" in text and "--ssh-proxy-command" in text
+
+
+@dataclass(frozen=True)
+class _ToyJob(BatchJob):
+    """A made-up scheduler ("toy": ``#TOY`` directives, ``toyrun`` steps): what a second
+    scheduler on the batch base supplies, and nothing else."""
+
+    time: str = "1440"
+
+    target: ClassVar[str] = "toy"
+    submit: ClassVar[str] = "toysub"
+    node_dir: ClassVar[str] = "fr-$TOY_JOB-$TOY_NODE"
+    default_port: ClassVar[str] = "$((20000 + TOY_JOB % 20000))"
+    time_formats: ClassVar[str] = "whole minutes"
+    job_lines: ClassVar[str] = """
+job_id=$TOY_JOB
+run=${TOY_RUN:-0}
+head_node=$TOY_NODE
+mapfile -t nodes < "$TOY_NODEFILE"
+"""
+    step_lines: ClassVar[str] = """
+every_node=(toyrun --all)
+head_step=(toyrun --on "$head_node" --cpus @CPUS@)
+worker_steps=(toyrun --on "$(IFS=,; echo "${workers[*]}")" --cpus @CPUS@)
+requeue=(toyrequeue "$TOY_JOB")
+"""
+
+    def time_limit_seconds(self) -> int | None:
+        return int(self.time) * 60 if self.time.isdigit() else None
+
+    def directives(self) -> list[str]:
+        return [f"#TOY nodes={self.nodes} minutes={self.time} warn={self.signal_seconds}"]
+
+
+class _ToyTarget(BatchTarget):
+    """A batch script for the made-up toy scheduler."""
+
+    summary = "a toy scheduler's batch script"
+    directive = "#TOY"
+    job = _ToyJob
+
+
+@pytest.mark.process
+def test_a_second_scheduler_on_the_batch_base_keeps_the_contract():
+    """The base's script, checks and options serve another scheduler given only its pieces."""
+    LAUNCHERS.register("toy", origin="tests")(_ToyTarget)
+    try:
+        check_launcher("toy")
+        text = render("toy", ["s.yaml", "--nodes", "3", "--time", "60"])
+    finally:
+        LAUNCHERS.unregister("toy")
+    assert "#TOY nodes=3 minutes=60 warn=300\n" in text
+    assert '"${head_step[@]}" bash -c' in text and "head_step=(toyrun --on" in text
+    assert "python -m fusion_ray.launch.join wait-for-nodes" in text
+
+
+@pytest.mark.process
+def test_the_modules_kept_for_rendered_scripts_still_run():
+    """``python -m fusion_ray.slurm wait-for-nodes`` (what rendered SLURM scripts call) and
+    ``python -m fusion_ray.k8s`` forward to the launch package."""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+        )
+
+    waited = run("fusion_ray.slurm", "wait-for-nodes", "--address", "127.0.0.1:9", "--nodes",
+                 "1", "--timeout", "30", "--pids", "999999999")  # fmt: skip
+    assert waited.returncode == JOIN_FAILED_EXIT, waited.stderr
+    assert "a Ray start step (pid 999999999) ended before every node joined" in waited.stderr
+    rayjob = run("fusion_ray.k8s", "s.yaml", "--image", "img:1")
+    assert rayjob.returncode == 0 and "kind: RayJob" in rayjob.stdout, rayjob.stderr
+    launched = run("fusion_ray.launch", "slurm", "s.yaml")
+    assert launched.returncode == 0 and "#SBATCH --nodes=1" in launched.stdout, launched.stderr
