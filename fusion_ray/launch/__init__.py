@@ -30,6 +30,7 @@ from fusion_ray.launch.target import (
     run,
     target_parser,
 )
+from fusion_ray.registry import BUILT_IN
 
 __all__ = [
     "LAUNCHERS",
@@ -58,7 +59,7 @@ def _overview() -> argparse.ArgumentParser:
     for name in LAUNCHERS.names():
         target = LAUNCHERS.get(name)
         origin = LAUNCHERS.origin(name)
-        extra = "" if origin == "fusion-ray" else f" [{origin}]"
+        extra = "" if origin == BUILT_IN else f" [{origin}]"
         sub.add_parser(name, help=f"{target.summary}{extra}", add_help=False)
     return parser
 

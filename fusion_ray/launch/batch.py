@@ -120,13 +120,14 @@ class BatchJob:
     ``@CPUS@``, ``@GPUS@`` and the keys of ``replacements`` are filled in."""
     wait_module: ClassVar[str] = "fusion_ray.launch.join"
     """The module whose ``wait-for-nodes`` command the script runs."""
+    submit_dir: ClassVar[str] = '"$PWD"'
+    """Bash for the folder the job was submitted from (the default ``workdir``)."""
+    time_formats: ClassVar[str] = ""
+    """The formats ``time`` may take, for the error that refuses it."""
 
     def time_limit_seconds(self) -> int | None:
         """``time`` in seconds; None when it is in none of the scheduler's formats."""
         raise NotImplementedError
-
-    time_formats: ClassVar[str] = ""
-    """The formats ``time`` may take, for the error that refuses it."""
 
     def directives(self) -> list[str]:
         """The directive lines (checked values only: ``scheduler_problems``)."""
@@ -311,9 +312,6 @@ class BatchJob:
             "@WARNING@": self.warning_signal,
             "@REQUEUES@": str(self.requeue_on_time_limit),
         }
-
-    submit_dir: ClassVar[str] = '"$PWD"'
-    """Bash for the folder the job was submitted from (the default ``workdir``)."""
 
 
 BATCH_FLAGS: dict[str, tuple[str, str]] = {

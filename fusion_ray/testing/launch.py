@@ -222,9 +222,8 @@ def _text_options(name: str) -> list[argparse.Action]:
     return [
         action
         for action in options(name)
-        if action.nargs in (None, 1) and action.type in (None, str) and not action.choices
-        and isinstance(action, (argparse._StoreAction, argparse._AppendAction))
-    ]  # fmt: skip
+        if action.nargs is None and action.type in (None, str) and not action.choices
+    ]
 
 
 def check_hostile_options(name: str) -> None:
@@ -233,7 +232,7 @@ def check_hostile_options(name: str) -> None:
     runs_sweep = LAUNCHERS.get(name).runs_sweep
     for action in _text_options(name):
         flag = action.option_strings[0]
-        append = isinstance(action, argparse._AppendAction)
+        append = isinstance(action.default, list)  # action="append": a list of values
         plain = _parsed(name)
         setattr(plain, action.dest, ["plain"] if append else "plain")
         plain_text = _render(name, plain, flag)
