@@ -10,7 +10,8 @@
   constraints and the field's docstring;
 - ``mlflow-schema``: every name of ``fusion_ray.schema`` with the comment or docstring beside it;
 - ``cli``: ``--help`` of every ``fusion-ray`` command;
-- ``registries``: ``fusion_ray.cli.list_entries()``, and per registry entry its options.
+- ``registries``: ``fusion_ray.cli.list_entries()``, and per registry entry its options (the
+  launch targets: their command-line options).
 
 Only public names are imported (never file paths), so the generator does not depend on how a
 package is split into modules. ``tests/docs/test_docs_reference.py`` checks that every field, schema
@@ -269,10 +270,26 @@ def cli() -> str:
             continue
         argvs = [["--help"]]
         if name == "cluster":
-            argvs += [["aws", "--help"], ["onprem", "--help"]]
+            from fusion_ray.launch import LAUNCHERS
+
+            argvs += [[target, "--help"] for target in LAUNCHERS.names()]
         for argv in argvs:
             parts += ["```text", _help(module, argv), "```", ""]
     return "\n".join(parts)
+
+
+def launch_targets() -> list[str]:
+    """The launch targets' table: name, origin, what the file is, its options."""
+    from fusion_ray.launch import LAUNCHERS, options
+
+    parts = ["### Launch targets", "", f"Entry-point group `{LAUNCHERS.group}`; "]
+    parts[-1] += "`fusion-ray cluster NAME --help` shows a target's options with their help."
+    parts += ["", "| name | from | what it prints | options |", "|---|---|---|---|"]
+    for name in LAUNCHERS.names():
+        flags = ", ".join(f"`{action.option_strings[0]}`" for action in options(name))
+        row = [f"`{name}`", LAUNCHERS.origin(name), _first_paragraph(LAUNCHERS.get(name))]
+        parts.append("| " + " | ".join(_cell(c) for c in [*row, flags or "none"]) + " |")
+    return [*parts, ""]
 
 
 def registries() -> str:
@@ -304,7 +321,8 @@ def registries() -> str:
     for stat in statistics():
         columns = ", ".join(f"`{c}`" for c in (*stat.columns, *stat.family_columns))
         parts.append(f"| `{stat.name}` | {origin(stat.name)} | {columns} |")
-    parts += ["", "### `fusion-ray list`", "", "```text", list_entries(), "```", ""]
+    parts += ["", *launch_targets()]
+    parts += ["### `fusion-ray list`", "", "```text", list_entries(), "```", ""]
     return "\n".join(parts)
 
 

@@ -4,7 +4,7 @@
     fusion-ray hpo sweeps/hpo/agnews.yaml ...
     fusion-ray report --experiment quickstart ...
     fusion-ray train TRIAL.yaml ...
-    fusion-ray cluster {aws,onprem,slurm,k8s} ...
+    fusion-ray cluster TARGET ...          (aws, onprem, slurm, k8s, plug-ins: --help lists them)
     fusion-ray list
 
 Each subcommand takes the options of the module it runs (``fusion-ray sweep --help`` shows
@@ -34,8 +34,8 @@ COMMANDS = {
     "report": ("analysis.report", "the paired-statistics report of a sweep's MLflow runs"),
     "train": ("fusion_ray.train.__main__", "train one trial config locally (no Ray)"),
     "cluster": (
-        "fusion_ray.cluster",
-        "render the files that run a sweep on a cluster: aws, onprem, slurm, k8s",
+        "fusion_ray.launch",
+        "render the file that runs sweeps on a cluster, for one launch target (see its --help)",
     ),
     "list": ("fusion_ray.cli", "every registry entry with its options and origin"),
 }
@@ -153,6 +153,13 @@ def list_entries() -> str:
     lines.append(f"report statistics (entry-point group {PLUGIN_GROUP}):")
     for stat in statistics():
         lines.append(f"  {stat.name:<20} [{origin(stat.name)}]  columns: {', '.join(stat.columns)}")
+    from fusion_ray.launch import LAUNCHERS, options
+
+    lines.append(f"launch targets (entry-point group {LAUNCHERS.group}; fusion-ray cluster NAME):")
+    for name in LAUNCHERS.names():
+        flags = ", ".join(action.option_strings[0] for action in options(name))
+        lines.append(f"  {name:<20} [{LAUNCHERS.origin(name)}]  {LAUNCHERS.get(name).summary}")
+        lines.append(f"  {'':<20} options: {flags or 'none'}")
     return "\n".join(lines)
 
 

@@ -12,7 +12,9 @@ the check that failed:
 - ``check_source(name, options, data)``: a data source (``fusion_ray.sources``);
 - ``check_tokenizer(name, options)``: a tokenizer (``fusion_ray.tokenizers``);
 - ``check_statistic(name)``: a report statistic (``fusion_ray.statistics``);
-- ``check_decision_rule(name)``: a decision rule (``fusion_ray.decision_rules``).
+- ``check_decision_rule(name)``: a decision rule (``fusion_ray.decision_rules``);
+- ``check_launcher(name)``: a launch target (``fusion_ray.launchers``; ``fusion-ray cluster
+  NAME``), which needs ``bash`` on PATH.
 
 ``options`` are the entry's keyword options as a sweep file writes them (``fusion_kwargs``,
 ``source_kwargs``, ...). A plug-in's test file needs a few lines::
@@ -31,6 +33,7 @@ plug-ins included, so there is one copy of each check.
 """
 
 from fusion_ray.testing.data import check_source, check_tokenizer
+from fusion_ray.testing.launch import check_launcher
 from fusion_ray.testing.model import check_attention_position, check_fusion, check_position
 from fusion_ray.testing.rules import (
     check_anytime_crossing,
@@ -51,6 +54,7 @@ __all__ = [
     "check_equivalence_validity",
     "check_fusion",
     "check_interval",
+    "check_launcher",
     "check_no_look_ahead",
     "check_null_validity",
     "check_position",

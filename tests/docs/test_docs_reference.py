@@ -60,6 +60,7 @@ def test_every_schema_name_and_command_and_entry_is_generated(gen):
     from analysis.stats import statistics
     from fusion_ray import schema
     from fusion_ray.cli import COMMANDS, registries
+    from fusion_ray.launch import LAUNCHERS
 
     text = gen.GENERATORS["mlflow-schema"]()
     for name in (n for n in vars(schema) if n.isupper() and not n.startswith("_")):
@@ -69,8 +70,10 @@ def test_every_schema_name_and_command_and_entry_is_generated(gen):
     for command in COMMANDS:
         assert f"### `fusion-ray {command}`" in cli
     assert "usage: python -m fusion_ray.sweep" in cli and "--take-over" in cli
+    for target in LAUNCHERS.names():
+        assert f"usage: fusion-ray cluster {target} " in cli, target
     entries = gen.GENERATORS["registries"]()
-    for registry in [*registries().values(), RULES]:
+    for registry in [*registries().values(), RULES, LAUNCHERS]:
         for name in registry.names():
             assert f"| `{name}` | {registry.origin(name)} |" in entries, name
     for stat in statistics():

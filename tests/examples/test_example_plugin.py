@@ -1,6 +1,7 @@
 """The example plug-in package (examples/plugin), installed as a user would, runs a sweep on
 Ray workers through the report: its operator and its data source are selected by name, and its
-gated operator gets the gate diagnostics."""
+gated operator gets the gate diagnostics; its launch target is listed and rendered by
+``fusion-ray cluster``."""
 
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def _passed(proc: subprocess.CompletedProcess) -> int:
 
 def test_the_plugin_own_tests_pass_through_the_contract_kit(site):
     """examples/plugin/tests, the plug-in's own pytest, checks each of its entries with
-    fusion_ray.testing (fusion, data source, decision rule), by name, as installed."""
+    fusion_ray.testing (fusion, data source, decision rule, launch target), by name, as
+    installed, and runs its launch target's script with stand-ins for ssh, ray and python."""
     proc = _pytest(site, str(ROOT / "examples" / "plugin" / "tests"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert _passed(proc) == 4, proc.stdout[-2000:]
+    assert _passed(proc) == 6, proc.stdout[-2000:]
 
 
 def test_the_registry_contract_tests_cover_the_plugin_entries(site):
@@ -64,12 +66,40 @@ def test_the_registry_contract_tests_cover_the_plugin_entries(site):
         "model/test_model_contract.py",
         "data/test_data_contract.py",
         "decide/test_rule_contract.py",
+        "launch/test_launcher_contract.py",
     ]
     paths = [str(ROOT / "tests" / "fusion_ray" / t) for t in tests]
-    select = "position_gate or keywords or sign_closure"
+    select = "position_gate or keywords or sign_closure or ssh_hosts"
     proc = _pytest(site, *paths, select=select)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert _passed(proc) >= 6, proc.stdout[-2000:]
+    assert _passed(proc) >= 7, proc.stdout[-2000:]
+
+
+def test_the_plugin_launch_target_is_listed_and_renders_through_fusion_ray_cluster(site):
+    """``ssh_hosts`` (entry-point group fusion_ray.launchers), installed as a user would:
+    ``fusion-ray list`` and ``fusion-ray cluster --help`` show it with its package, and
+    ``fusion-ray cluster ssh_hosts`` prints its script with the sweep command as given."""
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "fusion_ray.cli", *args],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    listed = cli("list").stdout
+    assert "  ssh_hosts            [fusion-ray-example-plugin]  print a bash script" in listed
+    assert "options: --hosts, --workdir, --activate, --port" in listed
+    assert "ssh_hosts" in cli("cluster", "--help").stdout
+    done = cli("cluster", "ssh_hosts", "sweeps/quickstart.yaml", "train.epochs=1", "--hosts=a,b")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("#!/bin/bash\n")
+    assert "hosts=(a b)" in done.stdout
+    assert (
+        'fusion_ray.sweep sweeps/quickstart.yaml train.epochs=1 --address "$address"' in done.stdout
+    )
+    refused = cli("cluster", "ssh_hosts", "s.yaml", "--hosts=-oProxyCommand=x")
+    assert refused.returncode == 2 and "--hosts '-oProxyCommand=x'" in refused.stderr
 
 
 def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(

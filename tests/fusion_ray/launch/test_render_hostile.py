@@ -44,11 +44,12 @@ from typing import Any
 import pytest
 import yaml
 
-from fusion_ray import k8s, slurm
-from fusion_ray.cluster import Lab, Ports, in_double_quotes, render_onprem
-from fusion_ray.cluster import main as cluster_main
-from fusion_ray.k8s import KubeJob, manifest, render_k8s
-from fusion_ray.slurm import SlurmJob, render_slurm
+from fusion_ray.launch import k8s, slurm
+from fusion_ray.launch import main as cluster_main
+from fusion_ray.launch.k8s import KubeJob, manifest, render_k8s
+from fusion_ray.launch.rayup import Lab, Ports, render_onprem
+from fusion_ray.launch.shell import in_double_quotes
+from fusion_ray.launch.slurm import SlurmJob, render_slurm
 
 PAYLOADS = (
     "\n", "\r", "\r\n", "\t", "\x0b", "\x0c", "\x1b[31m", "\x7f", "\x85", "\u2028", "\u2029",

@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_ray.slurm import SlurmJob, main, render_slurm, time_limit_seconds
+from fusion_ray.launch.slurm import SlurmJob, main, render_slurm, time_limit_seconds
 from tests.conftest import ROOT, tiny_sweep
 from tests.helpers import install_held_add, wait_until_held
 

@@ -13,7 +13,7 @@ import shlex
 import pytest
 import yaml
 
-from fusion_ray.k8s import KubeJob, main, manifest, render_k8s
+from fusion_ray.launch.k8s import KubeJob, main, manifest, render_k8s
 
 k8s = pytest.importorskip("kubernetes.client", reason="needs the kubernetes client (dev extra)")
 
