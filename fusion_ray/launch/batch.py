@@ -41,7 +41,7 @@ from fusion_ray.launch.shell import (
     sweep_command_problems,
     text_problem,
 )
-from fusion_ray.launch.target import DRIVER_RESOURCE, DRIVER_SLOTS, LaunchTarget
+from fusion_ray.launch.target import DRIVER_RESOURCE, DRIVER_SLOTS, LaunchTarget, below_least
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -163,16 +163,15 @@ class BatchJob:
         return []
 
     def _number_problems(self) -> list[str]:
-        out = []
-        for what, value, least in [
-            ("--nodes", self.nodes, 1),
-            ("--cpus-per-node", self.cpus_per_node, 1),
-            ("--gpus-per-node", self.gpus_per_node, 0),
-            ("--join-timeout", self.join_timeout_s, 1),
-            ("--requeue-on-time-limit", self.requeue_on_time_limit, 0),
-        ]:
-            if value < least:
-                out.append(f"{what} {value}: must be {least} or more")
+        out = below_least(
+            [
+                ("--nodes", self.nodes, 1),
+                ("--cpus-per-node", self.cpus_per_node, 1),
+                ("--gpus-per-node", self.gpus_per_node, 0),
+                ("--join-timeout", self.join_timeout_s, 1),
+                ("--requeue-on-time-limit", self.requeue_on_time_limit, 0),
+            ]
+        )
         if self.port is not None and not 1024 <= self.port <= 65000:
             out.append(f"--port {self.port}: from 1024 to 65000")
         if self.requeue_on_time_limit and not self.requeue:

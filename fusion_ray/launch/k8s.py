@@ -37,6 +37,7 @@ from fusion_ray.launch.target import (
     LAUNCHERS,
     RAY_VERSION,
     LaunchTarget,
+    below_least,
     run,
 )
 
@@ -105,16 +106,15 @@ class KubeJob:
         return out + self._size_problems()
 
     def _size_problems(self) -> list[str]:
-        out = []
-        for what, value, least in [
-            ("--workers", self.workers, 0),
-            ("--gpus-per-worker", self.gpus_per_worker, 0),
-            ("--cpus-per-worker", self.cpus_per_worker, 1),
-            ("--head-cpus", self.head_cpus, 1),
-            ("--backoff-limit", self.backoff_limit, 0),
-        ]:
-            if value < least:
-                out.append(f"{what} {value}: must be {least} or more")
+        out = below_least(
+            [
+                ("--workers", self.workers, 0),
+                ("--gpus-per-worker", self.gpus_per_worker, 0),
+                ("--cpus-per-worker", self.cpus_per_worker, 1),
+                ("--head-cpus", self.head_cpus, 1),
+                ("--backoff-limit", self.backoff_limit, 0),
+            ]
+        )
         for what, value in [("--memory-per-worker", self.memory_per_worker),
                             ("--head-memory", self.head_memory)]:  # fmt: skip
             if not _QUANTITY.fullmatch(value):

@@ -112,3 +112,11 @@ def run(name: str, argv: Sequence[str]) -> int:
         print(exc, file=sys.stderr)
         return 2
     return 0
+
+
+def below_least(counts: Sequence[tuple[str, int, int]]) -> list[str]:
+    """A problem for each (option, value, least) whose value is below its least, naming the
+    option and the bound."""
+    return [
+        f"{what} {value}: must be {least} or more" for what, value, least in counts if value < least
+    ]
