@@ -88,9 +88,9 @@ def add_file_arguments(
 def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
     """``run()`` for a command that drives trials (``sweep``, ``hpo``) or looks at its store (a
     dry run): its value, or, when the driver stopped, the exit code of
-    ``fusion_ray.driver.EXIT_CODES`` (``exit_code``) after one message saying why and what to do
+    ``fusion_ray.driver.session.EXIT_CODES`` (``exit_code``) after one message saying why and what to do
     (``stopped(signal name)`` when a signal stopped it)."""
-    from fusion_ray.driver import DriverInterrupted, exit_code
+    from fusion_ray.driver.session import DriverInterrupted, exit_code
     from fusion_ray.redact import redact
 
     try:

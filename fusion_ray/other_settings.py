@@ -1,4 +1,4 @@
-"""Runs of other settings, described once: what the driver's note (``fusion_ray.plan``) and the
+"""Runs of other settings, described once: what the driver's note (``fusion_ray.policy.plan``) and the
 report (``analysis.other_settings``) both say of an experiment's runs that are not its sweep's
 cells. Standard library only, like ``fusion_ray.schema``, so ``analysis`` shares it.
 

@@ -1,5 +1,5 @@
 """What an error from a tracking store says about the store: the one classification that the
-driver (``fusion_ray.tracking``) and the report (``analysis.load.store``) both word as one message
+driver (``fusion_ray.driver.tracking``) and the report (``analysis.load.store``) both word as one message
 with the fix, and the exit codes both give each kind.
 
 Standard library only, so ``analysis`` imports it (as it imports ``fusion_ray.schema``): it reads

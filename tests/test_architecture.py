@@ -223,24 +223,25 @@ def test_rooms_import_only_what_they_may(room, allowed):
 
 @pytest.mark.unit
 def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
-    """What crosses into the trial's process is ``job.TrialJob``: ``orchestrate`` reads no value
-    out of a mapping by a string key (a payload dict), and its trainable takes the job."""
+    """What crosses into the trial's process is ``job.TrialJob``: the trial's entry
+    (``fusion_ray.driver.trial``) reads no value out of a mapping by a string key (a payload
+    dict), and its trainable takes the job."""
     import inspect
 
-    from fusion_ray import orchestrate
-    from fusion_ray.job import TrialJob
+    from fusion_ray.driver import trial
+    from fusion_ray.driver.job import TrialJob
 
-    source = (ROOT / "fusion_ray" / "orchestrate.py").read_text()
+    source = (ROOT / "fusion_ray" / "driver" / "trial.py").read_text()
     reads = [
-        f"orchestrate.py:{node.lineno}: {ast.unparse(node)}"
+        f"driver/trial.py:{node.lineno}: {ast.unparse(node)}"
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
         and isinstance(node.slice, ast.Constant)
         and isinstance(node.slice.value, str)
     ]
-    assert not reads, "string-key reads in orchestrate:\n" + "\n".join(reads)
-    hints = inspect.get_annotations(orchestrate.run_cell, eval_str=True)
+    assert not reads, "string-key reads in the trial's entry:\n" + "\n".join(reads)
+    hints = inspect.get_annotations(trial.run_cell, eval_str=True)
     assert hints["job"] is TrialJob
 
 
@@ -288,16 +289,18 @@ def test_every_report_section_is_one_module_with_a_known_place():
 
 @pytest.mark.unit
 def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
-    """DESIGN.md: ``fusion_ray.tracking`` owns MLflow (the lease and the Tune callbacks write
+    """DESIGN.md: ``fusion_ray.driver.tracking`` owns MLflow (the lease and the Tune callbacks write
     through it), at any depth, lazy imports included."""
     importers = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
         for name in MODULES
-        if name.startswith("fusion_ray") and name != "fusion_ray.tracking"
+        if name.startswith("fusion_ray") and name != "fusion_ray.driver.tracking"
         for module, _, line in _imports(MODULES[name])
         if module.split(".")[0] == "mlflow"
     ]
-    assert not importers, "mlflow imported outside fusion_ray.tracking:\n" + "\n".join(importers)
+    assert not importers, "mlflow imported outside fusion_ray.driver.tracking:\n" + "\n".join(
+        importers
+    )
 
 
 APPLICATION = {"fusion_ray.api", "fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}

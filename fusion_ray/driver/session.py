@@ -42,8 +42,8 @@ from fusion_ray.redact import redact
 from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
 
 if TYPE_CHECKING:
-    from fusion_ray.lease import SweepLease
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.lease import SweepLease
+    from fusion_ray.driver.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -330,8 +330,8 @@ class DriverSession:
         """How many trials this driver finished so far (``tune_run`` sets it)."""
 
     def __enter__(self) -> DriverSession:
-        from fusion_ray.lease import SweepLease
-        from fusion_ray.tracking import Tracker, access_errors
+        from fusion_ray.driver.lease import SweepLease
+        from fusion_ray.driver.tracking import Tracker, access_errors
 
         self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
         self.lease: SweepLease = SweepLease(
@@ -374,7 +374,11 @@ class DriverSession:
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            from fusion_ray.tracking import TrackingStoreLostError, store_gone, store_lost_error
+            from fusion_ray.driver.tracking import (
+                TrackingStoreLostError,
+                store_gone,
+                store_lost_error,
+            )
 
             # a store gone (or a server that stopped answering, or a full disk): nothing to
             # mark, no lease to delete; the next driver takes the lease over once its heartbeat
@@ -445,8 +449,8 @@ class DriverSession:
     def after_tune(self, *, failed: bool, store_lost: str | None, finished_now: int) -> None:
         """After a Tune run: raises what ended it early (a signal, a full storage path behind its
         failed trials, a vanished tracking store, the lease taken over by another driver)."""
-        from fusion_ray.lease import LeaseLostError
-        from fusion_ray.tracking import store_lost_error
+        from fusion_ray.driver.lease import LeaseLostError
+        from fusion_ray.driver.tracking import store_lost_error
 
         self.stop_if_signalled()
         full = storage_full(self.storage_path) if failed else None
@@ -465,10 +469,10 @@ class DriverSession:
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of a driver stopped by ``exc`` (None: not one of the driver's stops)."""
-    from fusion_ray.lease import LeaseHeldError, LeaseLostError
-    from fusion_ray.placement import PlacementError
-    from fusion_ray.preflight import RefusedError
-    from fusion_ray.tracking import (
+    from fusion_ray.driver.lease import LeaseHeldError, LeaseLostError
+    from fusion_ray.driver.placement import PlacementError
+    from fusion_ray.driver.preflight import RefusedError
+    from fusion_ray.driver.tracking import (
         TrackingAccessError,
         TrackingStoreFullError,
         TrackingStoreLostError,

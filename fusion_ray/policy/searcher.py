@@ -9,8 +9,8 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from fusion_ray.adaptive import SeedSchedule
-from fusion_ray.job import TrialResult
+from fusion_ray.policy.schedule import SeedSchedule
+from fusion_ray.train.result import TrialResult
 
 
 class AdaptiveSeedSearcher(Searcher):

@@ -1,6 +1,6 @@
 """What the sweep and the HPO phase share to run one trial on Ray: where its checkpoints go,
 the resources it holds, the device it trains on, and the Tune trainable that runs it (the
-driver's side, Ray start-up, signals and stops, is ``fusion_ray.driver``).
+driver's side, Ray start-up, signals and stops, is ``fusion_ray.driver.session``).
 
 A trial with one worker trains directly inside its Tune trial; one with several workers runs a
 Ray Train ``TorchTrainer`` (DDP) inside it, its metrics forwarded by ``TuneReportCallback``.
@@ -12,44 +12,16 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from fusion_ray.config import Resources
-from fusion_ray.job import TRIAL_ERROR, OperatorRef, TrialJob
+from fusion_ray.driver.job import OperatorRef, TrialJob
+from fusion_ray.train.result import TRIAL_ERROR
 from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
 
 CPU_FALLBACK_ENV = "FUSION_RAY_CPU_FALLBACK"
-
-
-def storage_uri(storage_path: str) -> str:
-    """A storage path as Ray wants it: URIs (``s3://...``) as given, local paths absolute."""
-    return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
-
-
-def within_storage(path: str, storage_path: str) -> bool:
-    """Whether a checkpoint ``path`` (a local path or URI) lies under the sweep's storage: a
-    checkpoint path read back from the tracking store is trusted only there. URIs are compared
-    parsed, not as strings: the same scheme and bucket, a key under the storage prefix (no
-    ``..``), and no query parameters (an endpoint, a scheme, a region) but the storage path's
-    own, so a tag cannot point the driver's signed requests at another host."""
-    from urllib.parse import parse_qs, urlsplit
-
-    if "://" not in storage_path:
-        if "://" in path:
-            return False
-        return Path(path).resolve().is_relative_to(Path(storage_path).resolve())
-    root = urlsplit(storage_path)
-    where = urlsplit(path if "://" in path else f"{root.scheme}://{path}")
-    if (where.scheme, where.netloc) != (root.scheme, root.netloc) or where.fragment:
-        return False
-    if where.query and parse_qs(where.query) != parse_qs(root.query):
-        return False
-    parts = [p for p in where.path.split("/") if p]
-    prefix = [p for p in root.path.split("/") if p]
-    return ".." not in parts and parts[: len(prefix)] == prefix
 
 
 def worker_resources(res: Resources) -> dict[str, float]:

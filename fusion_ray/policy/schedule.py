@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import AdaptiveSeeds
+from fusion_ray.config.grid import Cell
 from fusion_ray.decide.questions import Arm, Group, Hypothesis, hypotheses, rows
-from fusion_ray.grid import Cell
 
 
 def group_of(cell: Cell) -> Group:
