@@ -65,6 +65,7 @@ def dry_run(spec: SweepSpec) -> Plan:
     check_stores(spec, remote=False)
     if not spec.tracking_uri.startswith(("http://", "https://")):
         return plan(spec, existing_tracker(spec))
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
     from fusion_ray.driver.tracking import answer_within
 
     with answer_within(spec.tracking_uri, DRY_RUN_WAIT_S):
@@ -111,6 +112,7 @@ def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
     """The analysis report of the sweep's runs, written to ``out_dir`` (default
     ``reports/<name>``) and logged to the sweep's parent run; raises ``analysis.AnalysisError``
     when there is nothing to analyse."""
+    # lazy: the report takes ~1.3 s to import; only report() needs it
     from analysis.report import ReportOptions, build_report
 
     out = str(out_dir or Path("reports") / spec.name)
@@ -125,6 +127,7 @@ def existing_tracker(spec: SweepSpec) -> Any:
     if spec.tracking_uri.startswith("sqlite:///"):
         if not Path(spec.tracking_uri.removeprefix("sqlite:///")).is_file():
             return None
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
     from fusion_ray.driver.tracking import Tracker
 
     return Tracker.existing(spec.tracking_uri, spec.name)

@@ -126,6 +126,7 @@ def _quiet_tune() -> None:
 def _report(spec: SweepSpec, out_dir: str) -> None:
     """The analysis report of the sweep's experiment, written to ``out_dir`` and logged to its
     parent run; a report that cannot be made says why and how to run it by hand."""
+    # lazy: the report takes ~1.3 s to import; only the end-of-sweep report needs it
     from analysis.load import AnalysisError
     from analysis.report import print_summary
     from analysis.stats import StatsSettings

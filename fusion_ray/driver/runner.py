@@ -21,8 +21,10 @@ from typing import Any
 
 from fusion_ray.config import SweepSpec, resources_for
 from fusion_ray.config.grid import Cell
+from fusion_ray.driver import placement
 from fusion_ray.driver.job import OperatorRef, TrialJob
-from fusion_ray.driver.session import DriverSession
+from fusion_ray.driver.placement import PlacementError, placement_timeout_s
+from fusion_ray.driver.session import DriverSession, tune_output
 from fusion_ray.driver.storage import finish_ended_trials, resume_point, storage_uri
 from fusion_ray.driver.trial import run_cell, trial_resources
 from fusion_ray.policy.plan import Plan, plan
@@ -104,8 +106,6 @@ def _parent_params(
 
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
     """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
-    from fusion_ray.driver import placement
-
     placed = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
     for dataset, request in placed.check.later.items():
         pending = sum(c.dataset == dataset for c in todo.pending)
@@ -120,6 +120,7 @@ def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
 def _run_cells(
     spec: SweepSpec, session: DriverSession, todo: Plan, policy: SeedPolicy, verbose: int
 ) -> SweepOutcome:
+    # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
     from fusion_ray.driver.callbacks import MLflowSweepCallback
 
     tracker, parent_id = session.tracker, session.parent_id
@@ -178,8 +179,6 @@ def _run_policy(
 ) -> int:
     """The policy's Tune runs, one after the other (none once the lease is lost); the number of
     trials they started."""
-    from fusion_ray.driver.session import tune_output
-
     ran = 0
     for run in policy.tune_runs(f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", callback):
         if session.lease.lost.is_set() or session.stopping():
@@ -224,9 +223,11 @@ def _tuner(
     """The Ray Tune run of a policy's cells: one trial per cell, each with its dataset's
     resources; all of them (a grid), or those the run's searcher suggests; every trial stops
     once ``stopping()`` (a signal) or the callback's lease or store is lost."""
+    # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
+    # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
     from fusion_ray.driver.callbacks import DriverStopper
 
     searcher, tune_run = run.searcher, run.name
@@ -270,8 +271,6 @@ class PlacementWatch:
         self.timeout_s, self.since = timeout_s, time.monotonic()
 
     def __call__(self, trials: list) -> None:
-        from fusion_ray.driver.placement import PlacementError
-
         statuses = {t.status for t in trials}
         if "RUNNING" in statuses or "PENDING" not in statuses:
             self.since = time.monotonic()
@@ -284,9 +283,8 @@ class PlacementWatch:
 
 
 def _placement_callback() -> Any:
+    # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
     from ray.tune import Callback
-
-    from fusion_ray.driver.placement import placement_timeout_s
 
     watch = PlacementWatch(placement_timeout_s())
 

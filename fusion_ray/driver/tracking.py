@@ -1,9 +1,9 @@
 """The one MLflow writer on the fusion_ray side (the only module that imports mlflow there).
 
 Workers never talk to MLflow: they report to Tune, and the Tune callbacks on the driver
-(``fusion_ray.driver.callbacks``) write, through the ``Tracker`` here, runs that follow the schema in
-DESIGN.md. One run per cell; a resumed or retried cell continues its earlier run, so a cell
-never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
+(``fusion_ray.driver.callbacks``) write, through the ``Tracker`` here, runs that follow the
+schema of docs/reference/mlflow-schema.md. One run per cell; a resumed or retried cell continues
+its earlier run, so a cell never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
 ``lease_store``.
 
 Why one module of this size: it is the only module of fusion_ray that imports MLflow (an

@@ -12,10 +12,15 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 from typing import Any
+
+import torch
 
 from fusion_ray.config import Resources
 from fusion_ray.driver.job import OperatorRef, TrialJob
+from fusion_ray.train.loop import run_trial, train_worker
+from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.result import TRIAL_ERROR
 from fusion_ray.train.spec import TrialConfig
 
@@ -60,8 +65,6 @@ def trial_device(res: Resources) -> Any:
     """The device a one-worker trial trains on, in the trial's process: its GPU when the sweep
     asks for one, the CPU otherwise. A GPU trial on a node whose torch has no CUDA fails with the
     fix, unless $FUSION_RAY_CPU_FALLBACK=1 asks to rehearse a GPU sweep on CPU nodes."""
-    import torch
-
     if not res.use_gpu:
         return torch.device("cpu")
     if torch.cuda.is_available():
@@ -85,10 +88,6 @@ def run_direct(
 ) -> None:
     """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
     ``latency_baseline`` (the sweep's baseline operator, or None) as in ``run_trial``."""
-    import torch
-
-    from fusion_ray.train.loop import run_trial
-
     torch.set_num_threads(max(1, int(res.cpus_per_worker)))
     reporter = reporter_cls(device=trial_device(res), **reporter_options)
     baseline = latency_baseline.mapping() if latency_baseline is not None else None
@@ -98,8 +97,6 @@ def run_direct(
 def run_cell(job: TrialJob) -> None:
     """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
     ``job`` was built and checked by the driver; it is used as it is."""
-    from fusion_ray.train.report import TuneReporter
-
     res = job.resources
     if res.workers == 1 and not res.force_trainer:
         try:
@@ -113,6 +110,7 @@ def run_cell(job: TrialJob) -> None:
         except REPEATING_ERRORS as exc:
             # The same config, data and seed fail the same way every time: end the trial with
             # the reason (recorded FAILED by the tracking callback) instead of letting Tune retry.
+            # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
             from ray import tune
 
             tune.report({TRIAL_ERROR: _error_summary(exc)})
@@ -133,18 +131,15 @@ seed, a missing file, a dataset that cannot be downloaded): retrying would repea
 
 
 def _error_summary(exc: BaseException) -> str:
-    import traceback
-
     lines = traceback.format_exception(exc)
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
 def _run_trainer(job: TrialJob) -> None:
+    # lazy: ray.train takes ~3 s to import; only a multi-worker trial needs it
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from fusion_ray.train.loop import train_worker
 
     res = job.resources
     per_worker = worker_resources(res)

@@ -174,6 +174,7 @@ class AdaptiveSeedPolicy:
         return "every comparison is decided or at its cap"
 
     def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
+        # lazy: the searcher imports ray.tune (~1.7 s); kept out of --dry-run and --help
         from fusion_ray.policy.searcher import AdaptiveSeedSearcher
 
         schedule = self.schedule
