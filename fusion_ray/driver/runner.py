@@ -71,11 +71,12 @@ def run_sweep(
         "sweep", spec.name, spec.tracking_uri, spec.storage_path, take_over=take_over
     ) as session:
         todo = plan(spec, session.tracker)
-        rehearsal = False
-        if policy_for(spec, todo).needed():
+        policy, rehearsal = policy_for(spec, todo), False
+        if policy.needed():
             session.start_ray(address or spec.address)
             spec, rehearsal = _placed(spec, todo, smoke)
-        policy = policy_for(spec, todo)
+            if rehearsal:  # the policy runs the spec rehearsed on CPUs
+                policy = policy_for(spec, todo)
         session.open_parent(sweep_file, _parent_params(spec, todo, policy, rehearsal, overrides))
         session.tracker.log_cells(session.parent_id, [c.cell_id for c in todo.cells])
         with session.driving():
