@@ -9,8 +9,8 @@ exceptions instead of exit codes.
 
 The same validation, cells and ids, driver session (lease, placement check, signals), tracking
 and report as the commands: ``fusion_ray.sweep`` parses the command line and calls these.
-This is the one place where the engine (``fusion_ray.driver.runner``) and the analysis (``analysis``)
-meet.
+This is the one place where the engine (``fusion_ray.driver.runner``) and the analysis
+(``analysis``) meet.
 """
 
 from __future__ import annotations

@@ -90,8 +90,8 @@ def add_file_arguments(
 def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
     """``run()`` for a command that drives trials (``sweep``, ``hpo``) or looks at its store (a
     dry run): its value, or, when the driver stopped, the exit code of
-    ``fusion_ray.driver.session.EXIT_CODES`` (``exit_code``) after one message saying why and what to do
-    (``stopped(signal name)`` when a signal stopped it)."""
+    ``fusion_ray.driver.session.EXIT_CODES`` (``exit_code``) after one message saying why and
+    what to do (``stopped(signal name)`` when a signal stopped it)."""
     # lazy: the driver session imports the config, torch and the trial (~2.5 s); fusion-ray
     # --help stays fast (~0.07 s)
     from fusion_ray.driver.session import DriverInterrupted, exit_code

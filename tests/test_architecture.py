@@ -293,8 +293,8 @@ def test_every_report_section_is_one_module_with_a_known_place():
 
 @pytest.mark.unit
 def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
-    """docs/architecture.md: ``fusion_ray.driver.tracking`` owns MLflow (the lease and the Tune callbacks write
-    through it), at any depth, lazy imports included."""
+    """docs/architecture.md: ``fusion_ray.driver.tracking`` owns MLflow (the lease and the Tune
+    callbacks write through it), at any depth, lazy imports included."""
     importers = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
         for name in MODULES

@@ -722,8 +722,8 @@ def _inode(path: Path | None) -> int | None:
 
 
 class LeaseStore:
-    """Named records with tags in the tracking store, for the sweep's lease (``fusion_ray.driver.lease``):
-    MLflow registered models, which every tracking store has and every driver of the sweep
+    """Named records with tags in the tracking store, for the sweep's lease
+    (``fusion_ray.driver.lease``): MLflow registered models, which every tracking store has and every driver of the sweep
     reaches (so two drivers on two machines see the same lease)."""
 
     def __init__(self, client: MlflowClient) -> None:

@@ -10,8 +10,8 @@ one place (``policy_for``) from the sweep file's ``seeds:``:
   decided by the sweep's decision rule (``fusion_ray.decide.rules``, a registry), its evidence
   logged on the parent run at every look and its decisions at the end.
 
-The driver (``fusion_ray.driver.runner``) asks the policy and never which policy it has. A new stopping
-rule is a new entry of the decision-rule registry; a new policy is a class here and a line in
+The driver (``fusion_ray.driver.runner``) asks the policy and never which policy it has. A new
+stopping rule is a new entry of the decision-rule registry; a new policy is a class here and a line in
 ``policy_for``. Both policies are functions of the finished runs in the tracking store, so a
 restarted driver makes the same choices.
 """
