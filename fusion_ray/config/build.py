@@ -24,8 +24,6 @@ from fusion_ray.config.combinations import (
     set_dotted,
 )
 from fusion_ray.config.spec import SweepSpec, pydantic_problems, resources_for
-from fusion_ray.data import data_rules
-from fusion_ray.data.prepare import longest_input_length
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, model_rules
 from fusion_ray.model.spec import ModelSpec
@@ -179,6 +177,9 @@ def _extrapolation_problems(model: ModelSpec, data: DataSpec) -> list[str]:
 def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
     """The model's position tables must cover every length a document is fed at: data.max_length
     and each of data.eval_lengths (positions never trained keep their initial values)."""
+    # lazy: data.prepare imports the tokenizers and the cache (~0.15 s); --help runs without
+    from fusion_ray.data.prepare import longest_input_length
+
     longest = longest_input_length(data)
     if max_len >= longest:
         return []
@@ -199,6 +200,9 @@ def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[A
     if value is None or problems:
         return None, problems
     if name == "data":
+        # lazy: data.prepare imports the tokenizers and the cache (~0.15 s); --help runs without
+        from fusion_ray.data.prepare import data_rules
+
         problems += data_rules(value)  # its messages name data.<field> already
     elif name == "model":
         problems += [f"model: {p}" for p in model_rules(value)]

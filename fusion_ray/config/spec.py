@@ -30,7 +30,6 @@ from pydantic import (
 
 from fusion_ray.checks import error_text, is_int, not_bool
 from fusion_ray.data.spec import DataSpec
-from fusion_ray.decide.rules import RULES, build_rule
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
 
@@ -312,6 +311,9 @@ class AdaptiveSeeds(Strict):
             raise ValueError(
                 f"first ({self.first}) is more than max ({self.max}); lower first or raise max"
             )
+        # lazy: the decision rules import scipy (~0.2 s); only an adaptive sweep needs them
+        from fusion_ray.decide.rules import RULES  # the decision-rule registry (plug-ins included)
+
         problems = RULES.check(self.rule, self.rule_options)
         if problems:
             raise ValueError("; ".join(problems))
@@ -319,6 +321,9 @@ class AdaptiveSeeds(Strict):
 
     def decision_rule(self) -> Any:
         """The rule instance with its options (``fusion_ray.decide.rules``)."""
+        # lazy: the decision rules import scipy (~0.2 s); only an adaptive sweep needs them
+        from fusion_ray.decide.rules import build_rule
+
         return build_rule(self.rule, **self.rule_options)
 
 

@@ -19,7 +19,6 @@ import torch
 
 from fusion_ray.config import Resources
 from fusion_ray.driver.job import OperatorRef, TrialJob
-from fusion_ray.train.loop import run_trial, train_worker
 from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.result import TRIAL_ERROR
 from fusion_ray.train.spec import TrialConfig
@@ -88,6 +87,10 @@ def run_direct(
 ) -> None:
     """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
     ``latency_baseline`` (the sweep's baseline operator, or None) as in ``run_trial``."""
+    # lazy: the training loop imports pandas and pyarrow (~0.45 s); only a trial's process
+    # trains, the driver's --help and --dry-run run without it
+    from fusion_ray.train.loop import run_trial
+
     torch.set_num_threads(max(1, int(res.cpus_per_worker)))
     reporter = reporter_cls(device=trial_device(res), **reporter_options)
     baseline = latency_baseline.mapping() if latency_baseline is not None else None
@@ -140,6 +143,8 @@ def _run_trainer(job: TrialJob) -> None:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
+
+    from fusion_ray.train.loop import train_worker
 
     res = job.resources
     per_worker = worker_resources(res)
