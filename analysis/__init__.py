@@ -1,6 +1,6 @@
 """Paired-seed analysis of fusion-ray sweeps, read from MLflow.
 
-The package reads only the MLflow schema (DESIGN.md, "The MLflow schema"), whose names it
+The package reads only the MLflow schema (docs/reference/mlflow-schema.md), whose names it
 imports from ``fusion_ray.schema`` (standard library only), and the decision code on paired
 seeds from ``fusion_ray.decide`` (numpy and scipy, shared with the adaptive seed policy); it
 imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report --experiment NAME``.
@@ -39,7 +39,6 @@ from analysis.load import (
     load_experiment,
 )
 from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
-from analysis.sequential import family_evidence, run_family
 from analysis.stats import (
     Comparisons,
     Statistic,
@@ -53,6 +52,7 @@ from analysis.stats import (
     wilcoxon_signed_rank,
 )
 from analysis.verdicts import compare, verdicts
+from fusion_ray.decide.sequential import family_evidence, run_family
 
 __all__ = [
     "family_evidence",

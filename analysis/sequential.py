@@ -1,9 +1,16 @@
-"""Anytime-valid decisions on paired seeds under the analysis package's name:
-``fusion_ray.decide.sequential`` (``run_family``, ``family_evidence``, ``decision_rows``, ...).
+"""Deprecated: the decisions on paired seeds are ``fusion_ray.decide.sequential`` (``run_family``,
+``family_evidence``, ``decision_rows``, ...); import them from there.
 
-The decision code lives below both packages (like ``fusion_ray.schema``), so the adaptive seed
-policy and the report share it without the engine importing the analysis; see that module.
+This name is kept so that code written against it keeps working; importing it warns.
 """
+
+import warnings
 
 from fusion_ray.decide.sequential import *  # noqa: F403
 from fusion_ray.decide.sequential import __all__  # noqa: F401
+
+warnings.warn(
+    "analysis.sequential is deprecated: import fusion_ray.decide.sequential instead",
+    DeprecationWarning,
+    stacklevel=2,
+)

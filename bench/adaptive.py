@@ -360,7 +360,7 @@ def skewed(reps: int, rng: np.random.Generator) -> None:
 
 def agreement(rng: np.random.Generator, families: int = 150) -> None:
     print(
-        f"\n== the simulation against analysis.sequential.replay_adaptive ({families} families each)"
+        f"\n== the simulation against fusion_ray.decide.sequential.replay_adaptive ({families} families each)"
     )
     for rule in RULES:
         for margin, m, kind in [(None, 4, "ties"), (None, 6, "normal"), (1.0, 4, "normal")]:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fusion_ray.config import load_sweep  # noqa: E402
-from fusion_ray.grid import expand  # noqa: E402
+from fusion_ray.config.grid import expand  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 EPOCH_PROFILE = RESULTS / "h100_2026-11-27" / "epoch_profile.json"

@@ -68,7 +68,7 @@ def overheads(path: Path) -> tuple[list[float], float]:
     from mlflow.tracking import MlflowClient
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
+    from fusion_ray.driver.runner import run_sweep
 
     spec = load_sweep(path)
     started = time.perf_counter()

@@ -1,8 +1,8 @@
 """Aggregate throughput of 1, 2, 4 and 8 AG News (or IMDB) trials sharing one GPU through Ray Tune.
 
 Each trial is a Ray Tune function trainable holding the resources the sweep gives a one-worker
-trial (``fusion_ray.orchestrate.trial_resources``: ``cpus_per_worker`` CPUs and ``1 / n`` GPU, Ray's
-fractional GPUs), and trains the ``--preset`` (AG News by default) (``add``, sinusoidal P, the stand-in of
+trial (``fusion_ray.driver.trial.trial_resources``: ``cpus_per_worker`` CPUs and ``1 / n`` GPU,
+Ray's fractional GPUs), and trains the ``--preset`` (AG News by default) (``add``, sinusoidal P, the stand-in of
 ``bench/study_data.py``) with the loop's step (``bench/epoch_profile.Stepper``, variant
 ``lean``: the loop as it is on CUDA, batches padded to multiples of 64). Every trial first loads the data and warms up, then waits at a
 barrier (a Ray actor) so that all ``n`` train at the same time; the aggregate throughput is all
@@ -84,7 +84,7 @@ def run_packed(n: int, args: argparse.Namespace, label: str) -> dict[str, Any]:
     from ray.tune import PlacementGroupFactory
 
     from fusion_ray.config import Resources
-    from fusion_ray.orchestrate import trial_resources
+    from fusion_ray.driver.trial import trial_resources
 
     @ray.remote(num_cpus=0)
     class Barrier:

@@ -58,7 +58,7 @@ def dry_run_verdict(cells: int, seconds: float, peak_mib: float) -> str:
 
 def dry_run(root: Path, cells: int) -> tuple[float, float]:
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import points
+    from fusion_ray.config.grid import points
 
     quickstart = ROOT / "sweeps" / "quickstart.yaml"
     per_seed = len(points(load_sweep(quickstart)))
@@ -121,7 +121,7 @@ def run_big_sweep(root: Path, cells: int) -> None:
     from mlflow.tracking import MlflowClient
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
+    from fusion_ray.driver.runner import run_sweep
 
     path = sweep_file(root, cells)
     spec = load_sweep(path)

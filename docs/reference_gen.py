@@ -295,10 +295,10 @@ def launch_targets() -> list[str]:
 def registries() -> str:
     """Each registry's entries: name, origin, options with their defaults, and the first line
     of the entry's docstring; then ``fusion-ray list`` verbatim."""
-    from analysis.rules import RULES
     from analysis.stats import PLUGIN_GROUP, origin, statistics
     from fusion_ray.cli import list_entries
     from fusion_ray.cli import registries as named
+    from fusion_ray.decide.rules import RULES
 
     parts = []
     for title, registry in {**named(), "decision rules": RULES}.items():

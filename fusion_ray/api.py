@@ -9,8 +9,8 @@ exceptions instead of exit codes.
 
 The same validation, cells and ids, driver session (lease, placement check, signals), tracking
 and report as the commands: ``fusion_ray.sweep`` parses the command line and calls these.
-This is the one place where the engine (``fusion_ray.runner``) and the analysis (``analysis``)
-meet.
+This is the one place where the engine (``fusion_ray.driver.runner``) and the analysis
+(``analysis``) meet.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fusion_ray import placement
 from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, smoke_version
 from fusion_ray.console import dry_run_text as _dry_run_text
-from fusion_ray.plan import Plan, plan
-from fusion_ray.preflight import preflight
-from fusion_ray.runner import SweepOutcome, run_sweep
+from fusion_ray.driver import placement
+from fusion_ray.driver.preflight import preflight
+from fusion_ray.driver.runner import SweepOutcome, run_sweep
+from fusion_ray.policy.plan import Plan, plan
 
 __all__ = [
     "SweepFileError",
@@ -65,7 +65,8 @@ def dry_run(spec: SweepSpec) -> Plan:
     check_stores(spec, remote=False)
     if not spec.tracking_uri.startswith(("http://", "https://")):
         return plan(spec, existing_tracker(spec))
-    from fusion_ray.tracking import answer_within
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.tracking import answer_within
 
     with answer_within(spec.tracking_uri, DRY_RUN_WAIT_S):
         return plan(spec, existing_tracker(spec))
@@ -111,6 +112,7 @@ def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
     """The analysis report of the sweep's runs, written to ``out_dir`` (default
     ``reports/<name>``) and logged to the sweep's parent run; raises ``analysis.AnalysisError``
     when there is nothing to analyse."""
+    # lazy: the report takes ~1.3 s to import; only report() needs it
     from analysis.report import ReportOptions, build_report
 
     out = str(out_dir or Path("reports") / spec.name)
@@ -125,6 +127,7 @@ def existing_tracker(spec: SweepSpec) -> Any:
     if spec.tracking_uri.startswith("sqlite:///"):
         if not Path(spec.tracking_uri.removeprefix("sqlite:///")).is_file():
             return None
-    from fusion_ray.tracking import Tracker
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.tracking import Tracker
 
     return Tracker.existing(spec.tracking_uri, spec.name)

@@ -1,6 +1,6 @@
-"""Runs of other settings, described once: what the driver's note (``fusion_ray.plan``) and the
-report (``analysis.other_settings``) both say of an experiment's runs that are not its sweep's
-cells. Standard library only, like ``fusion_ray.schema``, so ``analysis`` shares it.
+"""Runs of other settings, described once: what the driver's note (``fusion_ray.policy.plan``)
+and the report (``analysis.other_settings``) both say of an experiment's runs that are not its
+sweep's cells. Standard library only, like ``fusion_ray.schema``, so ``analysis`` shares it.
 
 A left-out run is compared with the sweep's run of the same dataset, position, attention
 position, fusion and seed; each param whose value differs counts once per run, and the keys

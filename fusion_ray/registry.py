@@ -21,6 +21,8 @@ from collections.abc import Callable, Mapping
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
+from fusion_ray.checks import error_text
+
 T = TypeVar("T")
 
 BUILT_IN = "fusion-ray"
@@ -175,6 +177,7 @@ def _option_types(entry: Callable[..., Any]) -> dict[str, Any]:
 
 @functools.cache
 def _adapter(annotation: Any) -> Any:
+    # lazy: analysis shares this module; it loads pydantic only to check an entry's options
     from pydantic import TypeAdapter
 
     return TypeAdapter(annotation, config={"strict": True})
@@ -184,9 +187,8 @@ def _value_problem(annotation: Any, value: Any) -> str | None:
     """Why ``value`` does not match ``annotation`` (None when it does, or nothing is annotated)."""
     if annotation is None or annotation is Any:
         return None
+    # lazy: analysis shares this module; it loads pydantic only to check an entry's options
     from pydantic import ValidationError
-
-    from fusion_ray.checks import error_text
 
     try:
         adapter = _adapter(annotation)

@@ -1,5 +1,5 @@
 """The MLflow schema: the contract between fusion_ray, which writes runs, and ``analysis``, which
-reads them (DESIGN.md, "The MLflow schema").
+reads them (docs/reference/mlflow-schema.md).
 
 One module, shared by both sides. It holds the tag, metric, param and artifact names, plus
 ``axis_text``, the one spelling of a grid-axis value as tag text; it imports nothing beyond the

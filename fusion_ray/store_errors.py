@@ -1,6 +1,6 @@
 """What an error from a tracking store says about the store: the one classification that the
-driver (``fusion_ray.tracking``) and the report (``analysis.load.store``) both word as one message
-with the fix, and the exit codes both give each kind.
+driver (``fusion_ray.driver.tracking``) and the report (``analysis.load.store``) both word as
+one message with the fix, and the exit codes both give each kind.
 
 Standard library only, so ``analysis`` imports it (as it imports ``fusion_ray.schema``): it reads
 an exception, whatever raised it (MLflow's client, SQLAlchemy, sqlite3), through its chain of

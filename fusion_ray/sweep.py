@@ -1,10 +1,10 @@
 """The command: ``python -m fusion_ray.sweep SWEEP.yaml [KEY=VALUE ...] [--dry-run] [--smoke]``.
 
 Validate the sweep file (every problem at once, before Ray starts) and check its stores -> the
-dry run's cells, or the sweep run by the driver (``fusion_ray.runner`` through
+dry run's cells, or the sweep run by the driver (``fusion_ray.driver.runner`` through
 ``fusion_ray.api``) -> the outcome, the summary table, the seed policy's closing lines (an
 adaptive sweep's decisions) -> the analysis report. Every stop is one message and an exit code
-(``fusion_ray.driver.EXIT_CODES``).
+(``fusion_ray.driver.session.EXIT_CODES``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 from fusion_ray import api
 from fusion_ray.cli import add_file_arguments, common_options, plain, run_command
 from fusion_ray.config import SweepFileError, SweepSpec
+from fusion_ray.config.grid import expand
 from fusion_ray.console import print_outcome, summary_table
-from fusion_ray.driver import quiet_console
-from fusion_ray.grid import expand
+from fusion_ray.driver.session import quiet_console
 from fusion_ray.redact import redact
 
 
@@ -115,7 +115,7 @@ def _quiet_tune() -> None:
     # then warns about on every trial; the snapshots are cheap here.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # Trials that cannot be placed are checked before Tune starts and watched while it runs
-    # (fusion_ray.placement): Tune's own every-minute warning would only repeat it.
+    # (fusion_ray.driver.placement): Tune's own every-minute warning would only repeat it.
     for name in (
         "TUNE_WARN_INSUFFICENT_RESOURCE_THRESHOLD_S",
         "TUNE_WARN_INSUFFICENT_RESOURCE_THRESHOLD_S_AUTOSCALER",
@@ -126,6 +126,7 @@ def _quiet_tune() -> None:
 def _report(spec: SweepSpec, out_dir: str) -> None:
     """The analysis report of the sweep's experiment, written to ``out_dir`` and logged to its
     parent run; a report that cannot be made says why and how to run it by hand."""
+    # lazy: the report takes ~1.3 s to import; only the end-of-sweep report needs it
     from analysis.load import AnalysisError
     from analysis.report import print_summary
     from analysis.stats import StatsSettings

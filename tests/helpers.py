@@ -100,7 +100,7 @@ def uninterrupted_metrics(path: Path, workdir: Path) -> dict[str, float]:
     import torch
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
     from fusion_ray.train import run_local
 
     threads = torch.get_num_threads()
@@ -288,7 +288,7 @@ def wait_until_lapsed(tracking_uri: str, name: str, ttl_s: float, timeout: float
     the pause; sleeps only until the last heartbeat is ``ttl_s`` old, then reads it again."""
     from mlflow.tracking import MlflowClient
 
-    from fusion_ray.lease import LEASE_PREFIX
+    from fusion_ray.driver.lease import LEASE_PREFIX
 
     client = MlflowClient(tracking_uri)
     deadline = time.monotonic() + timeout

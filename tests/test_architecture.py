@@ -1,6 +1,8 @@
 """The house rules, checked on the source: every module imports on its own, no import cycles, no
-private names borrowed across modules, no function longer than a screenful, and the rooms of
-DESIGN.md (model imports only torch, data knows nothing of models, analysis imports nothing of
+private names borrowed across modules, no function longer than a screenful, imports at the top
+unless a comment says why not, layers that import only downwards (the application, the driver,
+the policies, the config, the trial, the model and data and decisions, the shared modules), and
+the rooms of docs/architecture.md (model imports only torch, data knows nothing of models, analysis imports nothing of
 fusion_ray but the shared schema, the redaction and the store-fault classifier, which import only
 the standard library, and the decision code below both), and layers that point one way (the
 engine reaches the analysis only through the application layer, and the API does not import the
@@ -223,24 +225,25 @@ def test_rooms_import_only_what_they_may(room, allowed):
 
 @pytest.mark.unit
 def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
-    """What crosses into the trial's process is ``job.TrialJob``: ``orchestrate`` reads no value
-    out of a mapping by a string key (a payload dict), and its trainable takes the job."""
+    """What crosses into the trial's process is ``job.TrialJob``: the trial's entry
+    (``fusion_ray.driver.trial``) reads no value out of a mapping by a string key (a payload
+    dict), and its trainable takes the job."""
     import inspect
 
-    from fusion_ray import orchestrate
-    from fusion_ray.job import TrialJob
+    from fusion_ray.driver import trial
+    from fusion_ray.driver.job import TrialJob
 
-    source = (ROOT / "fusion_ray" / "orchestrate.py").read_text()
+    source = (ROOT / "fusion_ray" / "driver" / "trial.py").read_text()
     reads = [
-        f"orchestrate.py:{node.lineno}: {ast.unparse(node)}"
+        f"driver/trial.py:{node.lineno}: {ast.unparse(node)}"
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
         and isinstance(node.slice, ast.Constant)
         and isinstance(node.slice.value, str)
     ]
-    assert not reads, "string-key reads in orchestrate:\n" + "\n".join(reads)
-    hints = inspect.get_annotations(orchestrate.run_cell, eval_str=True)
+    assert not reads, "string-key reads in the trial's entry:\n" + "\n".join(reads)
+    hints = inspect.get_annotations(trial.run_cell, eval_str=True)
     assert hints["job"] is TrialJob
 
 
@@ -250,6 +253,8 @@ def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
     [
         ("fusion_ray.schema", ["fusion_ray", "fusion_ray.schema"]),
         ("fusion_ray.store_errors", ["fusion_ray", "fusion_ray.redact", "fusion_ray.store_errors"]),
+        ("fusion_ray.other_settings", ["fusion_ray", "fusion_ray.other_settings"]),
+        ("fusion_ray.registry", ["fusion_ray", "fusion_ray.checks", "fusion_ray.registry"]),
     ],
 )
 def test_the_shared_schema_loads_nothing_beyond_the_standard_library(shared, loads):
@@ -288,16 +293,18 @@ def test_every_report_section_is_one_module_with_a_known_place():
 
 @pytest.mark.unit
 def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
-    """DESIGN.md: ``fusion_ray.tracking`` owns MLflow (the lease and the Tune callbacks write
-    through it), at any depth, lazy imports included."""
+    """docs/architecture.md: ``fusion_ray.driver.tracking`` owns MLflow (the lease and the Tune
+    callbacks write through it), at any depth, lazy imports included."""
     importers = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
         for name in MODULES
-        if name.startswith("fusion_ray") and name != "fusion_ray.tracking"
+        if name.startswith("fusion_ray") and name != "fusion_ray.driver.tracking"
         for module, _, line in _imports(MODULES[name])
         if module.split(".")[0] == "mlflow"
     ]
-    assert not importers, "mlflow imported outside fusion_ray.tracking:\n" + "\n".join(importers)
+    assert not importers, "mlflow imported outside fusion_ray.driver.tracking:\n" + "\n".join(
+        importers
+    )
 
 
 APPLICATION = {"fusion_ray.api", "fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
@@ -350,5 +357,130 @@ def test_a_long_module_says_why_it_is_one():
     assert not unexplained, (
         f"modules over {MODULE_LINES} lines without a 'Why one module' paragraph in their "
         "docstring (cut them along their seams, or say why they are one):\n"
+        + "\n".join(unexplained)
+    )
+
+
+LAYERS = {
+    # the application layer: the API, the commands and what they print, the plug-in authors' kit
+    "fusion_ray.api": 6,
+    "fusion_ray.cli": 6,
+    "fusion_ray.sweep": 6,
+    "fusion_ray.console": 6,
+    "fusion_ray.hpo": 6,
+    "fusion_ray.testing": 6,
+    "fusion_ray.cluster": 6,
+    "fusion_ray.slurm": 6,
+    "fusion_ray.k8s": 6,
+    "fusion_ray.launch": 6,  # the files that run a sweep on a cluster
+    "fusion_ray.driver": 5,  # running trials on Ray
+    "fusion_ray.policy": 4,  # which cells run
+    "fusion_ray.config": 3,  # the sweep file, the grid and its cells
+    "fusion_ray.train": 2,  # one trial, and its typed result
+    "fusion_ray.model": 1,
+    "fusion_ray.data": 1,
+    "fusion_ray.decide": 1,
+    "fusion_ray": 0,  # the package root's small shared modules
+}
+"""fusion_ray's layers, top to bottom: a module imports only modules of its own layer or below
+(the rooms above say which of one layer may import each other). ``__main__`` modules are
+entry points and run the commands."""
+
+
+def _layer(name: str) -> int:
+    parts = name.split(".")
+    return next(
+        LAYERS[".".join(parts[:i])]
+        for i in range(len(parts), 0, -1)
+        if ".".join(parts[:i]) in LAYERS
+    )
+
+
+@pytest.mark.unit
+def test_nothing_imports_upward():
+    upward = [
+        f"{MODULES[name].relative_to(ROOT)}: {target} (layer {_layer(target)} over {_layer(name)})"
+        for name in MODULES
+        if name.startswith("fusion_ray") and not name.endswith("__main__")
+        for target in sorted(_edges(name))
+        if target.startswith("fusion_ray") and _layer(target) > _layer(name)
+    ]
+    assert not upward, "imports of a layer above:\n" + "\n".join(upward)
+
+
+@pytest.mark.unit
+def test_every_package_of_fusion_ray_has_a_layer():
+    """A new package says where it sits (a module at the root is a shared one, layer 0, unless
+    LAYERS says otherwise)."""
+    packages = {
+        ".".join(name.split(".")[:2])
+        for name, path in MODULES.items()
+        if name.startswith("fusion_ray.") and path.parent != ROOT / "fusion_ray"
+    }
+    assert not sorted(packages - set(LAYERS)), "packages without a layer in LAYERS"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("room", ["fusion_ray.policy", "fusion_ray.decide", "fusion_ray.train"])
+def test_the_policies_the_decisions_and_the_trial_import_nothing_of_the_driver(room):
+    """At any depth, type hints included: the policies write through their own protocols."""
+    reaching = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
+        for name in MODULES
+        if name == room or name.startswith(room + ".")
+        for module, _, line in _imports(MODULES[name])
+        if module == "fusion_ray.driver" or module.startswith("fusion_ray.driver.")
+    ]
+    assert not reaching, f"{room} imports the driver:\n" + "\n".join(reaching)
+
+
+@pytest.mark.unit
+def test_tracking_only_talks_to_mlflow():
+    """Checkpoint and result paths are ``fusion_ray.driver.storage``'s; the tracking module
+    records what it is given and imports nothing of the driver's other modules but the store
+    checks (``preflight``)."""
+    driver = {
+        module
+        for module, _, _ in _imports(MODULES["fusion_ray.driver.tracking"])
+        if module.startswith("fusion_ray.driver.")
+    }
+    assert driver <= {"fusion_ray.driver.preflight"}, driver
+
+
+def _function_imports(path: Path) -> list[tuple[int, bool]]:
+    """(line, whether a ``# lazy:`` comment says why) of each import of the project's packages
+    inside a function (``TYPE_CHECKING`` blocks are not functions)."""
+    lines = path.read_text().splitlines()
+    found = []
+    for func in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        body = [n for stmt in func.body for n in ast.walk(stmt)]
+        imports = [n for n in body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        for node in imports:
+            module = node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+            if (module or "").split(".")[0] not in PACKAGES:
+                continue
+            above = lines[max(node.lineno - 8, 0) : node.lineno - 1]
+            said = any(line.strip().startswith("# lazy:") for line in above)
+            found.append((node.lineno, said))
+    return found
+
+
+@pytest.mark.unit
+def test_an_import_inside_a_function_says_why():
+    """The project's imports sit at the top of a module, where readers and tools see its real
+    dependencies; one inside a function (a measured start-up cost) has a ``# lazy:`` comment just
+    above it saying which."""
+    unexplained = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in MODULES.items()
+        if name.startswith("fusion_ray")
+        for line, said in _function_imports(path)
+        if not said
+    ]
+    assert not unexplained, (
+        "imports inside functions without a '# lazy:' comment saying why (move them to the "
+        "top, or say which start-up cost or optional dependency keeps them there):\n"
         + "\n".join(unexplained)
     )

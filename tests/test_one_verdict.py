@@ -23,10 +23,10 @@ from analysis import compare, load_experiment, pair_runs
 from analysis.report import ReportOptions, build_report, print_summary
 from fusion_ray.config import load_sweep
 from fusion_ray.decide.sequential import decisions_text
-from fusion_ray.plan import plan
+from fusion_ray.driver.tracking import Tracker, decision_metric_key
+from fusion_ray.policy.plan import plan
+from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy, live_decisions
 from fusion_ray.schema import DECISION_METRIC_PREFIX, DECISIONS_FILE, STATE_CODES
-from fusion_ray.seed_policy import AdaptiveSeedPolicy, live_decisions
-from fusion_ray.tracking import Tracker, decision_metric_key
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.unit

@@ -25,6 +25,7 @@ from fusion_ray.config.combinations import (
 )
 from fusion_ray.config.spec import SweepSpec, pydantic_problems, resources_for
 from fusion_ray.data.spec import DataSpec
+from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, model_rules
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.schema import axis_text
 from fusion_ray.train.spec import TrainSpec, TrialConfig, train_rules
@@ -56,8 +57,6 @@ def build_points(spec: SweepSpec) -> tuple[list[GridPoint], list[str]]:
 def _buildable(spec: SweepSpec, combo: Combination) -> bool:
     """Whether a grid point can be built: its dataset has a preset and its registry entries
     exist with valid options (otherwise the file-level checks said why)."""
-    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
-
     entries = ((FUSIONS, combo.fusion), (POSITIONS, combo.position))
     entries += ((ATTENTION_POSITIONS, combo.attention),)
     return combo.dataset in spec.datasets and not any(
@@ -166,8 +165,6 @@ def changed_trial_problems(
 def _extrapolation_problems(model: ModelSpec, data: DataSpec) -> list[str]:
     """An attention position that, trained at data.max_length, would read untrained parameters
     at the longest of data.eval_lengths (``AttentionPosition.length_problems``)."""
-    from fusion_ray.model import ATTENTION_POSITIONS
-
     if not data.eval_lengths:
         return []
     entry = ATTENTION_POSITIONS.get(model.attention_position)
@@ -180,6 +177,7 @@ def _extrapolation_problems(model: ModelSpec, data: DataSpec) -> list[str]:
 def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
     """The model's position tables must cover every length a document is fed at: data.max_length
     and each of data.eval_lengths (positions never trained keep their initial values)."""
+    # lazy: data.prepare imports the tokenizers and the cache (~0.15 s); --help runs without
     from fusion_ray.data.prepare import longest_input_length
 
     longest = longest_input_length(data)
@@ -196,15 +194,15 @@ def _max_len_problems(max_len: int, data: DataSpec, where: str) -> list[str]:
 def _build_section(name: str, settings: dict[str, Any], workers: int) -> tuple[Any, list[str]]:
     """One trial's data, model or train settings built (pydantic checks each field's type and
     range), then the rules between its fields: (the settings or None, the problems)."""
-    from fusion_ray.data import data_rules
-    from fusion_ray.model import model_rules
-
     value, problems = validate_as(SECTIONS[name], settings, name)
     problems = [p.replace(f"{name}: ", f"{name}.", 1) for p in problems]
     problems = bool_number_problems(SECTIONS[name], settings, f"{name}.") + problems
     if value is None or problems:
         return None, problems
     if name == "data":
+        # lazy: data.prepare imports the tokenizers and the cache (~0.15 s); --help runs without
+        from fusion_ray.data.prepare import data_rules
+
         problems += data_rules(value)  # its messages name data.<field> already
     elif name == "model":
         problems += [f"model: {p}" for p in model_rules(value)]

@@ -13,6 +13,7 @@ from fusion_ray.config.build import SECTIONS, build_points
 from fusion_ray.config.combinations import GRID_AXIS_MODEL_FIELDS, AxisNamer, grid_namer
 from fusion_ray.config.spec import AXES, OVERRIDABLE_TRAIN, Grid, Named, Rule, SubGrid, SweepSpec
 from fusion_ray.data.spec import DataSpec
+from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
 from fusion_ray.schema import axis_text
 
 
@@ -209,8 +210,6 @@ def _dotted_get(mapping: Any, dotted: str) -> Any:
 def _axis_problems(spec: SweepSpec, name_grid: AxisNamer) -> tuple[list[str], dict[str, set[str]]]:
     """Datasets without a preset, unknown registry entries or options, entries listed twice; and
     every value each axis knows (names and labels), for the exclude rules and the baseline."""
-    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
-
     problems: list[str] = []
     registries = {
         "fusions": FUSIONS,

@@ -311,6 +311,7 @@ class AdaptiveSeeds(Strict):
             raise ValueError(
                 f"first ({self.first}) is more than max ({self.max}); lower first or raise max"
             )
+        # lazy: the decision rules import scipy (~0.2 s); only an adaptive sweep needs them
         from fusion_ray.decide.rules import RULES  # the decision-rule registry (plug-ins included)
 
         problems = RULES.check(self.rule, self.rule_options)
@@ -320,6 +321,7 @@ class AdaptiveSeeds(Strict):
 
     def decision_rule(self) -> Any:
         """The rule instance with its options (``fusion_ray.decide.rules``)."""
+        # lazy: the decision rules import scipy (~0.2 s); only an adaptive sweep needs them
         from fusion_ray.decide.rules import build_rule
 
         return build_rule(self.rule, **self.rule_options)

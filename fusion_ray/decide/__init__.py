@@ -6,7 +6,7 @@ built-ins ``magnitude``, the default, and ``sign``; plug-ins from the entry-poin
 per seed (``run_family``, ``family_evidence``), pure functions of the deltas in seed order.
 
 Pure code (numpy, scipy, ``fusion_ray.registry``): no torch, Ray or MLflow. The adaptive seed
-policy (``fusion_ray.seed_policy``) and the report (``analysis``) both import it, so neither
-reaches into the other; ``analysis.sequential`` and ``analysis.rules`` are its names in the
-analysis package.
+policy (``fusion_ray.policy.seed_policy``) and the report (``analysis``) both import it, so neither
+reaches into the other. (``analysis.sequential`` and ``analysis.rules`` are deprecated names of
+its modules, kept for plug-ins that import them; they warn.)
 """

@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from fusion_ray.decide.questions import VERDICTS
 from fusion_ray.decide.rules import (
     DEFAULT_RULE,
     DecisionRule,
@@ -468,8 +469,6 @@ def decision_rows(
     coverage rate of at most alpha over the decided ones, Xu, Wang & Ramdas 2022); mean, median
     and Hodges-Lehmann estimate of its values (``values``: the rows the evidence came from), its
     failed runs and a note where the estimates disagree in sign or may over-state the effect."""
-    from fusion_ray.decide.questions import VERDICTS
-
     the_rule = build_rule(rule)
     found = decisions(evidence)
     m = max(1, len(found))

@@ -34,7 +34,7 @@ The package: ``spec`` (the file, its validation and the plan), ``ranking`` (the 
 mean validation rank), ``run`` (the Tune trials and the study per dataset), ``fragment`` (the
 YAML written) and ``cli`` (``python -m fusion_ray.hpo``, ``fusion-ray hpo``; the package does not
 import it: the command line sits above the rest). ``run`` drives its trials in the same driver
-session as a sweep (``fusion_ray.driver``).
+session as a sweep (``fusion_ray.driver.session``).
 """
 
 from fusion_ray.hpo.fragment import fragment_text

@@ -9,13 +9,13 @@ from pathlib import Path
 
 from fusion_ray.cli import add_file_arguments, common_options, run_command
 from fusion_ray.config import resources_for
-from fusion_ray.driver import quiet_console
-from fusion_ray.grid import Cell, expand
+from fusion_ray.config.grid import Cell, expand
+from fusion_ray.driver.preflight import preflight
+from fusion_ray.driver.session import quiet_console
 from fusion_ray.hpo.fragment import exists_message, short
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
-from fusion_ray.preflight import preflight
 from fusion_ray.redact import redact
 
 

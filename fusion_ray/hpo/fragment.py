@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from fusion_ray.driver.preflight import RefusedError
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.spec import METRIC, HpoPlan
-from fusion_ray.preflight import RefusedError
 
 if TYPE_CHECKING:
-    from fusion_ray.callbacks import Best
+    from fusion_ray.driver.callbacks import Best
 
 
 def short(value: Any) -> str:

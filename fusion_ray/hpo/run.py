@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -15,7 +17,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import TypeAdapter
 
 from fusion_ray.config import Resources, resources_for
-from fusion_ray.grid import Cell, cell_id, expand
+from fusion_ray.config.grid import Cell, cell_id, expand
+from fusion_ray.driver import placement
+from fusion_ray.driver.lease import LeaseLostError
+from fusion_ray.driver.session import DriverSession, init_ray, tune_output
+from fusion_ray.driver.storage import storage_uri
+from fusion_ray.driver.trial import run_direct, trial_resources
 from fusion_ray.hpo.fragment import (
     fragment_text,
     refuse_if_tuned,
@@ -25,14 +32,13 @@ from fusion_ray.hpo.fragment import (
 )
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.spec import METRIC, HpoPlan
-from fusion_ray.job import TrialResult
 from fusion_ray.schema import CPU_REHEARSAL_TAG, OVERRIDES_TAG
 from fusion_ray.train.report import TuneReporter
+from fusion_ray.train.result import TrialResult
 from fusion_ray.train.spec import TrialConfig
 
 if TYPE_CHECKING:
-    from fusion_ray.callbacks import Best, MLflowTuningCallback
-    from fusion_ray.driver import DriverSession
+    from fusion_ray.driver.callbacks import Best, MLflowTuningCallback
 
 OPERATOR_INDEX = "__trial_index__"
 """The key Ray Tune's ``Repeater`` adds to each repeat's config (``ray.tune.search.repeater.
@@ -48,6 +54,7 @@ class ValidationReporter(TuneReporter):
     best_val_acc: float = -1.0
 
     def report(self, metrics: dict[str, Any], checkpoint_dir: str | None = None) -> None:
+        # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
         from ray import tune
 
         if TrialResult.of(metrics).final:
@@ -73,7 +80,6 @@ def sampled_values(config: dict[str, Any]) -> dict[str, Any]:
 def tuning_trial(config: dict[str, Any], bases: list[dict[str, Any]], resources: Resources) -> None:
     """Ray Tune function trainable: one Optuna sample on one operator (``bases[i]`` is operator i's
     trial), trained directly in the Tune trial."""
-    from fusion_ray.orchestrate import run_direct
 
     base = bases[config.get(OPERATOR_INDEX, 0)]
     run_direct(with_overrides(base, sampled_values(config)), resources, ValidationReporter)
@@ -112,17 +118,15 @@ def tune_dataset(
     the dataset's cells, one per tuned operator. One operator: ASHA stops trials early and the best
     trial is returned. Several: each sampled setting runs as one trial per operator, and the
     settings that finished on all of them are returned ranked. None when nothing finished."""
-    import functools
-
+    # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
     from ray import tune
     from ray.tune import PlacementGroupFactory
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search import Repeater
     from ray.tune.search.optuna import OptunaSearch
 
-    from fusion_ray.callbacks import DriverStopper, MLflowTuningCallback
-    from fusion_ray.driver import tune_output
-    from fusion_ray.orchestrate import storage_uri, trial_resources
+    # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
+    from fusion_ray.driver.callbacks import DriverStopper, MLflowTuningCallback
 
     spec, settings = plan.spec, plan.tune
     dataset, operators = cells[0].dataset, [c.fusion for c in cells]
@@ -206,8 +210,6 @@ def run_hpo(
     again (``FragmentExistsError``: it exists without ``overwrite``, or another driver wrote it
     while this one waited), so two drivers never tune one file twice; it is written only by the
     lease's holder, and never over a file without ``overwrite``."""
-    from fusion_ray import placement
-    from fusion_ray.driver import DriverSession, init_ray
 
     seen = stamp(plan.output)  # the fragment as this command found it
     # every trial of an HPO file is known before it starts: placement is checked before the
@@ -278,10 +280,9 @@ def _write_fragment(
 ) -> None:
     """The fragment written to its path by the lease's holder (``LeaseLostError`` when another
     driver took the lease over) and logged to the parent run, which then ends."""
-    import tempfile
 
-    from fusion_ray.lease import LeaseLostError
-    from fusion_ray.tracking import git_sha, log_report_artifacts
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.tracking import git_sha, log_report_artifacts
 
     text = fragment_text(plan, best, git_sha())
     if not session.lease.holds():

@@ -86,6 +86,7 @@ class Distribution(Strict):
 
     def domain(self) -> Any:
         """The Ray Tune search domain (OptunaSearch converts it to an Optuna distribution)."""
+        # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
         from ray import tune
 
         if self.type == "loguniform":

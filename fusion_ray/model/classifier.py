@@ -3,7 +3,7 @@
 Only ``.fusion`` differs between operators. Each submodule is built under its own RNG seed,
 derived from (seed, submodule name), so for one seed every parameter outside ``.fusion`` is
 byte-identical across operators, and the embedding, encoder blocks and head are byte-identical
-across position choices too (the paired-seed protocol of DESIGN.md).
+across position choices too (the paired-seed protocol of docs/concepts/paired-seeds.md).
 """
 
 from __future__ import annotations

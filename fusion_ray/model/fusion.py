@@ -1,8 +1,8 @@
 """Fusion operators: how token embeddings E and the position signal P become the encoder input H.
 
 Every operator maps (E [B, L, d], P [L, d] or [B, L, d]) -> H [B, L, d]. The registry names and
-equations are those of DESIGN.md (paper equations 1-6) plus the two variants the study's public
-notebooks actually ran (``gate_vector`` and ``mlp``).
+equations are those of docs/reference/model.md (paper equations 1-6) plus the two variants the
+study's public notebooks actually ran (``gate_vector`` and ``mlp``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import tokenizers
+
+from fusion_ray.data import DataSpec, check_data_spec, prepare_data
+from fusion_ray.data.sources import SOURCES, SPLITS, DataSource, DeclaresClasses, RawDataset
+from fusion_ray.data.tokenizer import PAD, PAD_ID, TOKENIZERS, UNK, UNK_ID
+
 TEXTS = tuple(
     f"{a} {b} river stone {c} field"
     for a, b, c in zip(
@@ -52,8 +58,6 @@ def _registry_problems(registry, name: str, options: Mapping[str, Any]) -> list[
 def check_source_options(name: str, options: Mapping[str, Any] | None = None) -> Any:
     """The options pass the registry's check and the source's own ``problems()``; the built
     source implements the DataSource protocol. Returns the source."""
-    from fusion_ray.data.sources import SOURCES, DataSource
-
     options = dict(options or {})
     problems = _registry_problems(SOURCES, name, options)
     assert problems == [], f"data source {name!r}: its options are refused: {problems}"
@@ -86,8 +90,6 @@ def check_source_fingerprint(name: str, options: Mapping[str, Any] | None = None
 def check_source_load(name: str, options: Mapping[str, Any] | None = None) -> None:
     """``load()`` gives train and test (validation optional), texts and labels of one length,
     the same documents twice, and the class count the source declares."""
-    from fusion_ray.data.sources import SPLITS, DeclaresClasses, RawDataset
-
     source = check_source_options(name, options)
     loaded = [source.load(), check_source_options(name, options).load()]
     for raw in loaded:
@@ -122,8 +124,6 @@ def check_source_prepares(
     """A ``data:`` block with the source (``data``: more of its settings, e.g. ``max_length``)
     passes ``check_data_spec``, and ``prepare_data`` gives three non-empty splits with labels in
     ``0 .. num_classes-1``, the same ids when prepared again in another cache."""
-    from fusion_ray.data import DataSpec, check_data_spec, prepare_data
-
     settings = {"tokenizer": "word", "tokenizer_kwargs": {"min_frequency": 1}, **(data or {})}
     spec = DataSpec(source=name, source_kwargs=dict(options or {}), **settings)
     problems = check_data_spec(spec)
@@ -161,15 +161,11 @@ def check_source(
 
 
 def _train(name: str, options: Mapping[str, Any], texts: Sequence[str]):
-    from fusion_ray.data.tokenizer import TOKENIZERS
-
     return TOKENIZERS.build(name, **options).train(list(texts))
 
 
 def check_tokenizer_options(name: str, options: Mapping[str, Any] | None = None) -> None:
     """The options pass the registry's check and the tokenizer's own ``problems()``."""
-    from fusion_ray.data.tokenizer import TOKENIZERS
-
     options = dict(options or {})
     problems = _registry_problems(TOKENIZERS, name, options)
     assert problems == [], f"tokenizer {name!r}: its options are refused: {problems}"
@@ -182,10 +178,6 @@ def check_tokenizer_training(
 ) -> None:
     """``train`` gives a ``tokenizers.Tokenizer`` with ``[PAD] = 0`` and ``[UNK] = 1`` that
     knows only what it was fitted on, and training twice gives the same tokenizer."""
-    import tokenizers
-
-    from fusion_ray.data.tokenizer import PAD, PAD_ID, UNK, UNK_ID
-
     options = dict(options or {})
     tok = _train(name, options, texts)
     assert isinstance(tok, tokenizers.Tokenizer), f"tokenizer {name!r}: train() gave {type(tok)}"

@@ -23,6 +23,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
+from fusion_ray.model import (
+    ATTENTION_POSITIONS,
+    FUSIONS,
+    POSITIONS,
+    ModelSpec,
+    build_classifier,
+    check_model_spec,
+)
+
 AXES = ("fusion", "position", "attention_position")
 """The model settings a registry entry is chosen by (``model.<axis>`` and ``<axis>_kwargs``)."""
 VOCAB, CLASSES, MAX_LEN = 50, 3, 16
@@ -37,8 +48,6 @@ OWN_SUBMODULE = {
 
 
 def _registry(axis: str):
-    from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
-
     if axis not in AXES:
         raise ValueError(f"axis {axis!r}: choose one of {', '.join(AXES)}")
     return {"fusion": FUSIONS, "position": POSITIONS, "attention_position": ATTENTION_POSITIONS}[
@@ -49,8 +58,6 @@ def _registry(axis: str):
 @contextmanager
 def one_thread() -> Iterator[None]:
     """Run the body on one CPU thread (tiny models are faster so), restoring the count after."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -66,8 +73,6 @@ def tiny_spec(
     model: Mapping[str, Any] | None = None,
 ):
     """The check's ``ModelSpec``: ``TINY`` with ``model`` over it and the entry on its axis."""
-    from fusion_ray.model import ModelSpec
-
     settings = {**TINY, **(model or {})}
     if axis is not None:
         _registry(axis)
@@ -78,8 +83,6 @@ def tiny_spec(
 
 def tiny_batch(seed: int = 0):
     """Two documents of lengths 10 and 6, right-padded with 0 to 10: (ids [2, 10], mask [2, 10])."""
-    import torch
-
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, VOCAB, (2, 10), generator=g)
     mask = torch.ones(2, 10, dtype=torch.bool)
@@ -89,8 +92,6 @@ def tiny_batch(seed: int = 0):
 
 
 def _build(spec, seed: int = 0):
-    from fusion_ray.model import build_classifier
-
     return build_classifier(spec, VOCAB, CLASSES, seed=seed)
 
 
@@ -116,18 +117,12 @@ def assert_byte_identical(a: Mapping[str, Any], b: Mapping[str, Any], what: str 
 
 def check_spec_accepted(axis: str, name: str, options=None, model=None) -> None:
     """``check_model_spec`` finds no problem with the entry and its options."""
-    from fusion_ray.model import check_model_spec
-
     problems = check_model_spec(tiny_spec(axis, name, options, model))
     assert problems == [], f"{_label(axis, name)}: the settings check refuses it: {problems}"
 
 
 def check_fusion_shapes(name: str, options=None, d_model: int = 8) -> None:
     """H has E's shape [B, L, d] for P shared by the batch ([L, d]) and per document ([B, L, d])."""
-    import torch
-
-    from fusion_ray.model import FUSIONS
-
     with one_thread():
         fusion = FUSIONS.build(name, d_model, **dict(options or {}))
         E = torch.randn(3, 5, d_model)
@@ -141,10 +136,6 @@ def check_fusion_shapes(name: str, options=None, d_model: int = 8) -> None:
 
 def check_position_shapes(name: str, options=None, d_model: int = 8) -> None:
     """P is [L, d] for any length up to ``max_len``."""
-    import torch
-
-    from fusion_ray.model import POSITIONS
-
     with one_thread():
         position = POSITIONS.build(name, d_model, MAX_LEN, **dict(options or {}))
         for length in (5, MAX_LEN):
@@ -157,8 +148,6 @@ def check_position_shapes(name: str, options=None, d_model: int = 8) -> None:
 
 def check_gradients(axis: str, name: str, options=None, model=None) -> None:
     """Logits [B, classes], and every parameter gets a finite, non-zero gradient."""
-    import torch
-
     spec = tiny_spec(axis, name, options, model)
     with one_thread():
         classifier = _build(spec)
@@ -175,8 +164,6 @@ def check_gradients(axis: str, name: str, options=None, model=None) -> None:
 
 def check_determinism(axis: str, name: str, options=None, model=None) -> None:
     """Same seed twice: identical parameters, outputs (dropout on) and one optimiser step."""
-    import torch
-
     results = []
     with one_thread():
         for _ in range(2):
@@ -237,8 +224,6 @@ def check_paired_init(axis: str, name: str, options=None, model=None, seeds=(0, 
 
 def check_every_combination(axis: str, name: str, options=None, model=None) -> None:
     """The entry with every entry of the other two model registries: finite logits."""
-    import torch
-
     others = [a for a in AXES if a != axis]
     ids, mask = tiny_batch()
     with one_thread():
@@ -256,8 +241,6 @@ def check_every_combination(axis: str, name: str, options=None, model=None) -> N
 def check_same_as(axis: str, name: str, options=None, model=None) -> None:
     """An entry registered ``same_as`` another: the same initial values (by position in the
     parameter list) and the same logits for one seed. Nothing to check for other entries."""
-    import torch
-
     alias = _registry(axis).same_as(name)
     if alias is None:
         return

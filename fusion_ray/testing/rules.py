@@ -25,6 +25,9 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from fusion_ray.decide.rules import build_rule
+from fusion_ray.decide.sequential import run_family
+
 MAGNITUDE_SETS: tuple[tuple[float, ...], ...] = (
     (1.0,) * 12,
     (0.1, 3.0, 0.5, 2.0, 0.2, 1.0, 4.0, 0.3, 0.7, 1.5, 0.05, 2.5),
@@ -35,8 +38,6 @@ TOLERANCE = 1e-9
 
 
 def _rule(rule):
-    from fusion_ray.decide.rules import build_rule
-
     return build_rule(rule)
 
 
@@ -124,8 +125,6 @@ def check_equivalence_validity(rule, n: int = 10, margin: float = 1.0) -> None:
 
 def check_determinism_and_persistence(rule) -> None:
     """Same deltas, same evidence and states; decisions persist as seeds are added."""
-    from fusion_ray.decide.sequential import run_family
-
     the_rule = _rule(rule)
     full = {
         "up": [3.0, 2.5, 4.0, 3.5, 2.0, 3.0, 2.8, 3.2, 4.1, 2.9, 3.3, 3.7, 2.6, 3.1],

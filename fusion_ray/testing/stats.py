@@ -20,6 +20,16 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+import pandas as pd
+
+from analysis.stats import (
+    PairedDeltas,
+    Statistic,
+    StatsSettings,
+    describe_deltas,
+    settings_record,
+    statistics,
+)
 
 DELTA_SETS: tuple[tuple[int, ...], ...] = (
     (3,),
@@ -42,8 +52,6 @@ SETTINGS_GRID = (
 
 
 def _resolve(statistic):
-    from analysis.stats import Statistic, statistics
-
     if isinstance(statistic, Statistic):
         return statistic
     found = [s for s in statistics() if s.name == statistic]
@@ -66,8 +74,6 @@ def _scalar(value: Any) -> bool:
 
 def check_statistic_columns(statistic) -> None:
     """Named columns that no other registered statistic has."""
-    from analysis.stats import statistics
-
     stat = _resolve(statistic)
     assert stat.name and isinstance(stat.name, str), f"statistic {stat!r}: it needs a name"
     own = (*stat.columns, *stat.family_columns)
@@ -87,8 +93,6 @@ def check_statistic_columns(statistic) -> None:
 
 
 def _computed(stat, num: tuple[int, ...], settings) -> dict[str, Any]:
-    from analysis.stats import PairedDeltas
-
     deltas = PairedDeltas(np.asarray(num, dtype=np.int64), DENOMINATOR, settings, key="a vs b")
     return dict(stat.compute(deltas))
 
@@ -96,8 +100,6 @@ def _computed(stat, num: tuple[int, ...], settings) -> dict[str, Any]:
 def check_statistic_compute(statistic) -> None:
     """``compute`` returns exactly its columns, as scalars, the same twice, for every delta set
     and settings of ``DELTA_SETS`` and ``SETTINGS_GRID``."""
-    from analysis.stats import StatsSettings
-
     stat = _resolve(statistic)
     if stat.compute is None:
         return
@@ -117,10 +119,6 @@ def check_statistic_compute(statistic) -> None:
 
 
 def _family_table(stat, settings):
-    import pandas as pd
-
-    from analysis.stats import describe_deltas
-
     rows = []
     for i, num in enumerate(DELTA_SETS):
         key = f"operator{i} vs baseline"
@@ -134,8 +132,6 @@ def _family_table(stat, settings):
 def check_statistic_family(statistic) -> None:
     """A family statistic adds its ``family_columns`` to a family of comparisons, in place,
     keeping every row."""
-    from analysis.stats import StatsSettings
-
     stat = _resolve(statistic)
     if stat.family is None:
         assert not stat.family_columns, (
@@ -152,8 +148,6 @@ def check_statistic_family(statistic) -> None:
 
 
 def _record(stat, m: int) -> dict[str, Any]:
-    from analysis.stats import StatsSettings, settings_record
-
     record = settings_record(StatsSettings(), m)
     fields = dict(record)
     for key, template in stat.record.items():
@@ -170,8 +164,6 @@ def _record(stat, m: int) -> dict[str, Any]:
 def check_statistic_texts(statistic) -> None:
     """Its ``record`` and ``method`` texts fill from the settings record, and its ``cells``
     give a mapping of column titles for every row of a family."""
-    from analysis.stats import StatsSettings
-
     stat = _resolve(statistic)
     record = _record(stat, m=len(DELTA_SETS))
     try:
@@ -186,7 +178,6 @@ def check_statistic_texts(statistic) -> None:
         return
     settings = StatsSettings()
     table = _family_table(stat, settings)
-    from analysis.stats import statistics
 
     for other in statistics():  # the family columns every report row has
         if other.family is not None:

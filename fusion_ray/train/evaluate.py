@@ -27,7 +27,6 @@ from fusion_ray.data import (
     collate,
 )
 from fusion_ray.decide.questions import quarter_metrics
-from fusion_ray.job import FINAL
 from fusion_ray.model import ModelSpec, build_classifier, check_model_spec
 from fusion_ray.model.fusion import GatedFusion
 from fusion_ray.schema import (
@@ -43,6 +42,7 @@ from fusion_ray.schema import (
 # ----------------------------------------------------------------------------- small helpers
 from fusion_ray.train.checkpoint import unwrap
 from fusion_ray.train.report import Reporter
+from fusion_ray.train.result import FINAL
 from fusion_ray.train.spec import (
     TrainSpec,
     TrialConfig,

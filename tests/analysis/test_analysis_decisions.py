@@ -1,4 +1,4 @@
-"""The report's "Decisions" section: the anytime-valid decisions of analysis.sequential, first in
+"""The report's "Decisions" section: the anytime-valid decisions of fusion_ray.decide.sequential, first in
 the report; primary (with the sweep's own rule) for an adaptive sweep, a secondary view for a
 fixed-seed sweep. Hand-made runs on a real (sqlite) MLflow store: gate_scalar wins every seed by
 6 points (64 vs 58 correct of 100)."""

@@ -323,7 +323,7 @@ def test_markdown_has_a_row_per_match_and_says_what_the_interval_is():
 
 def test_the_faithful_sweep_runs_the_notebooks_cells_with_five_seeds():
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
 
     spec = load_sweep(ROOT / "sweeps" / "study_faithful.yaml")
     cells = expand(spec)

@@ -56,10 +56,10 @@ def test_every_config_field_is_in_the_sweep_file_reference(gen):
 
 
 def test_every_schema_name_and_command_and_entry_is_generated(gen):
-    from analysis.rules import RULES
     from analysis.stats import statistics
     from fusion_ray import schema
     from fusion_ray.cli import COMMANDS, registries
+    from fusion_ray.decide.rules import RULES
     from fusion_ray.launch import LAUNCHERS
 
     text = gen.GENERATORS["mlflow-schema"]()

@@ -135,7 +135,7 @@ def test_the_example_plugin_runs_a_sweep_on_ray_through_the_report(
     gates = tmp_path / "reports" / "plugin_demo" / "gates_by_position.csv"
     assert gates.is_file() and "position_gate" in gates.read_text()
 
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
     tracker = Tracker(raw["tracking_uri"], "plugin_demo")
     tags = {(r.data.tags["fusion"], r.data.tags["gated"]) for r in tracker.trial_runs()}
@@ -164,7 +164,7 @@ def test_a_plugin_decision_rule_decides_a_sweep(site, tmp_path, data_cache, mlfl
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rule sign_closure" in proc.stdout
 
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
     tracker = Tracker(raw["tracking_uri"], "plugin_rule")
     parent = tracker.client.search_runs([tracker.experiment_id], "tags.role = 'sweep'")[0]

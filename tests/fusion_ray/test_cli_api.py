@@ -11,7 +11,7 @@ import yaml
 
 from fusion_ray import api
 from fusion_ray.config import SweepFileError, load_sweep
-from fusion_ray.grid import expand
+from fusion_ray.config.grid import expand
 from tests.conftest import ROOT
 
 QUICKSTART = ROOT / "sweeps" / "quickstart.yaml"

@@ -11,7 +11,7 @@ import pickle
 
 import pytest
 
-from fusion_ray.preflight import preflight
+from fusion_ray.driver.preflight import preflight
 from fusion_ray.redact import redact, redact_uri, split_credentials
 
 pytestmark = pytest.mark.unit
@@ -63,7 +63,7 @@ def test_an_http_uris_password_is_split_off_and_other_uris_are_left_whole():
 def test_the_mlflow_client_gets_the_uri_without_its_password_and_the_password_from_the_environment(
     monkeypatch,
 ):
-    from fusion_ray.tracking import client_uri
+    from fusion_ray.driver.tracking import client_uri
 
     monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "someone-else")
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "")  # setenv: put back as it was afterwards
@@ -79,7 +79,7 @@ def test_the_mlflow_client_gets_the_uri_without_its_password_and_the_password_fr
 
 
 def test_refused_credentials_in_the_uri_are_named_as_the_thing_to_fix():
-    from fusion_ray.tracking import access_problem
+    from fusion_ray.driver.tracking import access_problem
 
     refused = Exception("API request failed with error code 401 != 200")
     in_uri = access_problem(refused, "http://bob:Zz-9-secret@127.0.0.1:5000")
@@ -92,8 +92,8 @@ def test_refused_credentials_in_the_uri_are_named_as_the_thing_to_fix():
 def test_a_pickled_tracking_callback_holds_no_tracker_and_its_copy_writes_nothing(
     tmp_path, mlflow_store, monkeypatch
 ):
-    from fusion_ray.callbacks import MLflowSweepCallback
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.callbacks import MLflowSweepCallback
+    from fusion_ray.driver.tracking import Tracker
 
     monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")  # as the tracker sets it
     store = tmp_path / "store-only-the-live-callback-knows.db"

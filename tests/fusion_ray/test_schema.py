@@ -9,7 +9,7 @@ import pytest
 
 import fusion_ray.schema
 from fusion_ray.config import load_sweep
-from fusion_ray.grid import expand
+from fusion_ray.config.grid import expand
 from fusion_ray.schema import axis_text
 from fusion_ray.train import run_local
 from tests.conftest import tiny_sweep

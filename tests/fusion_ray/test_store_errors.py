@@ -19,11 +19,19 @@ from mlflow.exceptions import MlflowException
 
 from analysis.load.store import access_problem as report_problem
 from analysis.report import STORE_EXIT_CODES
-from fusion_ray import api, driver, tracking
+from fusion_ray import api
 from fusion_ray.config import load_sweep
+from fusion_ray.driver import session as driver_session
+from fusion_ray.driver import tracking
+from fusion_ray.driver.preflight import RefusedError
 from fusion_ray.hpo.fragment import FragmentExistsError, exists_message
-from fusion_ray.preflight import RefusedError
-from fusion_ray.store_errors import EXIT_CODES, StoreFault, classify
+from fusion_ray.store_errors import (
+    EXIT_CODES,
+    HTTP_RETRIES_ENV,
+    HTTP_TIMEOUT_ENV,
+    StoreFault,
+    classify,
+)
 from tests.conftest import ROOT, tiny_sweep
 
 pytestmark = pytest.mark.unit
@@ -85,7 +93,7 @@ def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
         "cannot record the runs: free space on its disk (or point tracking_uri at a store on a "
         "larger disk), then run the same command again"
     )
-    assert driver.exit_code(problem) == 12
+    assert driver_session.exit_code(problem) == 12
     refused = report_problem(caught.value, uri)
     assert refused is not None and refused.kind == "full" and str(db) in str(refused)
     assert STORE_EXIT_CODES[refused.kind] == 12
@@ -104,7 +112,7 @@ def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callback
     the session stops with the full store's one message and exit 12, and leaves its lease as it
     is (it cannot be deleted from a full store; the next driver on this machine takes it over)
     instead of marking the parent run FAILED in a store that takes no writes."""
-    from fusion_ray.driver import DriverSession
+    from fusion_ray.driver.session import DriverSession
 
     db = tmp_path / "mlflow.db"
     with DriverSession("sweep", "full_session", f"sqlite:///{db}", str(tmp_path)) as session:
@@ -117,7 +125,7 @@ def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callback
         f"no space is left for the tracking store {db} (database or disk is full) while the "
         "sweep ran, so the driver stopped: 0 trial(s) had finished in this run"
     )
-    assert driver.exit_code(caught.value) == 12 and session.lease.abandoned
+    assert driver_session.exit_code(caught.value) == 12 and session.lease.abandoned
     store = tracking.Tracker(f"sqlite:///{db}", "full_session").lease_store()
     assert store.tags(session.lease.name) is not None  # left for the next driver
     assert MlflowClient(f"sqlite:///{db}").get_run(parent_id).info.status == "RUNNING"
@@ -140,7 +148,7 @@ def test_a_store_held_by_another_connection_is_locked_at_every_layer(tmp_path):
     for caught in (raw.value, wrapped.value):
         assert classify(caught) == StoreFault("locked", "database is locked")
     problem = tracking.access_problem(wrapped.value, f"sqlite:///{db}")
-    assert problem is not None and driver.exit_code(problem) == 9
+    assert problem is not None and driver_session.exit_code(problem) == 9
 
 
 def test_an_error_is_classified_by_its_own_words_not_by_the_values_it_quotes(tmp_path):
@@ -155,41 +163,43 @@ def test_an_error_is_classified_by_its_own_words_not_by_the_values_it_quotes(tmp
 
 
 def test_a_port_nothing_listens_on_is_unreachable(monkeypatch):
-    monkeypatch.setenv(tracking.HTTP_RETRIES_ENV, "0")
+    monkeypatch.setenv(HTTP_RETRIES_ENV, "0")
     uri = f"http://127.0.0.1:{_closed_port()}"
     with pytest.raises(MlflowException) as caught:
         MlflowClient(uri).get_experiment_by_name("x")
     assert classify(caught.value) == StoreFault("unreachable")
     problem = tracking.access_problem(caught.value, uri)
-    assert problem is not None and driver.exit_code(problem) == 10
+    assert problem is not None and driver_session.exit_code(problem) == 10
     assert STORE_EXIT_CODES[report_problem(caught.value, uri).kind] == 10
 
 
 def test_a_dry_run_waits_for_a_server_as_long_as_it_says_and_leaves_mlflows_settings(
     tmp_path, monkeypatch
 ):
-    monkeypatch.delenv(tracking.HTTP_RETRIES_ENV, raising=False)
-    monkeypatch.setenv(tracking.HTTP_TIMEOUT_ENV, "77")
+    monkeypatch.delenv(HTTP_RETRIES_ENV, raising=False)
+    monkeypatch.setenv(HTTP_TIMEOUT_ENV, "77")
     uri = f"http://127.0.0.1:{_closed_port()}"
     spec = load_sweep(tiny_sweep(tmp_path, tracking_uri=uri))
     with pytest.raises(tracking.TrackingAccessError) as caught:
         api.dry_run(spec)
     assert caught.value.kind == "unreachable"
     assert f"no MLflow server answered at {uri} within {api.DRY_RUN_WAIT_S} s" in str(caught.value)
-    assert driver.exit_code(caught.value) == 10
-    assert tracking.HTTP_RETRIES_ENV not in os.environ
-    assert os.environ[tracking.HTTP_TIMEOUT_ENV] == "77"
+    assert driver_session.exit_code(caught.value) == 10
+    assert HTTP_RETRIES_ENV not in os.environ
+    assert os.environ[HTTP_TIMEOUT_ENV] == "77"
 
 
 def test_every_stop_of_a_driver_has_its_documented_exit_code(tmp_path):
-    assert driver.exit_code(RefusedError("a check under the lease refused")) == 2
-    assert driver.exit_code(FragmentExistsError(exists_message(tmp_path / "tuned.yaml"))) == 2
+    assert driver_session.exit_code(RefusedError("a check under the lease refused")) == 2
+    assert (
+        driver_session.exit_code(FragmentExistsError(exists_message(tmp_path / "tuned.yaml"))) == 2
+    )
     full = tracking.store_lost_error(tracking.store_full("sqlite:///x.db", "d"), 1, "/s")
     gone = tracking.store_lost_error("the tracking store x.db disappeared", 1, "/s")
-    assert type(full) is tracking.TrackingStoreFullError and driver.exit_code(full) == 12
-    assert type(gone) is tracking.TrackingStoreLostError and driver.exit_code(gone) == 5
+    assert type(full) is tracking.TrackingStoreFullError and driver_session.exit_code(full) == 12
+    assert type(gone) is tracking.TrackingStoreLostError and driver_session.exit_code(gone) == 5
     assert "Free space on its disk" in str(full) and "Restore the store" in str(gone)
-    assert driver.ACCESS_EXIT_CODES == EXIT_CODES == STORE_EXIT_CODES
+    assert driver_session.ACCESS_EXIT_CODES == EXIT_CODES == STORE_EXIT_CODES
     table = (ROOT / "docs" / "reference" / "cli.md").read_text()
-    for code in [*driver.EXIT_CODES, *EXIT_CODES.values()]:
+    for code in [*driver_session.EXIT_CODES, *EXIT_CODES.values()]:
         assert f"\n| {code} |" in table, f"exit code {code} is not in docs/reference/cli.md"

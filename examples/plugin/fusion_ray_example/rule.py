@@ -9,7 +9,7 @@ Select it with ``seeds: {adaptive: true, rule: sign_closure}``; ``fusion_ray.tes
 
 from __future__ import annotations
 
-from analysis.rules import SignRule
+from fusion_ray.decide.rules import SignRule
 
 
 class SignClosure(SignRule):

@@ -9,8 +9,8 @@ import torch
 import yaml
 
 from fusion_ray.config import Resources, SweepFileError, load_sweep, resources_for
-from fusion_ray.grid import expand
-from fusion_ray.job import TrialJob
+from fusion_ray.config.grid import expand
+from fusion_ray.driver.job import TrialJob
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT, tiny_sweep
 
@@ -240,7 +240,7 @@ def test_a_setting_at_its_default_stays_out_of_the_id_but_counts_when_set(tmp_pa
 def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch):
     import torch
 
-    from fusion_ray.orchestrate import run_cell
+    from fusion_ray.driver.trial import run_cell
 
     if torch.cuda.is_available():
         pytest.skip("this node has CUDA")
@@ -402,7 +402,7 @@ def test_smoke_and_cpu_rehearsal_transform_the_validated_sweep_without_building_
 
     import fusion_ray.config.rules as config_rules
     from fusion_ray.config import SweepSpec, smoke_version
-    from fusion_ray.placement import on_cpus
+    from fusion_ray.driver.placement import on_cpus
 
     spec = load_sweep(path)
     expand(spec)

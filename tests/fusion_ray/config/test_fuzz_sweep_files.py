@@ -26,10 +26,10 @@ import yaml
 
 from fusion_ray import api
 from fusion_ray.config import SweepFileError, SweepSpec, load_sweep
-from fusion_ray.grid import expand
+from fusion_ray.config.grid import expand
+from fusion_ray.driver.preflight import preflight
 from fusion_ray.hpo.cli import print_plan
 from fusion_ray.hpo.spec import HpoFileError, HpoPlan, load_hpo
-from fusion_ray.preflight import preflight
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT
 

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from fusion_ray.config import SweepFileError, load_sweep
-from fusion_ray.grid import axis_counts, expand
+from fusion_ray.config.grid import axis_counts, expand
 from fusion_ray.model import POSITIONS, build_classifier
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.schema import AXIS_TAG_PREFIX, POSITION_ALIAS_TAG, TRIAL_TAGS

@@ -57,8 +57,8 @@ def die_at_first_finish(sweep_file: str) -> None:
     """Subprocess entry point: run the sweep, but die (as kill -9 would) the moment the first
     trial's run would be marked FINISHED: its trial has ended and its final metrics are logged."""
     from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.runner import run_sweep
+    from fusion_ray.driver.tracking import Tracker
 
     def die(self, run_id, lease_token=None):
         os._exit(9)
@@ -298,7 +298,7 @@ def lose_nodes(workdir: str) -> None:
     from ray.cluster_utils import Cluster
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
+    from fusion_ray.driver.runner import run_sweep
 
     work = Path(workdir)
     release = work / "turns" / "release"

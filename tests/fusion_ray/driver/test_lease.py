@@ -10,8 +10,8 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from fusion_ray.lease import LEASE_PREFIX, LeaseHeldError, SweepLease
-from fusion_ray.tracking import LeaseStore
+from fusion_ray.driver.lease import LEASE_PREFIX, LeaseHeldError, SweepLease
+from fusion_ray.driver.tracking import LeaseStore
 
 
 @pytest.fixture
@@ -99,8 +99,8 @@ RACER = """
 import sys, time
 from pathlib import Path
 
-from fusion_ray.lease import LeaseHeldError, SweepLease
-from fusion_ray.tracking import Tracker
+from fusion_ray.driver.lease import LeaseHeldError, SweepLease
+from fusion_ray.driver.tracking import Tracker
 
 uri, turns, me, delays = sys.argv[1], Path(sys.argv[2]), sys.argv[3], sys.argv[4]
 other = "1" if me == "0" else "0"
@@ -145,7 +145,7 @@ def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
     second asks while the first holds it, however slow the machine."""
     import random
 
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
     from tests.conftest import ROOT
 
     uri = f"sqlite:///{tmp_path / 'race.db'}"
@@ -203,7 +203,7 @@ def test_a_driver_whose_experiment_another_created_meanwhile_uses_that_one(tmp_p
     """Two drivers of one new sweep both read "no experiment" and both create it: the store
     refuses the second (RESOURCE_ALREADY_EXISTS, an IntegrityError on PostgreSQL); that driver
     takes the experiment the first made, and goes on to ask for the lease, instead of dying."""
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     late = Tracker(uri, "other")  # a driver of another sweep, to reach the store with

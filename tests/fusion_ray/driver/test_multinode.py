@@ -60,7 +60,7 @@ def run_scenario(workdir: str) -> None:
     from ray.cluster_utils import Cluster
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.runner import run_sweep
+    from fusion_ray.driver.runner import run_sweep
 
     work = Path(workdir)
     cluster = Cluster(
@@ -140,7 +140,7 @@ def test_sweep_on_a_three_node_cluster(tmp_path, data_cache):
     head, gpu_node, cpu_node = seen["head"], seen["gpu_node"], seen["cpu_node"]
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
 
     spec = load_sweep(tmp_path / "multinode.yaml")  # written by the scenario
     cells = {c.dataset: c for c in expand(spec)}

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from fusion_ray.config import Resources, load_sweep
-from fusion_ray.placement import (
+from fusion_ray.driver.placement import (
     Capacity,
     PlacementError,
     autoscaler_node_types,
@@ -81,8 +81,8 @@ def _gpu_sweep(tmp_path, name, store):
 def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(
     tmp_path, ray_session, data_cache, mlflow_store
 ):
-    from fusion_ray.runner import run_sweep
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.runner import run_sweep
+    from fusion_ray.driver.tracking import Tracker
 
     spec = _gpu_sweep(tmp_path, "gpu_here", mlflow_store)
     started = time.monotonic()
@@ -97,7 +97,7 @@ def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(
 def test_waiting_for_a_node_type_gives_up_after_the_timeout(
     tmp_path, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
-    from fusion_ray.runner import run_sweep
+    from fusion_ray.driver.runner import run_sweep
 
     config = tmp_path / "bootstrap.yaml"
     config.write_text(

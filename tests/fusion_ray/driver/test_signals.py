@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from fusion_ray.callbacks import DriverStopper, TrackingCallback
-from fusion_ray.driver import DriverInterrupted, DriverSession, stop_on_signals
+from fusion_ray.driver.callbacks import DriverStopper, TrackingCallback
+from fusion_ray.driver.session import DriverInterrupted, DriverSession, stop_on_signals
 
 pytestmark = pytest.mark.unit
 

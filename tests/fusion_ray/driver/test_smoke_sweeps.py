@@ -99,9 +99,9 @@ def test_a_shipped_sweep_file_asks_for_gpus():
 def test_every_sweep_files_smoke_path_runs_on_cpus(
     name, tmp_path, hub_copy, ray_session, data_cache, mlflow_store, monkeypatch, capsys
 ):
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
+    from fusion_ray.driver.tracking import Tracker
     from fusion_ray.sweep import main
-    from fusion_ray.tracking import Tracker
 
     path = ROOT / "sweeps" / name
     monkeypatch.chdir(tmp_path)
@@ -130,9 +130,9 @@ def test_every_hpo_files_smoke_path_runs_on_cpus(
 ):
     import yaml
 
+    from fusion_ray.driver.tracking import Tracker
     from fusion_ray.hpo import load_hpo
     from fusion_ray.hpo.cli import main
-    from fusion_ray.tracking import Tracker
 
     path = ROOT / "sweeps" / "hpo" / name
     monkeypatch.chdir(tmp_path)

@@ -11,11 +11,16 @@ import pytest
 import yaml
 
 from fusion_ray.config import load_sweep
-from fusion_ray.grid import expand
-from fusion_ray.orchestrate import within_storage
-from fusion_ray.plan import Plan
-from fusion_ray.runner import finish_ended_trials, resume_point
-from fusion_ray.tracking import CellRun, _directory_exists, checkpoint_exists
+from fusion_ray.config.grid import expand
+from fusion_ray.driver.storage import (
+    _directory_exists,
+    checkpoint_exists,
+    finish_ended_trials,
+    resume_point,
+    within_storage,
+)
+from fusion_ray.driver.tracking import CellRun
+from fusion_ray.policy.plan import Plan
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.unit
@@ -98,8 +103,8 @@ def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path)
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
+    from fusion_ray.driver.tracking import Tracker
     from fusion_ray.schema import LEASE_TOKEN_TAG, PREDICTIONS_FILE
-    from fusion_ray.tracking import Tracker
 
     spec = load_sweep(tiny_sweep(tmp_path))
     cell = expand(spec)[0]

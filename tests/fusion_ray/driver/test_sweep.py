@@ -12,7 +12,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.config import load_sweep
-from fusion_ray.runner import run_sweep
+from fusion_ray.driver.runner import run_sweep
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.ray

@@ -15,8 +15,8 @@ from mlflow.tracking import MlflowClient
 
 from fusion_ray.config import load_sweep
 from fusion_ray.console import summary_table
-from fusion_ray.lease import LEASE_PREFIX
-from fusion_ray.runner import run_sweep
+from fusion_ray.driver.lease import LEASE_PREFIX
+from fusion_ray.driver.runner import run_sweep
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT, tiny_sweep
 from tests.helpers import install_held_add
@@ -71,7 +71,7 @@ def test_a_changed_sweep_file_never_mixes_its_runs(
 def test_a_crash_of_the_driver_marks_the_parent_run_failed_and_frees_the_lease(
     tmp_path, ray_session, data_cache, mlflow_store, monkeypatch
 ):
-    import fusion_ray.runner as sweep_module
+    import fusion_ray.driver.runner as sweep_module
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated driver bug")
@@ -173,16 +173,16 @@ def test_two_drivers_on_one_sweep_file_run_every_cell_once(
 def test_a_checkpoint_path_from_the_tracking_store_is_trusted_only_under_storage(
     tmp_path, path, storage, inside
 ):
-    from fusion_ray.orchestrate import within_storage
+    from fusion_ray.driver.storage import within_storage
 
     assert within_storage(path.format(tmp=tmp_path), storage.format(tmp=tmp_path)) is inside
 
 
 @pytest.mark.unit
 def test_a_run_naming_a_checkpoint_outside_storage_starts_again(tmp_path, caplog):
-    from fusion_ray.grid import expand
-    from fusion_ray.runner import resume_point
-    from fusion_ray.tracking import CellRun
+    from fusion_ray.config.grid import expand
+    from fusion_ray.driver.storage import resume_point
+    from fusion_ray.driver.tracking import CellRun
 
     spec = load_sweep(tiny_sweep(tmp_path))
     cell = expand(spec)[0]

@@ -291,7 +291,7 @@ def test_a_sqlite_wait_that_is_no_number_of_seconds_is_refused_before_anything_s
     """``FUSION_RAY_SQLITE_WAIT_S`` is read where MLflow opens a store: a value that is no
     number of seconds is one of the problems the checks before a run list (exit 2), naming the
     variable, the value and the fix; MLflow's own waits stay in force meanwhile."""
-    from fusion_ray.preflight import preflight, sqlite_wait_ms
+    from fusion_ray.driver.preflight import preflight, sqlite_wait_ms
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for value in ("soon", "-1", "1e9", "nan"):

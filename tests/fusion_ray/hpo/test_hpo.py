@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_ray.callbacks import Best
 from fusion_ray.config import load_sweep
-from fusion_ray.grid import expand, flatten
+from fusion_ray.config.grid import expand, flatten
+from fusion_ray.driver.callbacks import Best
 from fusion_ray.hpo import (
     OPERATOR_INDEX,
     HpoFileError,

@@ -96,7 +96,7 @@ AT_THE_LEASE = """
 import sys, time
 from pathlib import Path
 
-from fusion_ray import lease
+from fusion_ray.driver import lease
 from fusion_ray.hpo.cli import main
 
 arrived, go = Path(sys.argv[1]), Path(sys.argv[2])

@@ -17,10 +17,10 @@ import pytest
 import yaml
 
 from fusion_ray.config import Resources, load_sweep, resources_for
-from fusion_ray.grid import expand
+from fusion_ray.config.grid import expand
+from fusion_ray.driver.trial import trial_resources
 from fusion_ray.launch import main as cluster_main
 from fusion_ray.launch.rayup import EXAMPLE_LAB, Lab, render_aws, render_onprem
-from fusion_ray.orchestrate import trial_resources
 from tests.conftest import ROOT
 
 CLUSTER = ROOT / "cluster.yaml"

@@ -403,7 +403,7 @@ def _assert_each_cell_finished_once(store: Path, lab: LocalLab) -> None:
     from mlflow.tracking import MlflowClient
 
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
 
     # as on the head; cell ids depend on neither
     env = {"FUSION_RAY_STORAGE": f"{lab.shared}/ray_results", "MLFLOW_TRACKING_URI": "http://h"}

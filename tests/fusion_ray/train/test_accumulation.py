@@ -26,8 +26,8 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from fusion_ray.config import load_sweep
+from fusion_ray.config.grid import expand
 from fusion_ray.data import LengthGroupedSampler, TokenizedSplit, collate
-from fusion_ray.grid import expand
 from fusion_ray.model import ModelSpec, build_classifier
 from fusion_ray.train import TrainSpec, run_local
 from fusion_ray.train.loop import (

@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from fusion_ray.config import load_sweep
-from fusion_ray.grid import expand
+from fusion_ray.config.grid import expand
 from fusion_ray.train import TrainSpec, run_local
 from fusion_ray.train import graphs as graphs_module
 from fusion_ray.train.report import load_checkpoint_dir

@@ -14,8 +14,8 @@ import torch
 import yaml
 
 from fusion_ray.config import SweepFileError, load_sweep
+from fusion_ray.config.grid import expand
 from fusion_ray.data import DataSpec, check_data_spec, collate, prepare_data
-from fusion_ray.grid import expand
 from fusion_ray.model import ModelSpec, build_classifier
 from fusion_ray.schema import (
     EVAL_LENGTH_METRIC_PREFIXES,
@@ -227,7 +227,7 @@ def test_a_trial_without_eval_lengths_has_neither_metrics_nor_file(tmp_path, dat
 
 
 def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_path, mlflow_store):
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
     _, final, checkpoint = order_run
     tracker = Tracker(mlflow_store(), "lengths")

@@ -355,7 +355,7 @@ def _synthetic_gates(value: float) -> pd.DataFrame:
 def store(tmp_path_factory, mlflow_store, gated_run, add_run):
     """A sqlite MLflow store: the two real trials logged by the sweep's tracker, and synthetic
     gate_vector runs (seeds 0-2 on two datasets, one FAILED run that must be ignored)."""
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
     root = tmp_path_factory.mktemp("gates_store")
     tracker = Tracker(mlflow_store(), "gates")
@@ -449,7 +449,7 @@ def test_gated_runs_are_chosen_by_their_tag_not_their_name(tmp_path):
 
     from analysis.gates import gated_runs
     from fusion_ray.config import load_sweep
-    from fusion_ray.grid import expand
+    from fusion_ray.config.grid import expand
     from fusion_ray.schema import GATED_TAG
     from tests.conftest import tiny_sweep
 

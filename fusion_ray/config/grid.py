@@ -96,8 +96,9 @@ class Cell:
         return "/".join(parts + [f"{key.rsplit('.', 1)[-1]}={text}" for key, text in self.axes])
 
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
-        """The MLflow tags of this cell's run (DESIGN.md schema): one per setting axis too, and
-        the alias tag when the input position is another registry entry under a second name."""
+        """The MLflow tags of this cell's run (docs/reference/mlflow-schema.md): one per setting
+        axis too, and the alias tag when the input position is another registry entry under a
+        second name."""
         tags = {f"{AXIS_TAG_PREFIX}{key}": text for key, text in self.axes}
         same_as = POSITIONS.same_as(self.trial.model.position)
         if same_as is not None:

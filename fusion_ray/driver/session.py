@@ -27,6 +27,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -38,12 +39,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fusion_ray.driver.lease import LeaseHeldError, LeaseLostError, SweepLease
+from fusion_ray.driver.placement import PlacementError
+from fusion_ray.driver.preflight import RefusedError
 from fusion_ray.redact import redact
 from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
 
 if TYPE_CHECKING:
-    from fusion_ray.lease import SweepLease
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.tracking import Tracker
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,7 @@ def init_ray(address: str | None) -> None:
     Our own means ``address="local"``: a new instance even when another Ray runs on the machine
     (never someone else's cluster), on the loopback address, without a dashboard. Ray's token
     authentication stays as Ray sets it."""
+    # lazy: ray takes ~0.5 s to import; kept out of --dry-run and --help
     import ray
 
     if ray.is_initialized():
@@ -103,8 +107,6 @@ class RetryNotice(logging.Filter):
         if now - self.last < self.every_s:
             return False
         self.last = now
-        import re
-
         host = re.search(r"host='([^']*)', port=(\d+)", message)
         where = f"http://{host.group(1)}:{host.group(2)}" if host else "the MLflow server"
         record.msg = (
@@ -225,6 +227,7 @@ def watch_head(on_lost: Callable[[str], None]) -> Iterator[None]:
     it has refused or timed out for ``$FUSION_RAY_HEAD_TIMEOUT_S`` seconds, ``on_lost`` gets one
     sentence saying so (it should record it and end the process: Ray's driver would otherwise
     exit on its own a little later, with no clean-up)."""
+    # lazy: ray takes ~0.5 s to import; kept out of --dry-run and --help
     import ray
 
     host, _, port = ray.get_runtime_context().gcs_address.rpartition(":")
@@ -330,8 +333,8 @@ class DriverSession:
         """How many trials this driver finished so far (``tune_run`` sets it)."""
 
     def __enter__(self) -> DriverSession:
-        from fusion_ray.lease import SweepLease
-        from fusion_ray.tracking import Tracker, access_errors
+        # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+        from fusion_ray.driver.tracking import Tracker, access_errors
 
         self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
         self.lease: SweepLease = SweepLease(
@@ -374,7 +377,12 @@ class DriverSession:
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            from fusion_ray.tracking import TrackingStoreLostError, store_gone, store_lost_error
+            # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+            from fusion_ray.driver.tracking import (
+                TrackingStoreLostError,
+                store_gone,
+                store_lost_error,
+            )
 
             # a store gone (or a server that stopped answering, or a full disk): nothing to
             # mark, no lease to delete; the next driver takes the lease over once its heartbeat
@@ -397,6 +405,7 @@ class DriverSession:
 
     @contextlib.contextmanager
     def _head_watch(self) -> Iterator[None]:
+        # lazy: ray takes ~0.5 s to import; kept out of --dry-run and --help
         import ray
 
         if not ray.is_initialized():
@@ -445,8 +454,8 @@ class DriverSession:
     def after_tune(self, *, failed: bool, store_lost: str | None, finished_now: int) -> None:
         """After a Tune run: raises what ended it early (a signal, a full storage path behind its
         failed trials, a vanished tracking store, the lease taken over by another driver)."""
-        from fusion_ray.lease import LeaseLostError
-        from fusion_ray.tracking import store_lost_error
+        # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+        from fusion_ray.driver.tracking import store_lost_error
 
         self.stop_if_signalled()
         full = storage_full(self.storage_path) if failed else None
@@ -465,10 +474,8 @@ class DriverSession:
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of a driver stopped by ``exc`` (None: not one of the driver's stops)."""
-    from fusion_ray.lease import LeaseHeldError, LeaseLostError
-    from fusion_ray.placement import PlacementError
-    from fusion_ray.preflight import RefusedError
-    from fusion_ray.tracking import (
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.tracking import (
         TrackingAccessError,
         TrackingStoreFullError,
         TrackingStoreLostError,

@@ -1,6 +1,6 @@
 """What the sweep and the HPO phase share to run one trial on Ray: where its checkpoints go,
 the resources it holds, the device it trains on, and the Tune trainable that runs it (the
-driver's side, Ray start-up, signals and stops, is ``fusion_ray.driver``).
+driver's side, Ray start-up, signals and stops, is ``fusion_ray.driver.session``).
 
 A trial with one worker trains directly inside its Tune trial; one with several workers runs a
 Ray Train ``TorchTrainer`` (DDP) inside it, its metrics forwarded by ``TuneReportCallback``.
@@ -12,44 +12,20 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+import traceback
 from typing import Any
 
+import torch
+
 from fusion_ray.config import Resources
-from fusion_ray.job import TRIAL_ERROR, OperatorRef, TrialJob
+from fusion_ray.driver.job import OperatorRef, TrialJob
+from fusion_ray.train.report import TuneReporter
+from fusion_ray.train.result import TRIAL_ERROR
 from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
 
 CPU_FALLBACK_ENV = "FUSION_RAY_CPU_FALLBACK"
-
-
-def storage_uri(storage_path: str) -> str:
-    """A storage path as Ray wants it: URIs (``s3://...``) as given, local paths absolute."""
-    return storage_path if "://" in storage_path else str(Path(storage_path).resolve())
-
-
-def within_storage(path: str, storage_path: str) -> bool:
-    """Whether a checkpoint ``path`` (a local path or URI) lies under the sweep's storage: a
-    checkpoint path read back from the tracking store is trusted only there. URIs are compared
-    parsed, not as strings: the same scheme and bucket, a key under the storage prefix (no
-    ``..``), and no query parameters (an endpoint, a scheme, a region) but the storage path's
-    own, so a tag cannot point the driver's signed requests at another host."""
-    from urllib.parse import parse_qs, urlsplit
-
-    if "://" not in storage_path:
-        if "://" in path:
-            return False
-        return Path(path).resolve().is_relative_to(Path(storage_path).resolve())
-    root = urlsplit(storage_path)
-    where = urlsplit(path if "://" in path else f"{root.scheme}://{path}")
-    if (where.scheme, where.netloc) != (root.scheme, root.netloc) or where.fragment:
-        return False
-    if where.query and parse_qs(where.query) != parse_qs(root.query):
-        return False
-    parts = [p for p in where.path.split("/") if p]
-    prefix = [p for p in root.path.split("/") if p]
-    return ".." not in parts and parts[: len(prefix)] == prefix
 
 
 def worker_resources(res: Resources) -> dict[str, float]:
@@ -88,8 +64,6 @@ def trial_device(res: Resources) -> Any:
     """The device a one-worker trial trains on, in the trial's process: its GPU when the sweep
     asks for one, the CPU otherwise. A GPU trial on a node whose torch has no CUDA fails with the
     fix, unless $FUSION_RAY_CPU_FALLBACK=1 asks to rehearse a GPU sweep on CPU nodes."""
-    import torch
-
     if not res.use_gpu:
         return torch.device("cpu")
     if torch.cuda.is_available():
@@ -113,8 +87,8 @@ def run_direct(
 ) -> None:
     """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
     ``latency_baseline`` (the sweep's baseline operator, or None) as in ``run_trial``."""
-    import torch
-
+    # lazy: the training loop imports pandas and pyarrow (~0.45 s); only a trial's process
+    # trains, the driver's --help and --dry-run run without it
     from fusion_ray.train.loop import run_trial
 
     torch.set_num_threads(max(1, int(res.cpus_per_worker)))
@@ -126,8 +100,6 @@ def run_direct(
 def run_cell(job: TrialJob) -> None:
     """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
     ``job`` was built and checked by the driver; it is used as it is."""
-    from fusion_ray.train.report import TuneReporter
-
     res = job.resources
     if res.workers == 1 and not res.force_trainer:
         try:
@@ -141,6 +113,7 @@ def run_cell(job: TrialJob) -> None:
         except REPEATING_ERRORS as exc:
             # The same config, data and seed fail the same way every time: end the trial with
             # the reason (recorded FAILED by the tracking callback) instead of letting Tune retry.
+            # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
             from ray import tune
 
             tune.report({TRIAL_ERROR: _error_summary(exc)})
@@ -161,13 +134,12 @@ seed, a missing file, a dataset that cannot be downloaded): retrying would repea
 
 
 def _error_summary(exc: BaseException) -> str:
-    import traceback
-
     lines = traceback.format_exception(exc)
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
 def _run_trainer(job: TrialJob) -> None:
+    # lazy: ray.train takes ~3 s to import; only a multi-worker trial needs it
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback

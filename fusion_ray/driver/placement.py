@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from fusion_ray.config import Resources, resources_for
-from fusion_ray.orchestrate import trial_bundles
+from fusion_ray.driver.trial import trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
 
 AUTOSCALER_CONFIG_ENV = "FUSION_RAY_AUTOSCALER_CONFIG"

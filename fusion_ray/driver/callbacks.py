@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
-from fusion_ray.job import TrialResult
+from fusion_ray.driver.storage import checkpoint_uri
+from fusion_ray.driver.tracking import CellRun, Tracker, store_gone
 from fusion_ray.redact import redact
-from fusion_ray.tracking import CellRun, Tracker, checkpoint_uri, store_gone
+from fusion_ray.train.result import TrialResult
 
 if TYPE_CHECKING:
-    from fusion_ray.grid import Cell
-    from fusion_ray.lease import SweepLease
+    from fusion_ray.config.grid import Cell
+    from fusion_ray.driver.lease import SweepLease
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The Ray Tune searcher of an adaptive sweep: it suggests the cells the evidence still needs
-(``adaptive.SeedSchedule``) as results arrive, so no trial slot waits for a round to end; Tune's
+(``schedule.SeedSchedule``) as results arrive, so no trial slot waits for a round to end; Tune's
 ``max_concurrent_trials`` bounds how many run at once."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from fusion_ray.adaptive import SeedSchedule
-from fusion_ray.job import TrialResult
+from fusion_ray.policy.schedule import SeedSchedule
+from fusion_ray.train.result import TrialResult
 
 
 class AdaptiveSeedSearcher(Searcher):

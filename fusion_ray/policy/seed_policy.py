@@ -10,8 +10,8 @@ one place (``policy_for``) from the sweep file's ``seeds:``:
   decided by the sweep's decision rule (``fusion_ray.decide.rules``, a registry), its evidence
   logged on the parent run at every look and its decisions at the end.
 
-The driver (``fusion_ray.runner``) asks the policy and never which policy it has. A new stopping
-rule is a new entry of the decision-rule registry; a new policy is a class here and a line in
+The driver (``fusion_ray.driver.runner``) asks the policy and never which policy it has. A new
+stopping rule is a new entry of the decision-rule registry; a new policy is a class here and a line in
 ``policy_for``. Both policies are functions of the finished runs in the tracking store, so a
 restarted driver makes the same choices.
 """
@@ -23,22 +23,43 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-from fusion_ray.adaptive import SeedSchedule, finished_results
 from fusion_ray.config import SweepSpec
+from fusion_ray.config.grid import Cell
 from fusion_ray.decide.questions import KINDS, failures
 from fusion_ray.decide.sequential import decision_rows, decisions_text
-from fusion_ray.grid import Cell
-from fusion_ray.plan import Plan, plan
+from fusion_ray.policy.plan import Plan, plan
+from fusion_ray.policy.schedule import SeedSchedule, finished_results
 from fusion_ray.redact import redact
 from fusion_ray.schema import ADAPTIVE_TAG
 
-if TYPE_CHECKING:
-    from fusion_ray.callbacks import MLflowSweepCallback
-    from fusion_ray.tracking import Tracker
-
 log = logging.getLogger(__name__)
+
+
+class Tracker(Protocol):
+    """What a policy reads from and writes to the tracking store: the runs ``plan`` compares
+    the sweep with, and the decisions (``fusion_ray.driver.tracking.Tracker`` is one; the
+    policies import nothing of the driver)."""
+
+    def trial_runs(self) -> Any: ...
+
+    def best_runs(self, runs: Any) -> Any: ...
+
+    def log_decisions(self, parent_id: str, rows: list[dict[str, Any]]) -> None: ...
+
+    def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None: ...
+
+
+class MLflowSweepCallback(Protocol):
+    """The sweep's Tune callback as the adaptive policy writes through it while the sweep runs
+    (``fusion_ray.driver.callbacks.MLflowSweepCallback`` is one)."""
+
+    tracker: Tracker
+    parent_id: str
+    lease: Any
+    """The driver's lease (its ``lost`` event is set once another driver owns the sweep)."""
+
 
 TUNE_RUN_CELLS = 200
 """Cells per Ray Tune run of fixed seeds. Tune's bookkeeping grows with the trials of one run (it
@@ -153,7 +174,8 @@ class AdaptiveSeedPolicy:
         return "every comparison is decided or at its cap"
 
     def tune_runs(self, name: str, callback: MLflowSweepCallback) -> Iterator[TuneRun]:
-        from fusion_ray.searcher import AdaptiveSeedSearcher
+        # lazy: the searcher imports ray.tune (~1.7 s); kept out of --dry-run and --help
+        from fusion_ray.policy.searcher import AdaptiveSeedSearcher
 
         schedule = self.schedule
         cells = [c for c in self.todo.cells if c.cell_id not in schedule.results]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fusion_ray.tracking import LeaseStore
+    from fusion_ray.driver.tracking import LeaseStore
 
 
 log = logging.getLogger(__name__)

@@ -20,14 +20,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fusion_ray.config import SweepSpec, resources_for
-from fusion_ray.driver import DriverSession
-from fusion_ray.grid import Cell
-from fusion_ray.job import OperatorRef, TrialJob
-from fusion_ray.orchestrate import run_cell, storage_uri, trial_resources, within_storage
-from fusion_ray.plan import Plan, plan
-from fusion_ray.redact import redact
+from fusion_ray.config.grid import Cell
+from fusion_ray.driver import placement
+from fusion_ray.driver.job import OperatorRef, TrialJob
+from fusion_ray.driver.placement import PlacementError, placement_timeout_s
+from fusion_ray.driver.session import DriverSession, tune_output
+from fusion_ray.driver.storage import finish_ended_trials, resume_point, storage_uri
+from fusion_ray.driver.trial import run_cell, trial_resources
+from fusion_ray.policy.plan import Plan, plan
+from fusion_ray.policy.seed_policy import SeedPolicy, TuneRun, policy_for
 from fusion_ray.schema import CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG, axis_text
-from fusion_ray.seed_policy import SeedPolicy, TuneRun, policy_for
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -69,11 +71,12 @@ def run_sweep(
         "sweep", spec.name, spec.tracking_uri, spec.storage_path, take_over=take_over
     ) as session:
         todo = plan(spec, session.tracker)
-        rehearsal = False
-        if policy_for(spec, todo).needed():
+        policy, rehearsal = policy_for(spec, todo), False
+        if policy.needed():
             session.start_ray(address or spec.address)
             spec, rehearsal = _placed(spec, todo, smoke)
-        policy = policy_for(spec, todo)
+            if rehearsal:  # the policy runs the spec rehearsed on CPUs
+                policy = policy_for(spec, todo)
         session.open_parent(sweep_file, _parent_params(spec, todo, policy, rehearsal, overrides))
         session.tracker.log_cells(session.parent_id, [c.cell_id for c in todo.cells])
         with session.driving():
@@ -104,8 +107,6 @@ def _parent_params(
 
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
     """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
-    from fusion_ray import placement
-
     placed = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
     for dataset, request in placed.check.later.items():
         pending = sum(c.dataset == dataset for c in todo.pending)
@@ -120,7 +121,8 @@ def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
 def _run_cells(
     spec: SweepSpec, session: DriverSession, todo: Plan, policy: SeedPolicy, verbose: int
 ) -> SweepOutcome:
-    from fusion_ray.callbacks import MLflowSweepCallback
+    # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
+    from fusion_ray.driver.callbacks import MLflowSweepCallback
 
     tracker, parent_id = session.tracker, session.parent_id
     finish_ended_trials(spec, tracker, todo, lease_token=session.lease.token)
@@ -178,8 +180,6 @@ def _run_policy(
 ) -> int:
     """The policy's Tune runs, one after the other (none once the lease is lost); the number of
     trials they started."""
-    from fusion_ray.driver import tune_output
-
     ran = 0
     for run in policy.tune_runs(f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", callback):
         if session.lease.lost.is_set() or session.stopping():
@@ -213,56 +213,6 @@ def _latency_baseline(spec: SweepSpec) -> OperatorRef:
     return OperatorRef(entry.name, entry.kwargs)
 
 
-def finish_ended_trials(
-    spec: SweepSpec, tracker: Any, todo: Plan, lease_token: str | None = None
-) -> None:
-    """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
-    storage) but whose run was never marked FINISHED, because the driver died (or was paused
-    and taken over) in between: finish their runs from storage instead of training them again,
-    naming the driver that finished them (``lease_token``) as the callback does."""
-    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
-
-    for cid, run in todo.existing.items():
-        path = stored_checkpoint(run.checkpoint_path or "", spec.storage_path)
-        if run.status == "FINISHED" or not run.has_final or not path:
-            continue
-        if not checkpoint_exists(path, spec.storage_path):
-            continue
-        if tracker.log_predictions(run.run_id, path):
-            tracker.finish(run.run_id, lease_token=lease_token)
-            run.status = "FINISHED"
-            todo.done.add(cid)
-            log.info("cell %s: its trial had ended; its run is finished from storage", cid)
-
-
-def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str | None:
-    """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists
-    and lies under this sweep's storage (a path read from the tracking store is trusted only
-    there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""
-    from fusion_ray.tracking import checkpoint_exists, stored_checkpoint
-
-    prior = existing.get(cell.cell_id)
-    resume_from = prior.checkpoint_path if prior is not None else None
-    if resume_from:
-        resume_from = stored_checkpoint(resume_from, spec.storage_path)
-    if resume_from and not within_storage(resume_from, storage_uri(spec.storage_path)):
-        log.warning(
-            "cell %s: its run names checkpoint %s, outside storage_path %s; the cell starts again",
-            cell.cell_id,
-            redact(resume_from),
-            redact(spec.storage_path),
-        )
-        return None
-    if resume_from and not checkpoint_exists(resume_from, spec.storage_path):
-        log.warning(
-            "cell %s: checkpoint %s is gone; the cell starts again",
-            cell.cell_id,
-            redact(resume_from),
-        )
-        resume_from = prior.checkpoint_path = None
-    return resume_from
-
-
 def _tuner(
     spec: SweepSpec,
     run: TuneRun,
@@ -274,10 +224,12 @@ def _tuner(
     """The Ray Tune run of a policy's cells: one trial per cell, each with its dataset's
     resources; all of them (a grid), or those the run's searcher suggests; every trial stops
     once ``stopping()`` (a signal) or the callback's lease or store is lost."""
+    # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
     from ray import tune
     from ray.tune import PlacementGroupFactory
 
-    from fusion_ray.callbacks import DriverStopper
+    # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
+    from fusion_ray.driver.callbacks import DriverStopper
 
     searcher, tune_run = run.searcher, run.name
     by_id = {c.cell_id: c for c in run.cells}
@@ -320,8 +272,6 @@ class PlacementWatch:
         self.timeout_s, self.since = timeout_s, time.monotonic()
 
     def __call__(self, trials: list) -> None:
-        from fusion_ray.placement import PlacementError
-
         statuses = {t.status for t in trials}
         if "RUNNING" in statuses or "PENDING" not in statuses:
             self.since = time.monotonic()
@@ -334,9 +284,8 @@ class PlacementWatch:
 
 
 def _placement_callback() -> Any:
+    # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
     from ray.tune import Callback
-
-    from fusion_ray.placement import placement_timeout_s
 
     watch = PlacementWatch(placement_timeout_s())
 

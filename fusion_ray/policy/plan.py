@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import SweepSpec
-from fusion_ray.grid import Cell, expand
+from fusion_ray.config.grid import Cell, expand
 from fusion_ray.other_settings import describe_differences, param_differences
 
 # MLflow keeps at most this many characters of a param value (the tracker truncates to it).

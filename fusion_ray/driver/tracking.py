@@ -1,9 +1,9 @@
 """The one MLflow writer on the fusion_ray side (the only module that imports mlflow there).
 
 Workers never talk to MLflow: they report to Tune, and the Tune callbacks on the driver
-(``fusion_ray.callbacks``) write, through the ``Tracker`` here, runs that follow the schema in
-DESIGN.md. One run per cell; a resumed or retried cell continues its earlier run, so a cell
-never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
+(``fusion_ray.driver.callbacks``) write, through the ``Tracker`` here, runs that follow the
+schema of docs/reference/mlflow-schema.md. One run per cell; a resumed or retried cell continues
+its earlier run, so a cell never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
 ``lease_store``.
 
 Why one module of this size: it is the only module of fusion_ray that imports MLflow (an
@@ -27,14 +27,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.decide.questions import quarter_accuracy
-from fusion_ray.preflight import sqlite_wait_ms
+from fusion_ray.driver.preflight import sqlite_wait_ms
 from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
@@ -62,10 +61,10 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     STATE_CODES,
 )
-from fusion_ray.store_errors import classify, credentials_fix
+from fusion_ray.store_errors import classify, credentials_fix, each_request_once
 
 if TYPE_CHECKING:
-    from fusion_ray.grid import Cell
+    from fusion_ray.config.grid import Cell
 
 log = logging.getLogger(__name__)
 
@@ -555,14 +554,6 @@ def access_errors(tracking_uri: str) -> Iterator[None]:
         raise problem from None
 
 
-HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV = (
-    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT",
-)
-"""How often MLflow's client retries a request to a server (7 by default, about 4 minutes with
-its backoff), and how many seconds it waits for each answer (120)."""
-
-
 def _sqlite_wait_on_connect(dbapi_connection: Any, _record: Any) -> None:
     """A new sqlite connection waits ``FUSION_RAY_SQLITE_WAIT_S`` for a lock (MLflow opens the
     store on connections whose wait is the sqlite3 driver's 5 s)."""
@@ -604,10 +595,8 @@ def answer_within(tracking_uri: str, wait_s: int) -> Iterator[None]:
     fail fast, as a dry run's); a server that did not answer is a ``TrackingAccessError``
     ("unreachable") saying it was given ``wait_s``. MLflow reads both from the environment, so
     they hold for the whole process while the body runs, and are as they were after."""
-    saved = {name: os.environ.get(name) for name in (HTTP_RETRIES_ENV, HTTP_TIMEOUT_ENV)}
-    os.environ[HTTP_RETRIES_ENV], os.environ[HTTP_TIMEOUT_ENV] = "0", str(wait_s)
     try:
-        with access_errors(tracking_uri):
+        with each_request_once(wait_s), access_errors(tracking_uri):
             yield
     except TrackingAccessError as exc:
         if exc.kind != "unreachable":
@@ -618,12 +607,6 @@ def answer_within(tracking_uri: str, wait_s: int) -> Iterator[None]:
             "request is sent once and waited for no longer): start it (mlflow server ...) or "
             "fix tracking_uri, then run the same command again",
         ) from None
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class TrackingStoreLostError(RuntimeError):
@@ -723,8 +706,8 @@ def _inode(path: Path | None) -> int | None:
 
 
 class LeaseStore:
-    """Named records with tags in the tracking store, for the sweep's lease (``fusion_ray.lease``):
-    MLflow registered models, which every tracking store has and every driver of the sweep
+    """Named records with tags in the tracking store, for the sweep's lease
+    (``fusion_ray.driver.lease``): MLflow registered models, which every tracking store has and every driver of the sweep
     reaches (so two drivers on two machines see the same lease)."""
 
     def __init__(self, client: MlflowClient) -> None:
@@ -761,46 +744,6 @@ class LeaseStore:
         """Delete the record (nothing when it is already gone)."""
         with contextlib.suppress(mlflow.exceptions.MlflowException):
             self.client.delete_registered_model(name)
-
-
-def checkpoint_uri(path: str, storage_path: str) -> str:
-    """A checkpoint path as a URI that ``ray.train.Checkpoint`` can open later (scheme and query,
-    e.g. ``?endpoint_override=`` for MinIO, taken from the storage path)."""
-    if "://" in path or "://" not in storage_path:
-        return path
-    parsed = urlparse(storage_path)
-    return f"{parsed.scheme}://{path}" + (f"?{parsed.query}" if parsed.query else "")
-
-
-def stored_checkpoint(tag: str, storage_path: str) -> str:
-    """A checkpoint path read back from its run's tag, with the storage path's query put back
-    where the tag left it out (it held a secret, ``Tracker`` writes no secret into a tag)."""
-    query = urlparse(storage_path).query if "://" in storage_path else ""
-    if query and "://" in tag and "?" not in tag:
-        return f"{tag}?{query}"
-    return tag
-
-
-def checkpoint_exists(uri: str, storage_path: str) -> bool:
-    """Whether a checkpoint directory (local path or URI) read back from the tracking store is
-    still there. Only a path under the sweep's ``storage_path`` is looked at
-    (``orchestrate.within_storage``): a tag could otherwise point the driver's signed requests
-    at any host."""
-    from fusion_ray.orchestrate import storage_uri, within_storage
-
-    return within_storage(uri, storage_uri(storage_path)) and _directory_exists(uri)
-
-
-def _directory_exists(uri: str) -> bool:
-    import pyarrow.fs
-
-    try:
-        if "://" not in uri:
-            return Path(uri).is_dir()
-        fs, path = pyarrow.fs.FileSystem.from_uri(uri)
-        return fs.get_file_info(path).type == pyarrow.fs.FileType.Directory
-    except (OSError, ValueError):
-        return False
 
 
 def log_report_artifacts(tracker: Tracker, parent_id: str, directory: str) -> None:

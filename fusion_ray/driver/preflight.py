@@ -33,7 +33,7 @@ def preflight(
 SQLITE_WAIT_ENV = "FUSION_RAY_SQLITE_WAIT_S"
 """Seconds a read or write of a sqlite tracking store waits for a lock another process holds
 before it fails with "database is locked" (unset: MLflow's own waits, 20 s in its sessions and
-5 s when it opens the store; ``fusion_ray.tracking`` applies it). Tests shorten it; a lab may
+5 s when it opens the store; ``fusion_ray.driver.tracking`` applies it). Tests shorten it; a lab may
 lengthen it for a script that writes to the store at length."""
 SQLITE_WAIT_MAX_S = 86400
 

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import AdaptiveSeeds
+from fusion_ray.config.grid import Cell
 from fusion_ray.decide.questions import Arm, Group, Hypothesis, hypotheses, rows
-from fusion_ray.grid import Cell
+from fusion_ray.decide.sequential import family_evidence
 
 
 def group_of(cell: Cell) -> Group:
@@ -109,8 +110,6 @@ class SeedSchedule:
     def evidence(self, with_sequences: bool = False) -> dict[str, list[Any]]:
         """Each hypothesis's evidence and state after each of its resolved seeds
         (``fusion_ray.decide.sequential.family_evidence``)."""
-        from fusion_ray.decide.sequential import family_evidence
-
         return family_evidence(
             self.deltas(),
             alpha=self.rule.alpha,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from fusion_ray.adaptive import SeedSchedule, group_of
 from fusion_ray.config import load_sweep
+from fusion_ray.config.grid import expand
 from fusion_ray.decide.questions import operator_hypothesis
-from fusion_ray.grid import expand
+from fusion_ray.policy.schedule import SeedSchedule, group_of
 from fusion_ray.schema import STATE_CODES
 from tests.conftest import tiny_sweep
 
@@ -110,11 +110,11 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
 ):
     """The searcher suggests the first wave, then only what the evidence needs; nothing runs
     twice, and the schedule rebuilt from the tracking store agrees with what ran."""
-    from fusion_ray.adaptive import finished_results
-    from fusion_ray.plan import plan
-    from fusion_ray.runner import run_sweep
-    from fusion_ray.seed_policy import AdaptiveSeedPolicy
-    from fusion_ray.tracking import Tracker
+    from fusion_ray.driver.runner import run_sweep
+    from fusion_ray.driver.tracking import Tracker
+    from fusion_ray.policy.plan import plan
+    from fusion_ray.policy.schedule import finished_results
+    from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy
 
     # Two entries that build the same model (gate_mlp's hidden width defaults to d_model = 16):
     # every paired delta is exactly 0, so the comparison never gains a sign. With the sign rule
@@ -231,9 +231,9 @@ def test_a_length_contrast_keeps_running_the_cells_it_needs_and_a_restart_agrees
 
 @pytest.mark.unit
 def test_the_time_left_uses_the_open_hypotheses_and_says_it_is_an_estimate(tmp_path):
-    from fusion_ray.callbacks import time_left
-    from fusion_ray.plan import plan
-    from fusion_ray.seed_policy import AdaptiveSeedPolicy
+    from fusion_ray.driver.callbacks import time_left
+    from fusion_ray.policy.plan import plan
+    from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy
 
     spec = _adaptive_sweep(tmp_path, first=2, most=12)
     policy = AdaptiveSeedPolicy(spec, plan(spec, None))
