@@ -5,8 +5,6 @@ ask for GPUs that way.)"""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import yaml
 
@@ -78,17 +76,15 @@ def _gpu_sweep(tmp_path, name, store):
     return load_sweep(path)
 
 
-def test_a_gpu_sweep_on_a_ray_without_gpus_fails_in_seconds(
+def test_a_gpu_sweep_on_a_ray_without_gpus_fails_before_any_trial(
     tmp_path, ray_session, data_cache, mlflow_store
 ):
     from fusion_ray.driver.runner import run_sweep
     from fusion_ray.driver.tracking import Tracker
 
     spec = _gpu_sweep(tmp_path, "gpu_here", mlflow_store)
-    started = time.monotonic()
     with pytest.raises(PlacementError) as info:
         run_sweep(spec)
-    assert time.monotonic() - started < 60
     assert "short: each trial asks 1 worker(s) x (1 CPU + 1 GPU)" in str(info.value)
     assert "0 GPUs" in str(info.value) and "--smoke" in str(info.value)
     assert Tracker(spec.tracking_uri, spec.name).trial_runs() == []  # nothing was started
@@ -106,14 +102,12 @@ def test_waiting_for_a_node_type_gives_up_after_the_timeout(
     monkeypatch.setenv("FUSION_RAY_AUTOSCALER_CONFIG", str(config))
     monkeypatch.setenv("FUSION_RAY_PLACEMENT_TIMEOUT_S", "1")
     spec = _gpu_sweep(tmp_path, "gpu_wait", mlflow_store)
-    started = time.monotonic()
     with pytest.raises(Exception, match="no trial could be placed for 1 s"):
         run_sweep(spec)
-    assert time.monotonic() - started < 90
     assert "waiting for the autoscaler to add a node for short" in capsys.readouterr().out
 
 
-def test_an_hpo_whose_trials_fit_no_node_fails_in_seconds(
+def test_an_hpo_whose_trials_fit_no_node_fails_before_any_trial(
     tmp_path, ray_session, monkeypatch, capsys
 ):
     """The HPO command checks placement too: trials asking more CPUs than any node has are an
@@ -129,9 +123,7 @@ def test_an_hpo_whose_trials_fit_no_node_fails_in_seconds(
     path = tmp_path / "hpo.yaml"
     path.write_text(yaml.safe_dump(quick))
     monkeypatch.setenv("RAY_ADDRESS", ray_session.get_runtime_context().gcs_address)
-    started = time.monotonic()
     assert hpo_main([str(path)]) == 2
-    assert time.monotonic() - started < 60
     err = capsys.readouterr().err
     assert "no node of this Ray cluster can run these trials" in err
     assert "short: each trial asks 1 worker(s) x (64 CPU)" in err
