@@ -1,16 +1,18 @@
-"""Against a real ``mlflow server`` on loopback, as a lab shares one: with MLflow's basic-auth
-app, a sweep with credentials from the environment works and no output holds the password, and
-the analysis reads its artifacts through the server (``mlflow-artifacts:``) and finds what a
-sqlite store gives; without credentials (or, for the report, with a wrong password), with the
-store locked, or (a dry run) with no server answering, the command says so in one line and an
-exit code.
+"""Against a real ``mlflow server`` on loopback, as a lab shares one. With MLflow's basic-auth
+app: a sweep and an HPO run with the password in their ``tracking_uri`` work, and no console
+output, file, pickle, store or artifact holds the password; the report, with the credentials in
+the environment, reads the sweep's artifacts through the server (``mlflow-artifacts:``) and
+finds what a sqlite store gives. Without credentials (or, for the report, with a wrong
+password), with the store locked, or (a dry run) with no server answering, the command says so
+in one line and an exit code.
 
-One server and one sweep on it (``authed``, a module fixture) serve the tests that read it; the
-drivers join the session's Ray (``ray_session``).
+One server, with one sweep and one HPO run on it (``authed``, a module fixture), serves the
+tests that read it; the drivers join the session's Ray (``ray_session``).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import sqlite3
@@ -28,6 +30,7 @@ import yaml
 from mlflow import MlflowClient
 
 from tests.conftest import ROOT, tiny_sweep
+from tests.fusion_ray.hpo.test_hpo_driver import _hpo_file
 from tests.helpers import MLFLOW_SERVER_ENV
 
 pytestmark = pytest.mark.process
@@ -119,14 +122,19 @@ CREDENTIALS = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": 
 
 @dataclass
 class Authed:
-    """The module's basic-auth server and the sweep ``authed`` run on it: first without
-    credentials (``refused``), then with them from the environment (``ran``, report included)."""
+    """The module's basic-auth server and what ran on it: the sweep ``authed`` without
+    credentials (``refused``), then with the password in its ``tracking_uri`` (``ran``, from
+    ``secret``, the same sweep but for that URI; report included), and a tiny HPO run with the
+    password in its URI too (``tuned``, from ``hpo``)."""
 
     root: Path
     uri: str
     path: Path
+    secret: Path
+    hpo: Path
     refused: subprocess.CompletedProcess
     ran: subprocess.CompletedProcess
+    tuned: subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
@@ -134,12 +142,21 @@ def authed(tmp_path_factory, data_cache, ray_session, mlflow_store) -> Iterator[
     root = tmp_path_factory.mktemp("authed_server")
     mlflow_store(root / "server.db")  # the server's store, migrated (MLflow takes seconds to)
     server, uri = _server(root, auth=True)
+    with_password = uri.replace("http://", f"http://admin:{PASSWORD}@")
     try:
         path = _sweep_file(root, uri, "authed")
-        env = _env(data_cache, ray_session)
+        secret = path.with_name("authed_with_password.yaml")
+        raw = yaml.safe_load(path.read_text())
+        secret.write_text(yaml.safe_dump({**raw, "tracking_uri": with_password}, sort_keys=False))
+        hpo = _hpo_file(root / "hpo", "secret_hpo", epochs=1, samples=2)
+        raw = yaml.safe_load(hpo.read_text())
+        raw["tune"]["fusion"], raw["tracking_uri"] = "add", with_password
+        hpo.write_text(yaml.safe_dump(raw, sort_keys=False))
+        env = _env(data_cache, ray_session)  # no MLFLOW_TRACKING_* credentials
         refused = _cli(["fusion_ray.sweep", str(path), "--no-report"], path.parent, env)
-        ran = _cli(["fusion_ray.sweep", str(path)], path.parent, {**env, **CREDENTIALS})
-        yield Authed(root, uri, path, refused, ran)
+        ran = _cli(["fusion_ray.sweep", str(secret)], path.parent, env)
+        tuned = _cli(["fusion_ray.hpo", str(hpo)], hpo.parent, env)
+        yield Authed(root, uri, path, secret, hpo, refused, ran, tuned)
     finally:
         _stop(server)
 
@@ -204,9 +221,9 @@ def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(
     # without credentials: one message and exit 8, no traceback
     assert refused.returncode == 8, refused.stderr[-3000:]
     assert "MLFLOW_TRACKING_USERNAME" in refused.stderr and "Traceback" not in refused.stderr
-    # with them from the environment: the sweep and its report
+    # with the user info in the URI: the sweep and its report (the driver hands the
+    # credentials to MLflow's client through MLFLOW_TRACKING_USERNAME and _PASSWORD)
     assert ran.returncode == 0, ran.stderr[-3000:]
-    # a URI with the user info works too (MLflow's client sends it as basic auth)
     with_info = uri.replace("http://", f"http://admin:{PASSWORD}@")
     dry = _cli(
         ["fusion_ray.sweep", str(path), "--dry-run", f"tracking_uri={with_info}"],
@@ -248,6 +265,54 @@ def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(
     assert "admin:***@" in (tmp_path / "authed_report" / "report.md").read_text()
     leaks = [text[max(0, text.find(PASSWORD) - 80) :][:160] for text in outputs if PASSWORD in text]
     assert not leaks, leaks
+
+
+SECRETS = (PASSWORD.encode(), base64.b64encode(f"admin:{PASSWORD}".encode()))
+"""The planted password, and the basic-auth header value it would travel as."""
+
+
+def _leaks(root: Path, skip: set[Path]) -> list[str]:
+    """Every file under ``root`` (but ``skip``) whose bytes hold a secret, with what is around it."""
+    found = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p not in skip):
+        data = path.read_bytes()
+        for secret in SECRETS:
+            at = data.find(secret)
+            if at >= 0:
+                found.append(f"{path.relative_to(root)}: {data[max(0, at - 60) : at + 40]!r}")
+    return found
+
+
+def test_a_password_in_the_tracking_uri_reaches_no_console_file_or_store(authed):
+    """The module's sweep and HPO run, each with the password in its ``tracking_uri``: both end
+    with every trial FINISHED, and the password (or its basic-auth header value) is nowhere they
+    print or write: not in their console output, not in any file under their storage (Ray
+    Tune's pickles read as raw bytes), the HPO fragment, the server's store or its artifacts."""
+    ran, tuned = authed.ran, authed.tuned
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    client = MlflowClient(authed.uri.replace("http://", f"http://admin:{PASSWORD}@"))
+    for name, runs in (("authed", 4), ("secret_hpo", 2)):
+        exp = client.get_experiment_by_name(name)
+        trials = client.search_runs([exp.experiment_id], "tags.role = 'trial'")
+        assert sorted(r.info.status for r in trials) == ["FINISHED"] * runs, name
+    assert (authed.hpo.parent / "tuned" / "secret_hpo.yaml").is_file()
+    for where in (authed.path.parent, authed.hpo.parent):  # the pickles were looked at
+        assert list((where / "ray_results").rglob("tuner.pkl")), where
+    assert (authed.root / "server.db").is_file()
+    assert list((authed.root / "served").rglob("*.parquet"))  # served artifacts
+
+    console = {
+        f"{what} {stream}": getattr(run, stream).encode()
+        for what, run in (("sweep", ran), ("hpo", tuned))
+        for stream in ("stdout", "stderr")
+    }
+    leaks = [f"{where}: {out[max(0, out.find(s) - 80) :][:160]!r}"
+             for where, out in console.items() for s in SECRETS if s in out]  # fmt: skip
+    # everything the drivers and the server wrote: storage, Tune's pickles, the fragment, the
+    # store and its artifacts; not the files the test wrote with the password in them
+    leaks += _leaks(authed.root, {authed.secret, authed.hpo, authed.root / "basic_auth.ini"})
+    assert not leaks, "\n".join(leaks)
 
 
 LOCK_WAIT_S = 1
