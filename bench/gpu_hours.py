@@ -1,18 +1,20 @@
 """GPU-hours of a sweep file from measured epoch times (no GPU needed to run this).
 
-Reads the H100 measurements in ``bench/results/``: ``epoch_profile.py``'s run of 2026-11-27
+Reads one machine's measurements in ``bench/results/`` (``--measured``; by default the H100 run of
+2026-11-27, ``h100_2026-11-27/``; ``h200_2026-11-28/`` holds the same two files from an H200):
+``epoch_profile.py``'s run
 (``graphs`` for a preset with ``train.cuda_graphs``, ``lean`` (the profile's eager step)
 otherwise), the loop's own epochs where ``loop_graphs.py`` measured them (ArXiv eager,
 2026-11-27: the loop's eager ArXiv step is faster than the profile's ``lean``; then an epoch is
 the loop's training time plus the profile's validation and checkpoint), ``packing.py``; and the
 cells of the sweep file, then:
 
-- per trial, alone on one H100: epochs x (training + validation + checkpoint) + one test pass
+- per trial, alone on one card: epochs x (training + validation + checkpoint) + one test pass
   (the validation pass scaled to the test split's size). ``epochs`` is the preset's maximum: early
   stopping (ArXiv's patience 4) can only make it shorter, so this is an upper bound;
 - card-hours: trials of a dataset packed ``k`` to a card take 1 / (measured aggregate speed-up
   at ``k``) of a card each, where that packing was measured (AG News eager and with graphs,
-  IMDB eager); elsewhere one trial per card;
+  IMDB eager, all on the H100); elsewhere one trial per card;
 - the cluster of ``cluster.yaml`` (A10G GPUs): nothing was measured on an A10G, so H100 card-hours
   are multiplied by a range of published ratios, H100 SXM / A10: memory bandwidth 3.35 / 0.6 TB/s
   = 5.6x and dense bf16 tensor peak 989 / 125 TFLOP/s = 7.9x (NVIDIA's data sheets; AWS's A10G
@@ -29,6 +31,7 @@ most), and at any ``--seeds-per-cell`` given, e.g. the mean seeds per comparison
 longest comparison, so that mean is a lower bound for its cells).
 
     python bench/gpu_hours.py [sweeps/full_grid.yaml] [--adaptive 6,20] [--seeds-per-cell 8.3]
+        [--measured bench/results/h200_2026-11-28]
 """
 
 from __future__ import annotations
@@ -46,8 +49,7 @@ from fusion_ray.config import load_sweep  # noqa: E402
 from fusion_ray.config.grid import expand  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-EPOCH_PROFILE = RESULTS / "h100_2026-11-27" / "epoch_profile.json"
-LOOP_EPOCHS = RESULTS / "h100_2026-11-27" / "loop_arxiv.json"  # loop_graphs.py --presets arxiv
+MEASURED = RESULTS / "h100_2026-11-27"  # epoch_profile.json and loop_arxiv.json of one machine
 PACKING = {  # (dataset, cuda_graphs): packing.py's measurement
     ("ag_news", False): RESULTS / "h100_2026-11-22" / "packing.json",
     ("ag_news", True): RESULTS / "h100_2026-11-23" / "packing_ag_news_graphs.json",
@@ -59,16 +61,16 @@ A10G_RATIO = (3.35 / 0.6, 989 / 125)  # H100 SXM / A10: HBM bandwidth, dense bf1
 CLUSTER_GPUS = 8 * 1 + 2 * 4  # cluster.yaml: up to 8 gpu_1x and 2 gpu_4x nodes
 
 
-def measured_epochs() -> dict[tuple[str, str], dict]:
+def measured_epochs(measured: Path = MEASURED) -> dict[tuple[str, str], dict]:
     """Per (preset, variant): the epoch profile's plain run; where the loop's own epochs were
-    measured (``LOOP_EPOCHS``), its training time (the mean of the epochs after the first,
+    measured (``loop_arxiv.json``), its training time (the mean of the epochs after the first,
     which captures graphs and warms up) replaces the profile's, scaled to the full split."""
     runs = {
         (run["preset"], run["variant"]): {**run, "source": "profile " + run["variant"]}
-        for run in json.loads(EPOCH_PROFILE.read_text())["runs"]
+        for run in json.loads((measured / "epoch_profile.json").read_text())["runs"]
         if run.get("mode") == "plain" and "error" not in run
     }
-    for loop in json.loads(LOOP_EPOCHS.read_text()):
+    for loop in json.loads((measured / "loop_arxiv.json").read_text()):
         key = (loop["preset"], "graphs" if loop["cuda_graphs"] else "lean")
         if "error" in loop or key not in runs or len(loop["epoch_seconds"]) < 2:
             continue
@@ -109,6 +111,13 @@ def main() -> None:
         default=[],
         help="with adaptive seeds: also the cost at these mean seeds per cell",
     )
+    parser.add_argument(
+        "--measured",
+        type=Path,
+        default=MEASURED,
+        help="folder of one machine's epoch_profile.json and loop_arxiv.json "
+        f"(default {MEASURED.relative_to(ROOT)})",
+    )
     args = parser.parse_args()
     overrides = []
     if args.adaptive:
@@ -116,11 +125,13 @@ def main() -> None:
         overrides.append(f"seeds={{adaptive: true, first: {first}, max: {cap}}}")
     spec = load_sweep(args.sweep, overrides=overrides)
     cells = Counter(cell.dataset for cell in expand(spec))
-    epochs = measured_epochs()
+    epochs = measured_epochs(args.measured)
+    chip = _chip(epochs)
     total_card_s = 0.0
     print(
-        f"{spec.name}: {sum(cells.values())} cells; H100 epoch times from "
-        f"{EPOCH_PROFILE.relative_to(ROOT)} and {LOOP_EPOCHS.relative_to(ROOT)}"
+        f"{spec.name}: {sum(cells.values())} cells; {chip} epoch times from "
+        f"{_shown(args.measured / 'epoch_profile.json')} and "
+        f"{_shown(args.measured / 'loop_arxiv.json')}"
     )
     print(
         f"{'dataset':<8} {'cells':>5} {'epoch s':>8} {'epochs':>6} {'trial s':>8} "
@@ -147,8 +158,8 @@ def main() -> None:
         )
     hours = total_card_s / 3600
     if spec.adaptive is None:
-        print(f"one H100: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
-        _cluster_line(hours)
+        print(f"one {chip}: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
+        _cluster_line(chip, hours)
         return
     seeds = len(spec.seeds)  # 0 .. max-1: the cells above are the cap's
     first = spec.adaptive.first
@@ -162,13 +173,30 @@ def main() -> None:
         (seeds, "none decided before the cap"),
     ]:
         at = hours * per_cell / seeds
-        print(f"  {per_cell:>5g} seeds per cell ({what}): {at:.1f} H100-hours")
-    _cluster_line(hours * first / seeds, hours)
+        print(f"  {per_cell:>5g} seeds per cell ({what}): {at:.1f} {chip}-hours")
+    _cluster_line(chip, hours * first / seeds, hours)
 
 
-def _cluster_line(hours: float, most: float | None = None) -> None:
+def _chip(epochs: dict[tuple[str, str], dict]) -> str:
+    """The card the epochs were measured on, shortened as in the tables: ``H100``, ``H200``."""
+    names = {run["device"] for run in epochs.values()}
+    if len(names) != 1:
+        sys.exit(f"the epoch profile mixes devices {sorted(names)}: give one machine's folder")
+    name = names.pop()
+    return next((w for w in name.split() if w[:1] in "HABL" and w[1:].isdigit()), name)
+
+
+def _shown(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _cluster_line(chip: str, hours: float, most: float | None = None) -> None:
     """The cluster of cluster.yaml: A10G-hours from H100 hours (a range of ratios); with
-    ``most``, from ``hours`` (the least) to ``most``."""
+    ``most``, from ``hours`` (the least) to ``most``. The ratios are the H100's alone."""
+    if chip != "H100":
+        print(f"cluster.yaml (A10G): scaled from H100 measurements only, not from {chip} ones")
+        return
     low = hours * A10G_RATIO[0]
     high = (most if most is not None else hours) * A10G_RATIO[1]
     print(
