@@ -1,8 +1,9 @@
 """Wall time and failures of the test tiers, each run as its own pytest process.
 
-Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``;
-``unit-n2`` is the unit tier on two pytest-xdist workers, ``not-unit`` every other tier in one
-process: the README's test command is ``unit-n2`` then ``not-unit``), ``--repeat`` times in a
+Runs ``python -m pytest -m TIER`` for each tier (``unit``, ``ray``, ``process``, ``cluster``,
+``not-unit`` (every tier but ``unit``); a name ending in ``-n2``, e.g. ``unit-n2``, runs that
+selection on two pytest-xdist workers: the README's test command is ``unit-n2`` then
+``not-unit-n2``), ``--repeat`` times in a
 row, and prints one line per run (wall time, passed / failed / skipped, the load average before
 and after: the box may be shared) and the failing tests by name; each run's whole pytest output,
 with every test's duration, is written as it runs to ``--log-dir`` (a new temporary folder
@@ -12,7 +13,7 @@ repetitions of tests that must not race the clock.
 
     python bench/tiers.py                               # each tier once
     python bench/tiers.py unit unit-n2                  # the quick check, serial and on 2
-    python bench/tiers.py unit-n2 not-unit              # the README's test command, in two
+    python bench/tiers.py unit-n2 not-unit-n2           # the README's test command, in two
     python bench/tiers.py process cluster --repeat 5 --load
 """
 
@@ -29,13 +30,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TIERS = {
+SELECTIONS = {
     "unit": ["-m", "unit"],
-    "unit-n2": ["-m", "unit", "-n", "2"],
     "not-unit": ["-m", "not unit"],
     "ray": ["-m", "ray"],
     "process": ["-m", "process"],
     "cluster": ["-m", "cluster"],
+}
+TIERS = {
+    **SELECTIONS,
+    **{f"{name}-n2": [*marks, "-n", "2"] for name, marks in SELECTIONS.items()},
 }
 
 

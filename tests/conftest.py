@@ -72,7 +72,8 @@ def tier_message(problems: list[tuple[str, str]]) -> str:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray instance shared by every test that needs Ray (start-up costs seconds)."""
+    """One local Ray instance shared by every test that needs Ray (start-up costs seconds); with
+    ``-n 2``, one per worker."""
     import ray
 
     if not ray.is_initialized():

@@ -26,5 +26,5 @@ def test_ci_ends_with_the_readmes_test_command():
     assert commands[-1] == tests  # the last command: a failed or empty test run fails CI
     for step in install.split(" && ")[2:]:  # after the venv and its activation: the installs
         assert step.replace("pip install ", "pip install --quiet ") in commands, step
-    # every tier runs: the unit tier and everything that is not unit
-    assert "-m unit -n 2" in tests and '-m "not unit"' in tests
+    # every tier runs, each part on two workers: the unit tier and everything that is not unit
+    assert "-m unit -n 2 &&" in tests and tests.endswith('-m "not unit" -n 2')
