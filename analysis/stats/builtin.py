@@ -168,7 +168,8 @@ STATISTICS: list[Statistic] = [
         record={
             "correction": "holm",
             "correction_detail": "Holm step-down over all m = {m} comparisons of this report "
-            "(statsmodels multipletests(method='holm'); its default 'hs' is Holm-Sidak)",
+            "(the values of statsmodels multipletests(method='holm'); its default 'hs' is "
+            "Holm-Sidak)",
         },
         method="**Multiple comparisons**: {correction_detail}. The length analysis is a "
         "separate family.",

@@ -153,6 +153,21 @@ def test_holm_matches_statsmodels_holm_not_its_default():
     assert not np.allclose(ours, multipletests(p)[1])  # default 'hs' is Holm-Sidak
 
 
+def test_holm_equals_statsmodels_on_ties_nans_and_random_families():
+    rng = np.random.default_rng(7)
+    families = [
+        np.array([0.02, 0.02, 0.02, 0.5]),  # ties
+        np.array([0.4, np.nan, 0.001, 0.3]),  # a comparison without a p-value
+        np.array([0.9]),
+        np.array([0.3, 0.6, 0.8]),  # m * p above 1: capped
+        *(rng.uniform(0, 0.2, size=rng.integers(2, 40)) for _ in range(200)),
+        *(rng.choice([0.001, 0.01, 0.05, 0.2], size=12) for _ in range(50)),  # many ties
+    ]
+    for p in families:
+        np.testing.assert_allclose(holm(p), multipletests(p, method="holm")[1], rtol=0, atol=0)
+    assert holm([]).size == 0
+
+
 def test_guard_five_seeds_cannot_reach_005():
     assert min_attainable_p(5) == 0.0625
     assert min_attainable_p(5, "greater") == 1 / 32
