@@ -182,8 +182,7 @@ def _chip(epochs: dict[tuple[str, str], dict]) -> str:
     names = {run["device"] for run in epochs.values()}
     if len(names) != 1:
         sys.exit(f"the epoch profile mixes devices {sorted(names)}: give one machine's folder")
-    name = names.pop()
-    return next((w for w in name.split() if w[:1] in "HABL" and w[1:].isdigit()), name)
+    return names.pop().removeprefix("NVIDIA ").split()[0]  # "NVIDIA H100 80GB HBM3" -> "H100"
 
 
 def _shown(path: Path) -> str:

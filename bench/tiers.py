@@ -95,7 +95,7 @@ def main() -> None:
                 before = os.getloadavg()[0]
                 seconds, summary, failed = run_tier(tier, log_dir / name)
                 load = f"load {before:.1f} -> {os.getloadavg()[0]:.1f}"
-                print(f"{tier:<8} run {i}: {seconds:7.1f} s  {load}  {summary}", flush=True)
+                print(f"{tier:<11} run {i}: {seconds:7.1f} s  {load}  {summary}", flush=True)
                 for test in failed:
                     print(f"    failed: {test}", flush=True)
     finally:

@@ -2,10 +2,10 @@
 
 The tests themselves are scipy's and statsmodels': ``scipy.stats.wilcoxon`` (exact),
 ``scipy.stats.binomtest`` (sign test, Clopper-Pearson interval), ``scipy.stats.bootstrap``
-(percentile interval of the mean delta); Holm's step-down is computed here and tested equal to
-``statsmodels.stats.multitest.multipletests`` with ``method="holm"`` (statsmodels' default, "hs",
-is Holm-Sidak, not Holm), which runs a full garbage collection at every call. The glue written
-here is what they lack:
+(percentile interval of the mean delta); Holm's step-down is ``fusion_ray.decide.sequential.holm``
+(the anytime family's too), tested equal to ``statsmodels.stats.multitest.multipletests`` with
+``method="holm"`` (statsmodels' default, "hs", is Holm-Sidak, not Holm), which runs a full garbage
+collection at every call. The glue written here is what they lack:
 
 - deltas from correct counts (integers), so float round-off can neither create nor break ties;
 - the exact null distribution of the signed-rank statistic conditional on tied ranks and zeros

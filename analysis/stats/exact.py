@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
+from fusion_ray.decide.sequential import holm  # noqa: F401  (one Holm for both families)
+
 ALTERNATIVES = ("two-sided", "greater", "less")
 ZERO_METHODS = ("wilcox", "pratt", "zsplit")
 
@@ -266,24 +268,6 @@ def holm_min_attainable_p(floors: Sequence[float] | np.ndarray) -> np.ndarray:
         steps = np.concatenate(([0.0], np.maximum.accumulate((m - s[1:] + 1) * lower)))
         out[k] = min(1.0, float(np.maximum(steps, (m - s) * f[k]).min()))
     return out
-
-
-def holm(pvalues: Sequence[float], alpha: float = 0.05) -> np.ndarray:
-    """Holm step-down adjusted p-values: sorted ascending, the k-th (from 1) times m - k + 1, a
-    running maximum, capped at 1, in the input's order; a NaN stays NaN.
-
-    The values of statsmodels' ``multipletests(method="holm")`` (tested), computed here because
-    ``multipletests`` runs a full garbage collection at every call, which in a process holding a
-    report's data costs more than the rest of a family. ``alpha`` decides nothing here: it is in
-    the signature of the family's correction."""
-    p = np.asarray(pvalues, dtype=float)
-    if p.size == 0:
-        return p
-    order = np.argsort(p, kind="stable")  # NaN last, as in statsmodels
-    steps = np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1))
-    adjusted = np.empty_like(p)
-    adjusted[order] = np.minimum(1.0, steps)
-    return adjusted
 
 
 @functools.lru_cache(maxsize=4096)

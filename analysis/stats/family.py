@@ -183,7 +183,7 @@ def holm_columns(table: pd.DataFrame, alpha: float) -> int:
     """Holm over a family of exact tests (``p_wilcoxon``, ``min_attainable_p`` columns), in
     place: ``p_holm``, ``significant``, ``min_attainable_p_holm``, ``can_reach_alpha``. Returns
     how many tests cannot reach ``alpha`` whatever the data."""
-    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float), alpha)
+    table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float))
     table["significant"] = table["p_holm"] <= alpha
     floor = holm_min_attainable_p(table["min_attainable_p"].to_numpy(dtype=float))
     table["min_attainable_p_holm"] = floor
