@@ -136,8 +136,7 @@ class Registry(Generic[T]):
 
     def user_kwargs(self, name: str) -> dict[str, inspect.Parameter]:
         """The keyword-only parameters of an entry: the ones a sweep file may set."""
-        params = inspect.signature(self.get(name)).parameters
-        return {k: p for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        return dict(_keyword_only(self.get(name)))
 
     def check(self, name: str, kwargs: Mapping[str, Any]) -> list[str]:
         """Every problem with ``name`` and ``kwargs``, as messages; empty when valid: unknown
@@ -162,6 +161,14 @@ class Registry(Generic[T]):
             if problem:
                 problems.append(f"{self.family} {name!r} option {key}: {problem}")
         return problems
+
+
+@functools.cache
+def _keyword_only(entry: Callable[..., Any]) -> tuple[tuple[str, inspect.Parameter], ...]:
+    """An entry's keyword-only parameters (its signature read once: the decision rules are built
+    at every look)."""
+    params = inspect.signature(entry).parameters
+    return tuple((k, p) for k, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 @functools.cache
