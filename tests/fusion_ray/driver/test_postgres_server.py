@@ -156,6 +156,7 @@ class Server:
                 "admin_username = admin\n"
                 f"admin_password = {PASSWORD}\n"
                 "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                "auth_cache_ttl_seconds = 60\n"  # the docs' setting: no password hash per request
             )
             self.command += ["--app-name", "basic-auth"]
             self.env["MLFLOW_FLASK_SERVER_SECRET_KEY"] = secrets.token_hex(8)

@@ -80,6 +80,7 @@ def _auth_config(root: Path) -> Path:
         "admin_username = admin\n"
         f"admin_password = {PASSWORD}\n"
         "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "auth_cache_ttl_seconds = 60\n"  # the docs' setting: no password hash per request
     )
     return path
 
