@@ -167,9 +167,7 @@ def tune_dataset(
             scheduler=scheduler,
             num_samples=settings.num_samples * len(cells),
             max_concurrent_trials=settings.max_concurrent_trials or res.max_concurrent_trials,
-            # As in a sweep: each trial starts in a warm actor (every trial asks for the same
-            # resources), not a new Python process; the loop sets every seed and RNG itself.
-            reuse_actors=True,
+            reuse_actors=True,  # as a sweep: warm actors, not a process per trial (same resources)
         ),
         run_config=tune.RunConfig(
             name=f"{spec.name}-{dataset}-{time.strftime('%Y%m%d-%H%M%S')}",
