@@ -63,16 +63,16 @@ def _edges(name: str) -> set[str]:
     return out
 
 
-_IMPORT_EACH_ALONE = """
+_IMPORT_EACH_ALONE = r"""
 import importlib, os, sys, traceback
-third_party, names = sys.argv[1].split(","), sys.argv[2].split(",")
+third_party, names, ours = (arg.split(",") for arg in sys.argv[1:4])
 for module in third_party:
     try:
         importlib.import_module(module)
     except Exception:  # an optional dependency: the module that needs it meets it as it would
         pass
-ours = sorted(m for m in sys.modules if m.split(".")[0] in {PACKAGES!r})
-assert not ours, f"a third-party import pulled in {{ours}}"
+early = sorted(m for m in sys.modules if m.split(".")[0] in ours)
+assert not early, f"a third-party import pulled in {early}"
 failed = 0
 for name in names:
     read, write = os.pipe()
@@ -90,9 +90,9 @@ for name in names:
         error = pipe.read()
     if os.waitpid(pid, 0)[1] != 0:
         failed += 1
-        print(f"import {{name}} failed:\\n{{error}}", flush=True)
+        print(f"import {name} failed:\n{error}", flush=True)
 sys.exit(1 if failed else 0)
-""".format(PACKAGES=set(PACKAGES))
+"""
 
 
 def _third_party_imports() -> list[str]:
@@ -116,7 +116,7 @@ def test_every_module_imports_alone_in_a_fresh_interpreter(package):
     names = [m for m in MODULES if m.split(".")[0] == package]
     proc = subprocess.run(
         [sys.executable, "-c", _IMPORT_EACH_ALONE, ",".join(_third_party_imports()),
-         ",".join(names)],
+         ",".join(names), ",".join(PACKAGES)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
