@@ -26,8 +26,15 @@ from tests.conftest import tiny_sweep
 pytestmark = pytest.mark.unit
 
 
+FORBIDDEN = (
+    b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
+
+
 class Listener:
-    """A loopback TCP listener that counts the connections it receives."""
+    """A loopback TCP listener that counts the connections it receives and answers each with
+    403 Forbidden."""
 
     def __init__(self) -> None:
         self.server = socket.create_server(("127.0.0.1", 0))
@@ -45,7 +52,13 @@ class Listener:
             except OSError:
                 continue
             self.connections += 1
-            conn.close()
+            with conn:  # an S3 error no client retries: the client is told at once
+                conn.settimeout(1)
+                try:
+                    conn.recv(65536)
+                    conn.sendall(FORBIDDEN)
+                except OSError:
+                    pass
 
     def close(self) -> None:
         self.stop.set()
