@@ -68,10 +68,10 @@ def _closed_port() -> int:
 
 
 def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
-    tmp_path, capped_pages, caplog
+    tmp_path, capped_pages, caplog, mlflow_store
 ):
     db = tmp_path / "mlflow.db"
-    uri = f"sqlite:///{db}"
+    uri = mlflow_store(db)
     tracker = tracking.Tracker(uri, "full_sweep")
     client = tracker.client
     run_id = client.create_run(tracker.experiment_id).info.run_id
@@ -106,7 +106,7 @@ def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
 
 
 def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callbacks_do(
-    tmp_path, capped_pages
+    tmp_path, capped_pages, mlflow_store
 ):
     """A write of the driver's own (not a Tune callback's) inside ``DriverSession.driving``:
     the session stops with the full store's one message and exit 12, and leaves its lease as it
@@ -115,7 +115,7 @@ def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callback
     from fusion_ray.driver.session import DriverSession
 
     db = tmp_path / "mlflow.db"
-    with DriverSession("sweep", "full_session", f"sqlite:///{db}", str(tmp_path)) as session:
+    with DriverSession("sweep", "full_session", mlflow_store(db), str(tmp_path)) as session:
         parent_id = session.open_parent(None, {"cells": "1"})
         capped_pages["pages"] = _pages(db)
         with pytest.raises(tracking.TrackingStoreFullError) as caught, session.driving():

@@ -15,8 +15,8 @@ from fusion_ray.driver.tracking import LeaseStore
 
 
 @pytest.fixture
-def client(tmp_path):
-    return MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+def client(mlflow_store):
+    return MlflowClient(tracking_uri=mlflow_store())
 
 
 @pytest.fixture
@@ -199,13 +199,13 @@ def test_two_drivers_started_within_50_ms_never_both_hold_the_lease(tmp_path):
 
 
 @pytest.mark.unit
-def test_a_driver_whose_experiment_another_created_meanwhile_uses_that_one(tmp_path):
+def test_a_driver_whose_experiment_another_created_meanwhile_uses_that_one(mlflow_store):
     """Two drivers of one new sweep both read "no experiment" and both create it: the store
     refuses the second (RESOURCE_ALREADY_EXISTS, an IntegrityError on PostgreSQL); that driver
     takes the experiment the first made, and goes on to ask for the lease, instead of dying."""
     from fusion_ray.driver.tracking import Tracker
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = mlflow_store()
     late = Tracker(uri, "other")  # a driver of another sweep, to reach the store with
     theirs = MlflowClient(uri).create_experiment("shared")  # the first driver's, made meanwhile
     assert late._create_experiment("shared", uri) == theirs

@@ -109,7 +109,7 @@ def test_the_storage_paths_own_query_is_kept_and_no_other():
     assert not within_storage("gs://bucket/prefix/run", storage)
 
 
-def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path):
+def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path, mlflow_store):
     """A trial that ended (final metrics, final checkpoint) while its driver was paused or dead
     is finished from storage by the next driver, and the FINISHED run carries that driver's
     lease token like every run its callback finishes (one token per FINISHED run)."""
@@ -119,7 +119,7 @@ def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path)
     from fusion_ray.driver.tracking import Tracker
     from fusion_ray.schema import LEASE_TOKEN_TAG, PREDICTIONS_FILE
 
-    spec = load_sweep(tiny_sweep(tmp_path))
+    spec = load_sweep(tiny_sweep(tmp_path, tracking_uri=mlflow_store()))
     cell = expand(spec)[0]
     tracker = Tracker(spec.tracking_uri, spec.name)
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
