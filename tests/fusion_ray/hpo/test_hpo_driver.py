@@ -158,11 +158,11 @@ def test_a_second_hpo_driver_on_the_same_file_is_refused(tmp_path, ray_session, 
     third = None
     try:
         wait_until_held(release, process_ended(first, first_err))
+        third_command = [sys.executable, "-c", AT_THE_LEASE, str(arrived), str(go), str(path)]
+        third = _start(third_command, tmp_path, env, third_err)  # starts while the second runs
         second = subprocess.run(
             command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
-        third_command = [sys.executable, "-c", AT_THE_LEASE, str(arrived), str(go), str(path)]
-        third = _start(third_command, tmp_path, env, third_err)
         wait_until_held(release, process_ended(third, third_err), also=arrived.exists)
         release.touch()
         assert first.wait(timeout=600) == 0, first_err.read_text()[-3000:]
