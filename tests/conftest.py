@@ -18,6 +18,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
 
+# Ray Train's controller polls its ranks every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (2 s by default)
+# and a rank's report waits for the next poll once the last one is not yet taken (its result
+# queue holds one): the tests' epochs take milliseconds, so their Ray Train runs poll every
+# 0.25 s. Set before any Ray starts; the drivers the tests start inherit it.
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.25")
+
 TIERS = {
     "unit": "no Ray, no subprocess, no training beyond a few steps",
     "ray": "starts a local Ray (the ray_session fixture) or runs a sweep on it in this process",
