@@ -73,7 +73,7 @@ from analysis.scaling import SCALING
 from analysis.section import Section, jsonable, records
 from analysis.stats import ALTERNATIVES, ZERO_METHODS, Comparisons, StatsSettings, headline_columns
 from analysis.tables import Table
-from fusion_ray.redact import redact
+from fusion_ray.redact import credentials_problem, redact
 from fusion_ray.schema import (
     ADAPTIVE_TAG,
     LENGTH_PREDICTIONS_FILE,
@@ -432,6 +432,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs cannot be paired or nothing can be compared; 8, 9, 10, 12 as the sweep's for a tracking
     store that refused the credentials, stayed locked, did not answer or has no space left."""
     args = _parser().parse_args(argv)
+    problem = (
+        credentials_problem(args.tracking_uri, "--tracking-uri") if args.tracking_uri else None
+    )
+    if problem:
+        print(f"error: {redact(problem)}", file=sys.stderr)
+        return 2
     try:
         options = options_from_args(args)
         result = build_report(args.experiment, args.tracking_uri, options)

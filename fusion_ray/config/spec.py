@@ -30,6 +30,7 @@ from pydantic import (
 
 from fusion_ray.checks import error_text, is_int, not_bool
 from fusion_ray.data.spec import DataSpec
+from fusion_ray.redact import credentials_problem
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
 
@@ -73,6 +74,9 @@ def tracking_uri_problem(uri: str) -> str | None:
     problem = _text_problem(uri)
     if problem:
         return f"{problem}; use {TRACKING_STORES}"
+    problem = credentials_problem(uri, "the URI")
+    if problem:
+        return problem
     found = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", uri)  # one letter: a Windows drive
     scheme = found.group(1).lower() if found else ""
     if scheme in ("", "file"):

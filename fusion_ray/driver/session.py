@@ -3,6 +3,8 @@
 A ``DriverSession`` owns what a driver must get right whatever it runs, so each command gets
 every protection:
 
+- cloud credentials out of Ray's logs (``credentials.aws_keys_in_a_file``): the AWS keys in a
+  file of the driver's own, not in the environment Ray Tune copies into every trial;
 - the lease (``lease.SweepLease``): one driver per sweep or HPO file; a second is refused
   (``LeaseHeldError``), and one whose lease was taken over while it was paused stops writing
   (``LeaseLostError``);
@@ -39,6 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from fusion_ray.driver.credentials import aws_keys_in_a_file
 from fusion_ray.driver.lease import LeaseHeldError, LeaseLostError, SweepLease
 from fusion_ray.driver.placement import PlacementError
 from fusion_ray.driver.preflight import RefusedError
@@ -336,16 +339,25 @@ class DriverSession:
         # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
         from fusion_ray.driver.tracking import Tracker, access_errors
 
-        self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
-        self.lease: SweepLease = SweepLease(
-            self.tracker.lease_store(), self.name, take_over=self.take_over, what=self.what
-        )
-        with access_errors(self.tracking_uri):  # the lease is the driver's first write
-            self.lease.__enter__()
+        self._aws = aws_keys_in_a_file()  # before Ray, MLflow's or pyarrow's clients start
+        self._aws.__enter__()
+        try:
+            self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
+            self.lease: SweepLease = SweepLease(
+                self.tracker.lease_store(), self.name, take_over=self.take_over, what=self.what
+            )
+            with access_errors(self.tracking_uri):  # the lease is the driver's first write
+                self.lease.__enter__()
+        except BaseException:
+            self._aws.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.lease.__exit__(*exc)
+        try:
+            self.lease.__exit__(*exc)
+        finally:
+            self._aws.__exit__(None, None, None)
 
     def start_ray(self, address: str | None) -> None:
         init_ray(address)

@@ -18,7 +18,9 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sqlite3
+import stat
 import subprocess
 import tempfile
 import time
@@ -446,13 +448,14 @@ class Tracker:
         from ray.train import Checkpoint
 
         with Checkpoint(checkpoint_uri).as_directory() as directory:
-            path = Path(directory, PREDICTIONS_FILE)
-            if not path.exists():
-                return False
-            self.client.log_artifact(run_id, str(path))
-            for name in (GATES_FILE, LENGTH_PREDICTIONS_FILE):
-                if Path(directory, name).exists():
-                    self.client.log_artifact(run_id, str(Path(directory, name)))
+            with tempfile.TemporaryDirectory(prefix="fusion-ray-artifacts-") as copies:
+                names = (PREDICTIONS_FILE, GATES_FILE, LENGTH_PREDICTIONS_FILE)
+                kept = [own_copy(Path(directory), name, Path(copies)) for name in names]
+                if kept[0] is None:
+                    return False
+                for path in kept:
+                    if path is not None:
+                        self.client.log_artifact(run_id, str(path))
         return True
 
     def finish(self, run_id: str, lease_token: str | None = None) -> None:
@@ -465,6 +468,41 @@ class Tracker:
     def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
         self.client.set_tag(run_id, FAILURE_TAG, redact(reason)[-4900:])
         self.client.set_terminated(run_id, status)
+
+
+def own_copy(directory: Path, name: str, into: Path) -> Path | None:
+    """A copy in ``into`` of ``directory/name`` when that is a regular file of the checkpoint
+    folder itself, after resolving links; else None, with a warning when something else is
+    there. A checkpoint folder under a shared ``storage_path`` may be written by others: a link
+    planted there must not make the driver upload a file of its own user's (``~/.ssh/id_rsa``)
+    to the tracking server, nor a FIFO block it. The copy is what is uploaded, read through a
+    descriptor that follows no link, so the file checked is the file sent."""
+    path = directory / name
+    if not path.exists() and not path.is_symlink():
+        return None
+    real = path.resolve()
+    try:
+        if not real.is_relative_to(directory.resolve()):
+            raise OSError("a link out of the folder")
+        descriptor = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    else:
+        with os.fdopen(descriptor, "rb") as source:
+            if stat.S_ISREG(os.fstat(source.fileno()).st_mode):
+                copy = into / name
+                with copy.open("wb") as out:
+                    shutil.copyfileobj(source, out)
+                return copy
+        why = "not a regular file"
+    log.warning(
+        "checkpoint %s: %s is %s; it is not uploaded (the trial writes regular files there: "
+        "something else put this one)",
+        redact(str(directory)),
+        name,
+        why,
+    )
+    return None
 
 
 def decision_metric_key(name: str) -> str:

@@ -105,3 +105,78 @@ def test_a_pickled_tracking_callback_holds_no_tracker_and_its_copy_writes_nothin
     assert copy.tracker is None and copy.store_lost and callback.tracker is tracker
     copy.on_trial_start(0, [], object())  # would open a run: returns before touching a tracker
     assert copy.run_ids == {}
+
+
+RESERVED = ["Sec#ret-9", "Sec?ret-9", "Sec/ret-9", "p@ss#w?rd/9", "a b", "Ab 1"]
+"""Passwords with the characters a URI parser ends the user info at, or white space."""
+
+
+@pytest.mark.parametrize("password", RESERVED)
+def test_a_password_with_reserved_characters_is_masked_whole_everywhere(password):
+    uri = f"http://admin:{password}@127.0.0.1:5000/api"
+    assert redact_uri(uri) == "http://admin:***@127.0.0.1:5000/api"
+    assert redact(uri) == "http://admin:***@127.0.0.1:5000/api"
+    text = f"error: the server at {uri}: refused ('{uri}', 'postgresql://u:{password}@db/x')"
+    if " " not in password:  # in running text a URI ends at white space
+        assert password not in redact(text) and "admin:***@127.0.0.1:5000" in redact(text)
+    from fusion_ray.driver.tracking import access_problem
+
+    refused = access_problem(Exception("API request failed with error code 401 != 200"), uri)
+    assert refused is not None and password not in str(refused)
+    assert "admin:***@127.0.0.1:5000" in str(refused)
+
+
+@pytest.mark.parametrize("password", RESERVED)
+def test_a_password_read_in_a_uri_is_masked_where_it_shows_again_however_short(password):
+    from fusion_ray.redact import credentials_problem
+
+    uri = f"https://admin:{password}@mlflow.lab"
+    credentials_problem(uri, "tracking_uri")  # read (and refused or not): remembered
+    text = f"override tracking_uri=https://admin:{password}@mlflow.lab: (got 'x:{password}@y')"
+    assert password not in redact(text), redact(text)
+
+
+@pytest.mark.parametrize(
+    ("password", "says"),
+    [("Sec#ret", "'#'"), ("Sec?ret", "'?'"), ("Sec/ret", "'/'"), ("a b", "white space"),
+     ("100%", "%25"), ("Sec%2", "%25")],
+)  # fmt: skip
+def test_a_uri_whose_user_info_cannot_be_read_as_written_is_refused_with_the_encoding(
+    password, says, tmp_path
+):
+    from fusion_ray.config.spec import tracking_uri_problem
+    from fusion_ray.redact import credentials_problem
+
+    uri = f"http://admin:{password}@127.0.0.1:5000"
+    problem = credentials_problem(uri, "tracking_uri")
+    assert problem is not None and says in problem and password not in problem
+    assert "http://admin:***@127.0.0.1:5000" in problem
+    assert tracking_uri_problem(uri) is not None
+    assert tracking_uri_problem(f"postgresql://mlflow:{password}@127.0.0.1/mlflow") is not None
+
+
+def test_a_percent_encoded_or_at_sign_password_is_accepted_and_split_as_sent():
+    from fusion_ray.config.spec import tracking_uri_problem
+    from fusion_ray.redact import credentials_problem
+
+    for uri, password in (
+        ("http://admin:Sec%23ret%3F%2F%20@127.0.0.1:5000", "Sec#ret?/ "),
+        ("http://admin:p@ss@127.0.0.1:5000", "p@ss"),
+        ("http://admin:plain-pass-1@127.0.0.1:5000/prefix", "plain-pass-1"),
+    ):
+        assert credentials_problem(uri, "tracking_uri") is None
+        assert tracking_uri_problem(uri) is None
+        assert split_credentials(uri)[2] == password
+    for plain in ("http://127.0.0.1:5000", "sqlite:////tmp/a@b/m.db", "http://alice@h:5000"):
+        assert credentials_problem(plain, "tracking_uri") is None
+
+
+def test_a_sweep_file_with_a_reserved_character_in_its_password_is_refused_without_it(tmp_path):
+    from fusion_ray.config import load_sweep
+    from tests.conftest import tiny_sweep
+
+    path = tiny_sweep(tmp_path, tracking_uri="http://admin:Sec#ret-77@127.0.0.1:5000")
+    with pytest.raises(ValueError) as refused:
+        load_sweep(path)
+    assert "Sec#ret-77" not in str(refused.value) and "ret-77" not in str(refused.value)
+    assert "tracking_uri" in str(refused.value) and "%23" in str(refused.value)

@@ -119,6 +119,13 @@ def _env(data_cache: str, ray_session=None, **extra: str) -> dict[str, str]:
 
 
 CREDENTIALS = {"MLFLOW_TRACKING_USERNAME": "admin", "MLFLOW_TRACKING_PASSWORD": PASSWORD}
+AWS = {
+    "AWS_ACCESS_KEY_ID": "AKIAPLANTEDKEY7Q2W",
+    "AWS_SECRET_ACCESS_KEY": "planted-aws-secret-Zx81",
+    "AWS_SESSION_TOKEN": "planted-aws-token-Qp55",
+}
+"""Cloud credentials in the environment of the module's sweep with the password (``ran``): Ray
+Tune copies these three into every trial's runtime environment, which Ray's agent logs."""
 
 
 @dataclass
@@ -155,7 +162,7 @@ def authed(tmp_path_factory, data_cache, ray_session, mlflow_store) -> Iterator[
         hpo.write_text(yaml.safe_dump(raw, sort_keys=False))
         env = _env(data_cache, ray_session)  # no MLFLOW_TRACKING_* credentials
         refused = _cli(["fusion_ray.sweep", str(path), "--no-report"], path.parent, env)
-        ran = _cli(["fusion_ray.sweep", str(secret)], path.parent, env)
+        ran = _cli(["fusion_ray.sweep", str(secret)], path.parent, {**env, **AWS})
         tuned = _cli(["fusion_ray.hpo", str(hpo)], hpo.parent, env)
         yield Authed(root, uri, path, secret, hpo, refused, ran, tuned)
     finally:
@@ -268,8 +275,13 @@ def test_a_basic_auth_server_works_with_credentials_and_no_output_holds_them(
     assert not leaks, leaks
 
 
-SECRETS = (PASSWORD.encode(), base64.b64encode(f"admin:{PASSWORD}".encode()))
-"""The planted password, and the basic-auth header value it would travel as."""
+SECRETS = (
+    PASSWORD.encode(),
+    base64.b64encode(f"admin:{PASSWORD}".encode()),
+    *(value.encode() for value in AWS.values()),
+)
+"""The planted password, the basic-auth header value it would travel as, and the planted AWS
+keys."""
 
 
 def _leaks(root: Path, skip: set[Path]) -> list[str]:
@@ -288,7 +300,10 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_file_or_store(authed)
     """The module's sweep and HPO run, each with the password in its ``tracking_uri``: both end
     with every trial FINISHED, and the password (or its basic-auth header value) is nowhere they
     print or write: not in their console output, not in any file under their storage (Ray
-    Tune's pickles read as raw bytes), the HPO fragment, the server's store or its artifacts."""
+    Tune's pickles read as raw bytes), the HPO fragment, the server's store or its artifacts,
+    nor in Ray's session folder. Neither are the AWS keys set in the sweep's environment, which
+    Ray Tune copies into each trial's runtime environment and Ray's agent logs
+    (``fusion_ray.driver.credentials``)."""
     ran, tuned = authed.ran, authed.tuned
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert tuned.returncode == 0, tuned.stderr[-3000:]
@@ -313,7 +328,15 @@ def test_a_password_in_the_tracking_uri_reaches_no_console_file_or_store(authed)
     # everything the drivers and the server wrote: storage, Tune's pickles, the fragment, the
     # store and its artifacts; not the files the test wrote with the password in them
     leaks += _leaks(authed.root, {authed.secret, authed.hpo, authed.root / "basic_auth.ini"})
+    # and Ray's whole session folder, its logs among them (the sweeps joined the session's Ray)
+    leaks += _leaks(_ray_session_folder(), set())
     assert not leaks, "\n".join(leaks)
+
+
+def _ray_session_folder() -> Path:
+    import ray._private.worker
+
+    return Path(ray._private.worker._global_node.get_session_dir_path())
 
 
 LOCK_WAIT_S = 1
