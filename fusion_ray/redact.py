@@ -31,7 +31,7 @@ _URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"<>]+")  # a quote may be in 
 _MIN_SECRET = 6
 """Environment values shorter than this are not masked (they would blank ordinary words)."""
 
-_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]+)(?::\d*)?"
+_HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(?::\d*)?"
 """A URI's host (a name, an IPv4 or a bracketed IPv6 address) and optional port."""
 _END = r"(?=[/?#:\s\"'<>),;\]]|$)"
 """What may follow a URI's host: its path, query or fragment, or the text around the URI."""

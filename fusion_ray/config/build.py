@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +52,57 @@ def build_points(spec: SweepSpec) -> tuple[list[GridPoint], list[str]]:
     builder = _PointBuilder(spec)
     buildable = [c for c in combinations(spec) if _buildable(spec, c)]
     points = [p for p in map(builder.build, buildable) if p is not None]
-    return (points if not builder.problems else []), list(builder.problems.values())
+    problems = list(builder.problems.values()) + same_trial_problems(points)
+    return (points if not problems else []), problems
+
+
+def same_trial_problems(points: list[GridPoint]) -> list[str]:
+    """Grid points written differently that build the same trial: levels of one axis that are
+    one value once read as the setting's type (``[true, 1]``, ``[false, "no"]`` for a boolean,
+    ``[0.001, 1e-3]`` for a number), in the grid or between the grid and an include. Their cells would be the same trial twice, with one id: trained twice at once into
+    one MLflow run and one checkpoint folder, and compared with themselves."""
+    first: dict[str, GridPoint] = {}
+    problems: dict[str, None] = {}
+    for point in points:
+        key = json.dumps(dataclasses.asdict(point.trial), sort_keys=True, default=str)
+        earlier = first.setdefault(key, point)
+        if earlier is point:
+            continue
+        written = _written_differently(earlier, point)
+        for axis, a, b in written:
+            read = _read_as(point.trial, axis)
+            problems[
+                f"{axis}: {a!r} and {b!r} are one value once read"
+                + (f" ({read})" if read else "")
+                + ", so their cells would be the same trial twice; list each value once"
+            ] = None
+    return list(problems)
+
+
+def _written_differently(a: GridPoint, b: GridPoint) -> list[tuple[str, str, str]]:
+    """(axis as the file names it, a's text, b's text) for each axis the two points differ in."""
+    out = []
+    registry_axes = (("positions", "position"), ("attention_positions", "attention"))
+    for axis, field in (*registry_axes, ("fusions", "fusion")):
+        x, y = getattr(a.combination, field).label, getattr(b.combination, field).label
+        if x != y:
+            out.append((f"grid.{axis}", x, y))
+    out += [(f"grid.{k}", x, y) for (k, x), (_, y) in zip(a.axes, b.axes, strict=True) if x != y]
+    return out
+
+
+def _read_as(trial: TrialConfig, axis: str) -> str:
+    """How the trial holds a setting axis's value (``model.scale_embeddings = True``)."""
+    dotted = axis.removeprefix("grid.")
+    section, _, rest = dotted.partition(".")
+    value: Any = dataclasses.asdict(getattr(trial, section, None) or {}) if rest else None
+    if not isinstance(value, dict):
+        return ""
+    for part in rest.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return ""
+        value = value[part]
+    return f"{dotted} = {value!r}"
 
 
 def _buildable(spec: SweepSpec, combo: Combination) -> bool:

@@ -161,6 +161,41 @@ def test_bad_setting_axes_are_refused_before_anything_runs(tmp_path, mutate, exp
     assert any(expected in p for p in problems), problems
 
 
+@pytest.mark.parametrize(
+    ("key", "levels", "pairs"),
+    [
+        ("model.scale_embeddings", [True, 1], [("true", "1")]),
+        ("model.scale_embeddings", [True, "True"], [("true", "True")]),
+        ("model.scale_embeddings", [True, "yes"], [("true", "yes")]),
+        ("model.scale_embeddings", [False, "no", "off"], [("false", "no"), ("false", "off")]),
+        ("train.lr", [0.001, "1e-3"], [("0.001", "1e-3")]),
+    ],
+)
+def test_levels_that_are_one_value_once_read_are_refused_naming_both(tmp_path, key, levels, pairs):
+    """Each pair would be one trial twice (one cell id): trained twice at once into one run and
+    one checkpoint folder, and an interaction comparing a level with itself."""
+
+    def mutate(raw):
+        raw["grid"][key] = levels
+        raw["defaults"]["train"].pop(key.removeprefix("train."), None)
+
+    problems = _problems(_sweep(tmp_path, mutate))
+    for a, b in pairs:
+        assert any(
+            p.startswith(f"grid.{key}: {a!r} and {b!r} are one value once read") for p in problems
+        ), problems
+    assert all("list each value once" in p for p in problems), problems
+
+
+def test_an_include_repeating_a_grid_level_in_another_spelling_is_refused(tmp_path):
+    def mutate(raw):
+        _scale_axis(raw)
+        raw["include"] = [{"model.scale_embeddings": ["on"]}]
+
+    problems = _problems(_sweep(tmp_path, mutate))
+    assert any("'true' and 'on' are one value once read" in p for p in problems), problems
+
+
 def test_a_value_of_the_wrong_type_names_its_grid_point(tmp_path):
     def mutate(raw):
         raw["grid"]["train.lr"] = [0.001, "fast"]
