@@ -460,6 +460,7 @@ class BatchTarget(LaunchTarget):
 
     job: ClassVar[type[BatchJob]] = BatchJob
     output = "shell"
+    code_options = ("--activate", "--node-ip-command", "--node-tmp")
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         defaults = self.job(sweep_file="")

@@ -329,6 +329,7 @@ class KubeTarget(LaunchTarget):
     (kubectl apply -f it)."""
 
     summary = "print a KubeRay RayJob that runs a sweep (kubectl apply -f it)"
+    shell_keys = ("entrypoint",)  # KubeRay runs the RayJob's entrypoint through a shell
     output = "yaml"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:

@@ -632,12 +632,24 @@ EXAMPLE_LAB = Lab(
 # ----------------------------------------------------------------------------- the targets
 
 
+RAY_UP_SHELL_KEYS = (
+    "initialization_commands",
+    "setup_commands",
+    "head_setup_commands",
+    "worker_setup_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
+)
+"""The keys of a ``ray up`` file whose commands a shell runs on the nodes."""
+
+
 @LAUNCHERS.register("aws")
 class AwsTarget(LaunchTarget):
     """cluster.yaml: an autoscaling AWS cluster (a CPU head, spot single-GPU and 4-GPU nodes)
     for ``ray up``; sweeps then run on its head."""
 
     summary = "print cluster.yaml (AWS, autoscaling) for ray up"
+    shell_keys = RAY_UP_SHELL_KEYS
     output = "yaml"
     runs_sweep = False
 
@@ -651,6 +663,8 @@ class OnpremTarget(LaunchTarget):
     ``ray up``; sweeps then run on its head."""
 
     summary = "print a cluster file for a lab's own machines (ray up over SSH)"
+    shell_keys = RAY_UP_SHELL_KEYS
+    code_options = ("--ssh-proxy-command",)  # ssh runs it through a shell, as written
     output = "yaml"
     runs_sweep = False
 

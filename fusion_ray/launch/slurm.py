@@ -188,6 +188,12 @@ class SlurmTarget(BatchTarget):
     summary = "print a SLURM batch script that runs a sweep on a Ray cluster of the job's nodes"
     directive = "#SBATCH"
     job = SlurmJob
+    example_environment = {
+        "SLURM_JOB_ID": "4242",
+        "SLURMD_NODENAME": "n1",
+        "SLURM_JOB_NODELIST": "n1",
+        "SLURM_SUBMIT_DIR": "/submitted/from",
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:

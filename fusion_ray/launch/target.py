@@ -47,6 +47,16 @@ class LaunchTarget:
     directive: ClassVar[str | None] = None
     """The prefix of a batch scheduler's directive lines (``#SBATCH``), which must come before
     any command of the script."""
+    code_options: ClassVar[tuple[str, ...]] = ()
+    """The options whose value is shell code by design: it runs, or is expanded, as written on
+    the nodes (an activation line, a command printing the node's address). Every other option's
+    value must reach the file's commands as the exact word given (``check_launcher``)."""
+    shell_keys: ClassVar[tuple[str, ...]] = ()
+    """The keys of a YAML file whose strings (or lists of strings) a shell runs on the cluster
+    (``setup_commands``, a RayJob's ``entrypoint``): ``check_launcher`` runs them too."""
+    example_environment: ClassVar[dict[str, str]] = {}
+    """What the scheduler sets in the environment of the script it runs (job id, node name):
+    ``check_launcher`` runs the script with these, every command replaced by a recorder."""
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """Declare the target's options on ``parser``, each with its help text."""

@@ -4,24 +4,38 @@
 ``check_launcher(name)`` runs every check below on the target registered as ``name`` and raises
 ``AssertionError`` naming the target and the check that failed; fusion-ray's own
 ``tests/fusion_ray/launch/test_launcher_contract.py`` runs it over every registered target,
-plug-ins included. The checks run ``bash`` (``bash -n`` on a script, bash reading the sweep
-command's words back), so they need it on PATH.
+plug-ins included. The checks run ``bash`` (``bash -n`` on a script; the script itself, and the
+shell commands of a YAML file, with every command replaced by a recorder), so they need it on
+PATH.
 
 The checks:
 - declared: the target is a ``LaunchTarget`` with a docstring and a one-line ``summary``, and
   every option it declares has a help text (``fusion-ray cluster NAME --help`` documents it);
+  every one of its ``code_options`` is one of its options;
 - well-formed with its example options (``example_args``): printable text; a shell script
   starts with ``#!``, passes ``bash -n`` and has only comment lines above its last directive
   line (so it runs nothing before the scheduler has read them); YAML loads as exactly
   ``documents`` mappings;
 - the sweep command, for a target that ``runs_sweep``: the file holds ``python -m
   fusion_ray.sweep`` followed by the sweep file and its edits, each one word with its exact text
-  (bash reads them back), with default and with hostile values (quotes, newlines, ``$(...)``,
-  backquotes, spaces, ``#``, ``---``, Unicode line separators) in the sweep file and the edits;
-- hostile values in every text option: each is refused with a ``ValueError`` naming the option,
-  or the output is well-formed, keeps the sweep command's words, and has the shape of the same
-  render with a plain value (as many lines for a script; the same keys and list lengths for
-  YAML), so the value added no line, key or document.
+  (bash reads them back, and the file run with every command recorded calls it so), with
+  default and with hostile values (quotes, newlines, ``$(...)``, backquotes, spaces, ``#``,
+  ``---``, Unicode line separators) in the sweep file and the edits;
+- hostile values in every option that takes a value, whatever its type, as given and as the
+  end of a path (each value goes through the option's own ``type`` as argparse would; a value
+  the type refuses is refused):
+  each is refused with a ``ValueError`` naming the option, or the output is well-formed, keeps
+  the sweep command's words, and has the shape of the same render with a plain value (as many
+  lines for a script; the same keys and list lengths for YAML), so the value added no line, key
+  or document;
+- literal arrival: the file is run (a script; a YAML file's shell commands) by bash in an empty
+  folder with ``example_environment``, an empty ``PATH`` and every command it calls (``cd``,
+  ``exec`` and ``test`` too) replaced by a recorder of its words (a YAML file's strings under the target's
+  ``shell_keys``, each in a subshell). A hostile value of any option but the
+  ``code_options`` never runs a command of its own (the values carry ``$(fusion_ray_probe)``,
+  backquotes, ``;``, ``&&``, ``|``, quotes and line breaks around one), and reaches the file as
+  the exact text given: a word of a recorded command, of a directive line or (YAML) a string
+  holds it whole (a ``--flag=VALUE``, a path under it, a line written to a file).
 """
 
 from __future__ import annotations
@@ -29,24 +43,34 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from fusion_ray.launch import LAUNCHERS, LaunchTarget, options, target_parser
+from fusion_ray.launch.shell import shell_join, shell_word
 
 SWEEP_FILE = "sweeps/quickstart.yaml"
 OVERRIDES = ("train.epochs=3", "seeds=[0,1]")
-#: What broke renderers before: a value ending a comment or a line, a word, a document or a key.
+PROBE = "fusion_ray_probe"
+"""A command no system has: a value that makes the file call it ran as code."""
+#: What broke renderers before: a value ending a comment or a line, a word, a document or a key,
+#: or running as code.
 HOSTILE = (
     "two words",
     "it's",
     'say "hi"',
-    "$(echo INJECTED)",
-    "`echo INJECTED`",
+    f"$({PROBE})",
+    f"`{PROBE}`",
     "line\nbreak",
+    f"line\n{PROBE}",
     "carriage\rreturn",
-    "semi;colon && echo INJECTED",
+    f"semi;colon && {PROBE}",
+    f"x|{PROBE}",
+    f"x'; {PROBE}; '",
+    f'x"; {PROBE}; "',
     "# a comment",
     "back\\slash",
     "line\u2028separator",
@@ -55,6 +79,7 @@ HOSTILE = (
     "-starts-with-a-dash",
     "tab\there",
     "{a: [b]}",
+    "${HOME}",
 )
 MARK = "python -m fusion_ray.sweep"
 
@@ -91,10 +116,13 @@ def check_declared(name: str) -> None:
     assert summary and "\n" not in summary, _where(name, f"summary {summary!r}: one line")
     assert target.output in ("shell", "yaml"), _where(name, f"output {target.output!r}")
     help_text = target_parser(name).format_help()
+    flags = {f for action in options(name) for f in action.option_strings}
     for action in options(name):
         flag = action.option_strings[0]
         assert (action.help or "").strip(), _where(name, f"option {flag} has no help text")
         assert flag in help_text, _where(name, f"{flag} is not in --help")
+    for flag in target.code_options:
+        assert flag in flags, _where(name, f"code_options names {flag}, which is no option")
 
 
 def _sweep_words(name: str, line: str) -> list[str]:
@@ -119,6 +147,33 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for item in value for s in _strings(item)]
     return [value] if isinstance(value, str) else []
+
+
+def _shell_strings(name: str, text: str) -> list[str]:
+    """A YAML file's strings under its target's ``shell_keys`` (what a shell runs)."""
+    keys = set(LAUNCHERS.get(name).shell_keys)
+
+    def under(value: Any) -> list[str]:
+        if isinstance(value, dict):
+            return [
+                s
+                for key, item in value.items()
+                for s in (_strings(item) if key in keys else under(item))
+            ]
+        if isinstance(value, list):
+            return [s for item in value for s in under(item)]
+        return []
+
+    return [s for document in yaml.safe_load_all(text) for s in under(document)]
+
+
+def _recorded_yaml(name: str, text: str) -> list[list[str]]:
+    """The commands a YAML file's shell strings call, each run in a subshell of its own."""
+    strings = _shell_strings(name, text)
+    if not strings:
+        return []
+    script = "\n".join(f"( eval -- {shell_word(s)} )" for s in strings) + "\n"
+    return run_recorded(name, script)
 
 
 def _commands(name: str, text: str) -> list[str]:
@@ -215,31 +270,68 @@ def check_hostile_sweep_arguments(name: str) -> None:
             if text is not None:
                 check_well_formed(name, text)
                 check_sweep_command(name, text, sweep_file, overrides)
+                check_sweep_arrival(name, text, sweep_file, overrides)
 
 
-def _text_options(name: str) -> list[argparse.Action]:
-    """The options that take any text (not numbers, flags or choices)."""
-    return [
-        action
-        for action in options(name)
-        if action.nargs is None and action.type in (None, str) and not action.choices
-    ]
+def check_sweep_arrival(name: str, text: str, sweep_file: str, overrides) -> None:
+    """Run (every command recorded), the file calls ``python -m fusion_ray.sweep`` with the
+    sweep file and its edits as its next words, exactly, and calls nothing a value put there."""
+    target = LAUNCHERS.get(name)
+    if target.output == "shell":
+        calls = run_recorded(name, text)
+    else:
+        calls = _recorded_yaml(name, text)
+    ran = [call for call in calls if call and PROBE in call[0]]
+    assert not ran, _where(name, f"the sweep file or an edit runs a command: {ran[0]!r}")
+    expected = [sweep_file, *overrides]
+    sweeps = [call[3:] for call in calls if call[:3] == ["python", "-m", "fusion_ray.sweep"]]
+    assert sweeps, _where(name, f"run, the file never calls {MARK} (commands: {calls[:8]!r})")
+    for words in sweeps:
+        assert words[: len(expected)] == expected, _where(
+            name, f"run, the file calls {MARK} with {words!r}, expected {expected!r} first"
+        )
+
+
+def _valued_options(name: str) -> list[argparse.Action]:
+    """The options that take a value (any type; not flags)."""
+    return [action for action in options(name) if action.nargs != 0]
+
+
+def _converted(action: argparse.Action, value: str) -> Any:
+    """``value`` as argparse hands it to the target (through the option's ``type``, in a list
+    for an option given many times or taking many values), or None when argparse refuses it."""
+    convert = action.type if callable(action.type) else str
+    try:
+        parsed = convert(value)
+    except (ValueError, TypeError, argparse.ArgumentTypeError):
+        return None
+    if action.choices is not None and parsed not in action.choices:
+        return None
+    many = isinstance(action.default, list) or action.nargs in ("*", "+")
+    return [parsed] if many else parsed
 
 
 def check_hostile_options(name: str) -> None:
-    """Each text option with each hostile value: refused naming the option, or a well-formed
-    file with the sweep command intact and the shape of a plain value's render."""
-    runs_sweep = LAUNCHERS.get(name).runs_sweep
-    for action in _text_options(name):
+    """Each option that takes a value with each hostile value: refused (by its type or by the
+    target, naming the option), or a well-formed file with the sweep command intact, the shape
+    of a plain value's render, and (but for ``code_options``) the value arrived literally and
+    ran nothing."""
+    target = LAUNCHERS.get(name)
+    for action in _valued_options(name):
         flag = action.option_strings[0]
-        append = isinstance(action.default, list)  # action="append": a list of values
-        plain = _parsed(name)
-        setattr(plain, action.dest, ["plain"] if append else "plain")
-        plain_text = _render(name, plain, flag)
-        plain_shape = check_well_formed(name, plain_text) if plain_text is not None else None
-        for value in HOSTILE:
+        plain_value = _converted(action, "plain")
+        plain_shape = None
+        if plain_value is not None:
+            plain = _parsed(name)
+            setattr(plain, action.dest, plain_value)
+            plain_text = _render(name, plain, flag)
+            plain_shape = check_well_formed(name, plain_text) if plain_text is not None else None
+        for value in (*HOSTILE, *(f"/srv/{v}" for v in HOSTILE)):  # as it is, and as a path
+            converted = _converted(action, value)
+            if converted is None:
+                continue
             args = _parsed(name)
-            setattr(args, action.dest, [value] if append else value)
+            setattr(args, action.dest, converted)
             text = _render(name, args, flag)
             if text is None:
                 continue
@@ -248,8 +340,123 @@ def check_hostile_options(name: str) -> None:
                 assert shape == plain_shape, _where(
                     name, f"{flag}={value!r} changes the file's shape (a line, key or document)"
                 )
-            if runs_sweep:
+            if target.runs_sweep:
                 check_sweep_command(name, text, SWEEP_FILE, OVERRIDES)
+            if flag not in target.code_options:
+                check_literal_arrival(name, text, flag, converted)
+
+
+RECORDER = r"""
+command_not_found_handle() { printf '%s\0' "$#" "$@" >> "$FUSION_RAY_CALLS"; return 0; }
+cd() { command_not_found_handle cd "$@"; }
+exec() { command_not_found_handle exec "$@"; }
+test() { command_not_found_handle test "$@"; }
+"""
+"""Bash run before the file: a command found nowhere (``PATH`` is an empty folder) is recorded
+with its words instead of run; ``cd``, ``exec`` and ``test`` too (they would leave the folder or
+the shell, or skip a command whose words the check looks for)."""
+
+
+_SSH_ARGUMENT_OPTIONS = set("BbcDEeFIiJLlmOoPpQRSWw")
+"""ssh's options that take the next word as their argument."""
+
+
+def _shell_carried(call: list[str]) -> tuple[str, list[str]] | None:
+    """The shell code a recorded command hands to another shell, with its arguments: ``ssh
+    [OPTIONS] [--] HOST WORDS...`` (the remote shell runs WORDS joined by spaces), or ``bash -c
+    CODE NAME ARGS...`` (also ``sh``), anywhere in a command's words (after ``srun ...``)."""
+    if call and call[0] == "ssh":
+        at = 1
+        while at < len(call) and call[at].startswith("-") and call[at] != "--":
+            option = call[at]
+            at += 2 if len(option) == 2 and option[1] in _SSH_ARGUMENT_OPTIONS else 1
+        at += 1 if at < len(call) and call[at] == "--" else 0
+        remote = call[at + 1 :]
+        return (" ".join(remote), []) if remote else None
+    for at, word in enumerate(call[:-2]):
+        if word in ("bash", "sh") and call[at + 1] == "-c":
+            return call[at + 2], call[at + 4 :]
+    return None
+
+
+def run_recorded(name: str, script: str, depth: int = 0) -> list[list[str]]:
+    """The commands ``script`` calls, each as its words, when bash runs it in an empty folder
+    with the target's ``example_environment`` and every command recorded instead of run; and
+    the commands of the shell code those hand to another shell (``ssh HOST CODE``, ``bash -c
+    CODE``), run the same way, three shells deep."""
+    with tempfile.TemporaryDirectory(prefix="fusion-ray-contract-") as folder:
+        root = Path(folder)
+        (root / "bin").mkdir()
+        (root / "home").mkdir()
+        calls = root / "calls"
+        calls.touch()
+        path = root / "file.sh"
+        path.write_bytes((RECORDER + script).encode("utf-8", "surrogateescape"))
+        env = {
+            **LAUNCHERS.get(name).example_environment,
+            "PATH": str(root / "bin"),
+            "HOME": str(root / "home"),
+            "FUSION_RAY_CALLS": str(calls),
+            "LC_ALL": "C.UTF-8",
+        }
+        try:
+            subprocess.run(
+                [_bash(), "--norc", "--noprofile", str(path)],
+                cwd=root / "home", env=env, capture_output=True, timeout=60,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                _where(name, "the file ran for a minute with every command recorded")
+            ) from None
+        data = calls.read_bytes().decode("utf-8", "surrogateescape").split("\0")
+    out, at = [], 0
+    while at < len(data) - 1:
+        count = int(data[at])
+        out.append(data[at + 1 : at + 1 + count])
+        at += 1 + count
+    for call in list(out) if depth < 3 else []:
+        carried = _shell_carried(call)
+        if carried is not None:
+            code, arguments = carried
+            out += run_recorded(name, f"set -- {shell_join(arguments)}\n{code}\n", depth + 1)
+    return out
+
+
+def _arrived(value: str, words: list[str]) -> bool:
+    """Whether a word holds ``value`` whole, as given (not split, quoted into other text, or
+    cut short)."""
+    return any(value in word for word in words)
+
+
+def check_literal_arrival(name: str, text: str, flag: str, value: Any) -> None:
+    """``value`` (of ``flag``, not a code option) ran no command of its own and reached the
+    file as the exact text given (see the module's docstring)."""
+    target = LAUNCHERS.get(name)
+    values = [str(v) for v in (value if isinstance(value, list) else [value])]
+    if target.output == "shell":
+        calls = run_recorded(name, text)
+        words = [word for call in calls for word in call]
+        if target.directive:
+            words += [
+                word
+                for line in text.split("\n")
+                if line.startswith(target.directive)
+                for word in line[len(target.directive) :].split()
+            ]
+    else:
+        calls = _recorded_yaml(name, text)
+        strings = [s for document in yaml.safe_load_all(text) for s in _strings(document)]
+        words = strings + [word for call in calls for word in call]
+    ran = [call for call in calls if call and PROBE in call[0]]
+    assert not ran, _where(name, f"{flag}={values[0]!r} runs a command of its own: {ran[0]!r}")
+    for one in values:
+        assert _arrived(one, words), _where(
+            name,
+            f"{flag}={one!r} does not reach the file as the text given (no word of a command "
+            "or directive, no string, holds it whole); quote it for the shell "
+            "(fusion_ray.launch.shell.shell_word), or refuse it with a ValueError naming the "
+            f"option; or, if it is shell code by design, list {flag} in code_options",
+        )
 
 
 def check_launcher(name: str) -> None:

@@ -58,6 +58,7 @@ class SshHosts(LaunchTarget):
     the head; Ray stopped on every host at the end (run it with bash where ssh reaches them)."""
 
     summary = "print a bash script that runs a sweep on a Ray cluster of SSH hosts"
+    code_options = ("--activate",)  # one shell line, run as written on each host
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument(

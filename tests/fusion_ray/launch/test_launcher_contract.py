@@ -13,10 +13,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import pytest
+import yaml
 
 from fusion_ray.cli import list_entries
 from fusion_ray.launch import LAUNCHERS, BatchJob, BatchTarget, LaunchTarget, main, render
 from fusion_ray.launch.join import JOIN_FAILED_EXIT
+from fusion_ray.launch.shell import shell_join, shell_word
 from fusion_ray.testing.launch import check_launcher
 from tests.conftest import ROOT
 
@@ -45,6 +47,98 @@ def test_the_contract_catches_a_target_that_does_not_quote_the_sweep_command():
             check_launcher("unquoted")
     finally:
         LAUNCHERS.unregister("unquoted")
+
+
+class _Pasted(LaunchTarget):
+    """Quotes the sweep command but pastes ``--partition`` into a command as it is; refuses
+    what would add a line, so the file keeps its shape whatever the value (the contract's shape
+    check alone passes it)."""
+
+    summary = "a script that pastes an option into a command"
+    directive = "#JOB"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--partition", default="main", type=self.option_type, help="where")
+
+    option_type: ClassVar = str
+
+    def render(self, args: argparse.Namespace) -> str:
+        if not str(args.partition).isprintable():
+            raise ValueError(f"--partition {args.partition!r}: one line")
+        sweep = shell_join([args.sweep_file, *args.overrides])
+        return (
+            f"#!/bin/bash\n#JOB --name=x\nreserve --partition={args.partition}\n"
+            f"python -m fusion_ray.sweep {sweep}\n"
+        )
+
+
+class _PastedTyped(_Pasted):
+    """The same, with the option read through a ``type=`` of its own (the old contract skipped
+    such options)."""
+
+    option_type: ClassVar = staticmethod(lambda text: text.strip())
+
+
+class _Split(_Pasted):
+    """Quotes the option, but only its first word: the value does not arrive as given."""
+
+    def render(self, args: argparse.Namespace) -> str:
+        args.partition = (args.partition.split() or [""])[0]
+        return (
+            super()
+            .render(args)
+            .replace(f"--partition={args.partition}", f"--partition={shell_word(args.partition)}")
+        )
+
+
+class _PastedEntrypoint(LaunchTarget):
+    """A YAML file whose shell entrypoint gets ``--queue`` as it is."""
+
+    summary = "a manifest that pastes an option into its entrypoint"
+    output = "yaml"
+    shell_keys = ("entrypoint",)
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--queue", default="main", help="the queue")
+
+    def render(self, args: argparse.Namespace) -> str:
+        if not args.queue.isprintable():
+            raise ValueError(f"--queue {args.queue!r}: one line")
+        sweep = shell_join([args.sweep_file, *args.overrides])
+        command = f"queue-select {args.queue} && python -m fusion_ray.sweep {sweep}"
+        return yaml.safe_dump({"entrypoint": command, "queue": args.queue})
+
+
+@pytest.mark.process  # bash runs each rendered file with its commands recorded
+@pytest.mark.parametrize(
+    ("target", "flag", "value", "says"),
+    [
+        (_Pasted, "--partition", "$(fusion_ray_probe)", "runs a command of its own"),
+        (_Pasted, "--partition", "x|fusion_ray_probe", "runs a command of its own"),
+        (_PastedTyped, "--partition", "`fusion_ray_probe`", "runs a command of its own"),
+        (_Split, "--partition", "two words", "does not reach the file as the text given"),
+        (_PastedEntrypoint, "--queue", "x; fusion_ray_probe", "runs a command of its own"),
+    ],
+)
+def test_the_contract_catches_a_value_that_runs_or_does_not_arrive_as_given(
+    target, flag, value, says
+):
+    """Each naive target fails ``check_launcher``, and the literal-arrival check alone names
+    the value that ran as code or did not arrive (the shape and sweep-command checks pass it)."""
+    from fusion_ray.testing.launch import _parsed, check_literal_arrival
+
+    LAUNCHERS.register("naive", origin="tests")(target)
+    try:
+        with pytest.raises(AssertionError, match=f"'naive' .*{flag}="):
+            check_launcher("naive")
+        args = _parsed("naive")
+        setattr(args, flag.removeprefix("--"), value)
+        text = target().render(args)
+        with pytest.raises(AssertionError) as failed:
+            check_literal_arrival("naive", text, flag, value)
+    finally:
+        LAUNCHERS.unregister("naive")
+    assert f"{flag}={value!r} {says}" in str(failed.value), str(failed.value)
 
 
 @pytest.mark.unit
@@ -102,7 +196,10 @@ requeue=(toyrequeue "$TOY_JOB")
         return int(self.time) * 60 if self.time.isdigit() else None
 
     def directives(self) -> list[str]:
-        return [f"#TOY nodes={self.nodes} minutes={self.time} warn={self.signal_seconds}"]
+        return [
+            f"#TOY nodes={self.nodes} minutes={self.time} warn={self.signal_seconds} "
+            f"name={self.job_name} log={self.output}"
+        ]
 
 
 class _ToyTarget(BatchTarget):
@@ -111,6 +208,7 @@ class _ToyTarget(BatchTarget):
     summary = "a toy scheduler's batch script"
     directive = "#TOY"
     job = _ToyJob
+    example_environment = {"TOY_JOB": "7", "TOY_NODE": "t1", "TOY_NODEFILE": "/dev/null"}
 
 
 @pytest.mark.process
@@ -122,7 +220,7 @@ def test_a_second_scheduler_on_the_batch_base_keeps_the_contract():
         text = render("toy", ["s.yaml", "--nodes", "3", "--time", "60"])
     finally:
         LAUNCHERS.unregister("toy")
-    assert "#TOY nodes=3 minutes=60 warn=300\n" in text
+    assert "#TOY nodes=3 minutes=60 warn=300 name=fusion-ray log=" in text
     assert '"${head_step[@]}" bash -c' in text and "head_step=(toyrun --on" in text
     assert "python -m fusion_ray.launch.join wait-for-nodes" in text
 
