@@ -23,9 +23,12 @@ import importlib.metadata
 import inspect
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusion_ray.redact import redact
+
+if TYPE_CHECKING:
+    from fusion_ray.registry import Registry
 
 T = TypeVar("T")
 
@@ -110,7 +113,7 @@ def run_command(run: Callable[[], T], stopped: Callable[[str], str]) -> T | int:
         return code
 
 
-def registries() -> dict[str, object]:
+def registries() -> dict[str, Registry[Any]]:
     """Every registry a sweep file selects from by name."""
     # lazy: the model and data registries import torch (~1.5 s); fusion-ray --help stays fast
     from fusion_ray.data.sources import SOURCES
@@ -132,8 +135,18 @@ def _option_text(param: inspect.Parameter) -> str:
     return f"{param.name}={param.default!r}"
 
 
+def _broken_lines(registry: Registry[Any]) -> list[str]:
+    """One line per plug-in of ``registry`` that cannot be loaded: its name, its package, why,
+    and the fix, so ``fusion-ray list`` shows it instead of failing."""
+    return [
+        f"  {b.name:<20} [{b.package}]  BROKEN: {b.reason} ({b.error}): {b.fix}"
+        for b in registry.broken()
+    ]
+
+
 def list_entries() -> str:
-    """Every entry of every registry: name, origin, options (with defaults)."""
+    """Every entry of every registry: name, origin, options (with defaults); a plug-in that
+    cannot be loaded is listed as broken, with its package and the fix."""
     lines = []
     for title, registry in registries().items():
         lines.append(f"{title} (entry-point group {registry.group}):")
@@ -144,8 +157,10 @@ def list_entries() -> str:
             lines.append(
                 f"  {name:<20} [{registry.origin(name)}]{extra}  options: {options or 'none'}"
             )
+        lines += _broken_lines(registry)
     # lazy: scipy (~0.2 s) and the report's statistics (~0.9 s); fusion-ray --help stays fast
     from analysis.stats import PLUGIN_GROUP, origin, statistics
+    from analysis.stats.registry import REGISTRY as STATISTICS
     from fusion_ray.decide.rules import RULES
 
     lines.append(f"decision rules (entry-point group {RULES.group}; seeds: {{rule: NAME}}):")
@@ -154,10 +169,12 @@ def list_entries() -> str:
         null = RULES.get(name).null
         lines.append(f"  {name:<20} [{RULES.origin(name)}]  options: {options or 'none'}")
         lines.append(f"  {'':<20} null: {null}")
+    lines += _broken_lines(RULES)
 
     lines.append(f"report statistics (entry-point group {PLUGIN_GROUP}):")
     for stat in statistics():
         lines.append(f"  {stat.name:<20} [{origin(stat.name)}]  columns: {', '.join(stat.columns)}")
+    lines += _broken_lines(STATISTICS)
     # lazy: the launch targets load yaml and their entry points (~0.04 s, --help takes ~0.07 s)
     from fusion_ray.launch import LAUNCHERS, options
 
@@ -166,6 +183,7 @@ def list_entries() -> str:
         flags = ", ".join(action.option_strings[0] for action in options(name))
         lines.append(f"  {name:<20} [{LAUNCHERS.origin(name)}]  {LAUNCHERS.get(name).summary}")
         lines.append(f"  {'':<20} options: {flags or 'none'}")
+    lines += _broken_lines(LAUNCHERS)
     return "\n".join(lines)
 
 

@@ -9,15 +9,20 @@ Plug-ins: a registry with an entry-point ``group`` (``fusion_ray.fusions``, ...)
 entries other installed packages declare there, the first time it is asked for a name, in every
 process that asks (Ray workers too), so a user's package adds operators, positions, sources
 and tokenizers that YAML selects by name like the built-in ones. A name declared twice (by a
-plug-in and the built-ins, or by two plug-ins) is an error naming both packages.
+plug-in and the built-ins, or by two plug-ins) is an error naming both packages. A plug-in
+that cannot be imported, or whose object ``accept`` refuses, is kept as a ``BrokenEntry``
+instead: one warning when the group loads, and an error naming its package and the fix only
+where it is selected by name, so one broken package does not stop every command.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, Generic, TypeVar
 
@@ -25,8 +30,58 @@ from fusion_ray.checks import error_text
 
 T = TypeVar("T")
 
+log = logging.getLogger(__name__)
+
 BUILT_IN = "fusion-ray"
 """The origin of the entries registered by this package itself."""
+
+
+@dataclass(frozen=True)
+class BrokenEntry:
+    """A plug-in entry point that could not become an entry: kept, with why, so the commands
+    that do not select it still run and the ones that do can say what to fix."""
+
+    family: str
+    name: str
+    package: str
+    """The distribution that declares the entry point (what pip installs and uninstalls)."""
+    value: str
+    """The entry point's ``module:attr``."""
+    error: str
+    """The exception's type and the first line of its message."""
+    imported: bool
+    """False: importing ``value`` failed; True: it imported but ``accept`` refused it."""
+
+    @property
+    def reason(self) -> str:
+        return f"is not a valid {self.family}" if self.imported else "cannot be imported"
+
+    @property
+    def fix(self) -> str:
+        """The short fix, for ``fusion-ray list``."""
+        return f"{'update' if self.imported else 'reinstall'} or remove {self.package}"
+
+    def message(self) -> str:
+        """One line: the entry, its package, the error and how to fix it."""
+        again = (
+            f"install a version of {self.package} made for this fusion-ray"
+            if self.imported
+            else f"reinstall {self.package} (pip install --force-reinstall {self.package})"
+        )
+        return (
+            f"{self.family} {self.name!r} from {self.package} (entry point {self.value}) "
+            f"{self.reason} ({self.error}): {again}, or uninstall it (pip uninstall {self.package})"
+        )
+
+
+class BrokenEntryError(ValueError):
+    """An entry selected by name is a ``BrokenEntry``; the message says which and how to fix it."""
+
+
+def _error_text(exc: BaseException) -> str:
+    """``Type: first line of the message`` (the type alone for an empty message)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 class Registry(Generic[T]):
@@ -49,6 +104,7 @@ class Registry(Generic[T]):
         self._entries: dict[str, T] = {}
         self._same_as: dict[str, str] = {}
         self._origin: dict[str, str] = {}
+        self._broken: dict[str, BrokenEntry] = {}
         self._plugins_loaded = group is None
 
     def register(
@@ -75,16 +131,18 @@ class Registry(Generic[T]):
         return decorator
 
     def load_plugins(self) -> None:
-        """Register the entries of the installed packages' entry-point group (once)."""
+        """Register the entries of the installed packages' entry-point group (once). An entry
+        point that fails to import, or that ``accept`` refuses, is recorded as broken (with one
+        warning) instead of raising: only selecting it by name is an error."""
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
         for point in sorted(metadata.entry_points(group=self.group), key=lambda p: p.name):
             origin = point.dist.name if point.dist is not None else point.value
-            entry = point.load()
-            if self.accept is not None:
-                entry = self.accept(entry, origin)
-            name = self.named(entry) if self.named is not None else point.name
+            loaded = self._load(point, origin)
+            if loaded is None:
+                continue
+            name, entry = loaded
             if name in self._entries:
                 raise ValueError(
                     f"{self.family} {name!r} is registered twice: by {self._origin[name]} and "
@@ -92,6 +150,30 @@ class Registry(Generic[T]):
                     "of them"
                 )
             self.register(name, origin=origin)(entry)
+
+    def _load(self, point: metadata.EntryPoint, origin: str) -> tuple[str, T] | None:
+        """The name and entry of one entry point, or None when it is broken (then recorded in
+        ``broken()`` and warned about once)."""
+        imported = False
+        try:
+            entry = point.load()
+            imported = True
+            if self.accept is not None:
+                entry = self.accept(entry, origin)
+            name = self.named(entry) if self.named is not None else point.name
+        except Exception as exc:  # any error in the plug-in's code: only its entry is broken
+            broken = BrokenEntry(
+                self.family, point.name, origin, point.value, _error_text(exc), imported
+            )
+            self._broken.setdefault(point.name, broken)
+            log.warning("%s (group %s)", broken.message(), self.group)
+            return None
+        return name, entry
+
+    def broken(self) -> list[BrokenEntry]:
+        """The plug-in entry points of this registry's group that could not be loaded."""
+        self.load_plugins()
+        return list(self._broken.values())
 
     def unregister(self, name: str) -> T:
         """Remove the entry ``name`` and return it."""
@@ -124,11 +206,23 @@ class Registry(Generic[T]):
         return name in self._entries
 
     def get(self, name: str) -> T:
+        """The entry ``name``; a ``BrokenEntryError`` for a broken plug-in, else a ValueError
+        listing the allowed names."""
         if name not in self:
-            raise ValueError(f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}")
+            raise self._not_found(name)
         return self._entries[name]
 
+    def _not_found(self, name: str) -> ValueError:
+        """Why ``name`` is not an entry: a broken plug-in (its package and fix) or unknown."""
+        broken = self._broken.get(name)
+        if broken is not None:
+            return BrokenEntryError(broken.message())
+        return ValueError(f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}")
+
     def build(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
+        """The entry ``name`` called with ``args`` and ``kwargs``, once ``check`` passes."""
+        if name not in self:
+            raise self._not_found(name)
         problems = self.check(name, kwargs)
         if problems:
             raise ValueError("; ".join(problems))
@@ -142,7 +236,7 @@ class Registry(Generic[T]):
         """Every problem with ``name`` and ``kwargs``, as messages; empty when valid: unknown
         options, missing ones, and values that do not match their parameter's annotation."""
         if name not in self:
-            return [f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}"]
+            return [str(self._not_found(name))]
         allowed = self.user_kwargs(name)
         hint = ", ".join(allowed) if allowed else "none"
         problems = [
