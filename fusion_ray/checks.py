@@ -150,3 +150,29 @@ def field_problems(settings: Any, prefix: str = "") -> list[str]:
             for e in exc.errors()
         ]
     return []
+
+
+_HOSTNAME = re.compile(
+    r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def address_problem(address: str) -> str | None:
+    """Why ``address`` names no Ray cluster to join, or None: ``auto`` (the cluster started on
+    this machine with ``ray start``), ``local`` (a new Ray of the driver's own), or
+    ``HOST:PORT`` (the head's GCS; HOST a name, an IPv4 or a bracketed IPv6 address)."""
+    if address in ("auto", "local"):
+        return None
+    host, sep, port = address.rpartition(":")
+    ipv6 = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if ipv6:
+        ipv6 = all(c in "0123456789abcdefABCDEF:." for c in host[1:-1])
+    if not sep or not (ipv6 or _HOSTNAME.fullmatch(host)):
+        return (
+            f"{shorten(repr(address))} is no Ray cluster address: write auto (the cluster started "
+            "here with ray start), local (a Ray of the driver's own) or HOST:PORT of the head "
+            "(e.g. 10.0.0.5:6379)"
+        )
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        return f"{shorten(repr(address))}: the port must be a number from 1 to 65535"
+    return None

@@ -27,7 +27,9 @@ MASK = "***"
 _SECRET_NAME = re.compile(
     r"(pass(word|wd)?|secret|token|key|credential|signature|sig|auth)", re.IGNORECASE
 )
-_URI = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"<>]+")  # a quote may be in a password
+_SCHEME = r"(?<![A-Za-z0-9+.-])[A-Za-z][A-Za-z0-9+.-]{0,31}://"
+"""A URI's scheme, where a run of scheme characters starts (so a long text is read once)."""
+_URI = re.compile(rf"{_SCHEME}[^\s\"<>]+")  # a quote may be in a password
 _MIN_SECRET = 6
 """Environment values shorter than this are not masked (they would blank ordinary words)."""
 
@@ -36,12 +38,12 @@ _HOST = r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%-]*)(?::\d*)?"
 _END = r"(?=[/?#:\s\"'<>),;\]]|$)"
 """What may follow a URI's host: its path, query or fragment, or the text around the URI."""
 _USERINFO = re.compile(
-    rf"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"<>]*):(?P<password>\S*)@(?P<host>{_HOST}){_END}"
+    rf"(?P<head>{_SCHEME}[^\s:/?#@\"<>]*):(?P<password>\S*)@(?P<host>{_HOST}){_END}"
 )
 """``scheme://user:password@host`` in running text: the password runs to the last ``@`` that a
 host follows before the next white space, so reserved characters in it are masked too."""
 _WHOLE_USERINFO = re.compile(
-    rf"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"<>]*):(?P<password>.*)@(?P<host>{_HOST}){_END}",
+    rf"(?P<head>{_SCHEME}[^\s:/?#@\"<>]*):(?P<password>.*)@(?P<host>{_HOST}){_END}",
     re.DOTALL,
 )
 """The same in one whole URI, where the password may hold white space too."""

@@ -21,7 +21,7 @@ from fusion_ray.config import SweepFileError, SweepSpec
 from fusion_ray.config.grid import expand
 from fusion_ray.console import print_outcome, summary_table
 from fusion_ray.driver.session import quiet_console
-from fusion_ray.redact import redact
+from fusion_ray.redact import redact, split_credentials
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,10 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if not args.no_report:
         _report(spec, args.report_dir or str(Path("reports") / spec.name))
-    print(
-        f"\nmlflow ui --backend-store-uri {redact(spec.tracking_uri)}   # then open http://127.0.0.1:5000"
-    )
+    print("\n" + where_to_look(spec.tracking_uri))
     return 1 if outcome.failed or outcome.interrupted else 0
+
+
+def where_to_look(tracking_uri: str) -> str:
+    """The closing hint: a tracking server's UI is the server itself (open its address); a
+    store MLflow opens directly (sqlite, a database) is shown by ``mlflow ui`` on it."""
+    shown = redact(tracking_uri)
+    if tracking_uri.lower().startswith(("http://", "https://")):
+        bare = redact(split_credentials(tracking_uri)[0])
+        return f"the runs are on the MLflow server: open {bare} in a browser"
+    return f"mlflow ui --backend-store-uri {shown}   # then open http://127.0.0.1:5000"
 
 
 def _quiet_tune() -> None:

@@ -9,8 +9,10 @@ import collections
 import collections.abc
 import copy
 import dataclasses
+import errno
 import os
 import re
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,8 @@ class SweepFileError(ValueError):
     with no credential in it (a refused tracking URI's password is shown as ``***``)."""
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:
-        self.path, self.problems = str(path), [shorten_runs(redact(p)) for p in problems]
+        self.path = shorten(redact(str(path)), 200)
+        self.problems = [shorten_runs(redact(p)) for p in problems]
         lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
         super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
 
@@ -97,10 +100,19 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         text = self.construct_scalar(node)
         if len(text) > MAX_INT_CHARS:
             return text  # no setting takes such a number: its field refuses the text, named
+        if ":" in text:
+            return text  # YAML 1.1's base 60 (1:30 is 90): kept as written, refused by name
         return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float | str:
+        text = self.construct_scalar(node)
+        if ":" in text:
+            return text  # YAML 1.1's base 60 (1:30.5 is 90.5)
+        return super().construct_yaml_float(node)
 
 
 _UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -117,9 +129,29 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     return f"not valid YAML: {text}"
 
 
+def _not_a_file(path: Path) -> str | None:
+    """Why ``path`` is no file a sweep can be read from (a folder, a FIFO or device, a loop of
+    links, a name too long), or None; FileNotFoundError when nothing is there."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            f"sweep file {shorten(str(path))} does not exist; see sweeps/ for examples"
+        ) from None
+    except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES, ENOTDIR ...
+        what = {errno.ELOOP: "a loop of symbolic links", errno.ENAMETOOLONG: "a name too long"}
+        return f"cannot be read: {what.get(exc.errno, exc.strerror or str(exc))}; give a sweep file's path"
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a sweep file; give a .yaml file (see sweeps/ for examples)"
+    if not stat.S_ISREG(mode):
+        return "is not a regular file (a FIFO, socket or device); give a .yaml file"
+    return None
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"sweep file {path} does not exist; see sweeps/ for examples")
+    problem = _not_a_file(path)
+    if problem:
+        raise SweepFileError(path, [problem])
     data = path.read_bytes()
     if len(data) > MAX_FILE_BYTES:
         raise SweepFileError(
@@ -214,6 +246,15 @@ def read_sweep_dict(path: str | Path) -> dict[str, Any]:
         except SweepFileError as exc:  # named by the key that brought it in
             name = shorten(repr(fragment))
             raise SweepFileError(path, [f"extends: {name}: {p}" for p in exc.problems]) from None
+        if "extends" in found_raw:
+            raise SweepFileError(
+                path,
+                [
+                    f"extends: {shorten(repr(fragment))} has an extends: of its own, which "
+                    "would not be read (fragments do not extend others); list its fragments "
+                    "in this file's extends: before it, and remove them from the fragment"
+                ],
+            )
         merged = deep_merge(merged, found_raw)
     merged = deep_merge(merged, raw)
     try:
@@ -314,6 +355,19 @@ def _blamed(problem: str, overrides: Sequence[str]) -> tuple[str, str] | None:
 PRESET_SECTIONS = ("data", "model", "train")
 
 
+def _override_key_problem(override: str, key: str, sep: str) -> str | None:
+    """Why an override's key edits nothing: no ``=``, no dotted key, or ``extends``, which is
+    read with the file, before any override applies."""
+    if not sep or not _DOTTED_KEY.fullmatch(key):
+        return f"override {override!r}: write key=value with a dotted key, e.g. train.epochs=3"
+    if key.split(".", 1)[0] == "extends":
+        return (
+            f"override {shorten(override)}: extends: is read with the file, before any "
+            "override applies; write the fragments in the file's extends: list"
+        )
+    return None
+
+
 def apply_overrides(
     raw: dict[str, Any], overrides: Sequence[str], path: str | Path
 ) -> dict[str, Any]:
@@ -325,10 +379,9 @@ def apply_overrides(
     problems = []
     for override in overrides:
         key, sep, text = override.partition("=")
-        if not sep or not _DOTTED_KEY.fullmatch(key):
-            problems.append(
-                f"override {override!r}: write key=value with a dotted key, e.g. train.epochs=3"
-            )
+        problem = _override_key_problem(override, key, sep)
+        if problem:
+            problems.append(problem)
             continue
         try:
             value = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)

@@ -28,7 +28,7 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_ray.checks import error_text, is_int, not_bool
+from fusion_ray.checks import address_problem, error_text, is_int, not_bool
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.redact import credentials_problem
 
@@ -56,6 +56,30 @@ def _a_path(value: str) -> str:
     problem = _text_problem(value)
     if problem:
         raise ValueError(f"{problem}; give a folder, or a URI such as s3://bucket/prefix")
+    scheme, sep, rest = value.partition("://")
+    if sep and scheme.lower() != "file" and not rest.split("/", 1)[0].split("?", 1)[0]:
+        raise ValueError(
+            f"{scheme}:// names no bucket; write {scheme}://BUCKET/PREFIX (or a local folder)"
+        )
+    return value
+
+
+def _a_description(value: str) -> str:
+    hidden = next(
+        (c for c in value if unicodedata.category(c) in ("Cc", "Cf") and c not in "\n\t"), None
+    )
+    if hidden is not None:
+        raise ValueError(
+            f"must not contain control or invisible characters but line breaks and tabs "
+            f"(found U+{ord(hidden):04X})"
+        )
+    return value
+
+
+def _an_address(value: str | None) -> str | None:
+    problem = address_problem(value) if value is not None else None
+    if problem:
+        raise ValueError(problem)
     return value
 
 
@@ -339,7 +363,9 @@ class SharedSettings(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     """The MLflow experiment and the Ray Tune run name: letters, digits, ``_``, ``.``, ``-``,
     starting with a letter or digit (it names folders: ``..`` must not)."""
-    description: str = ""
+    description: Annotated[str, AfterValidator(_a_description)] = Field("", max_length=10_000)
+    """Free text shown as the MLflow experiment's and parent run's note (line breaks and tabs
+    allowed; no other control or invisible characters)."""
     extends: list[str] = Field(default_factory=list)
     """YAML fragments merged under this file (paths relative to it), e.g. tuned shared settings."""
     datasets: dict[str, DatasetPreset]
@@ -354,7 +380,7 @@ class SharedSettings(Strict):
     (``file://`` or a bare folder), which MLflow 3 keeps only in maintenance mode."""
     retries: StrictInt = Field(1, ge=0, le=100)
     """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
-    address: str | None = None
+    address: Annotated[str | None, AfterValidator(_an_address)] = None
     """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
 
 

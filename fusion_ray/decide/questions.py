@@ -115,9 +115,11 @@ def _slot(key: str, value: str) -> str:
     return value if key in FIXED_KEYS else f"{_short(key)}={value}"
 
 
-def group_text(group: Group, varied: str | None = None, ends: tuple[str, str] = ("", "")) -> str:
-    """The group as a name shows it; ``varied`` names the key a contrast varies, shown as
-    ``first-second``."""
+def group_parts(
+    group: Group, varied: str | None = None, ends: tuple[str, str] = ("", "")
+) -> list[str]:
+    """The group's slots as a name shows them, one per key; ``varied`` names the key a
+    contrast varies, shown as ``first-second``."""
     parts = []
     for key, value in group:
         if key == varied:
@@ -125,7 +127,12 @@ def group_text(group: Group, varied: str | None = None, ends: tuple[str, str] = 
             parts.append(shown if key in FIXED_KEYS else f"{_short(key)}={shown}")
         else:
             parts.append(_slot(key, value))
-    return "/".join(parts)
+    return parts
+
+
+def group_text(group: Group, varied: str | None = None, ends: tuple[str, str] = ("", "")) -> str:
+    """The group as a name shows it (``group_parts`` joined by ``/``)."""
+    return "/".join(group_parts(group, varied, ends))
 
 
 def _with(group: Group, key: str, value: str) -> Group:
@@ -143,9 +150,11 @@ def within_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:
     documents minus its delta on the shortest."""
     op, base = Arm(group, operator), Arm(group, baseline)
     terms = ((op, 1, "longest"), (base, -1, "longest"), (op, -1, "shortest"), (base, 1, "shortest"))
-    dataset = dict(group)["dataset"]
-    slot = f"{dataset}:longest-shortest"
-    text = "/".join([slot, *group_text(group).split("/")[1:]])
+    parts = [
+        f"{value}:longest-shortest" if key == "dataset" else part
+        for (key, value), part in zip(group, group_parts(group), strict=True)
+    ]
+    text = "/".join(parts)
     return Hypothesis(f"{text}: {operator} vs {baseline}", "length_within", operator, terms)
 
 

@@ -115,6 +115,11 @@ def _sqlite_problems(db: Path, remote: bool) -> list[str]:
         return [
             f"tracking_uri: {db} is a folder, not a database file; name a file such as {db}/mlflow.db"
         ]
+    if db.exists() and not db.is_file():  # a device (/dev/null), a FIFO, a socket
+        return [
+            f"tracking_uri: {db} is not a regular file (a device, FIFO or socket), so SQLite "
+            "cannot keep a store in it; name a database file such as ./mlflow.db"
+        ]
     if db.is_file():
         problem = _database_file_problem(db)
         if problem:

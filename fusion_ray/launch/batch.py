@@ -41,7 +41,7 @@ from fusion_ray.launch.shell import (
     sweep_command_problems,
     text_problem,
 )
-from fusion_ray.launch.target import DRIVER_RESOURCE, DRIVER_SLOTS, LaunchTarget, below_least
+from fusion_ray.launch.target import DRIVER_RESOURCE, DRIVER_SLOTS, LaunchTarget, count_problems
 
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
@@ -163,13 +163,14 @@ class BatchJob:
         return []
 
     def _number_problems(self) -> list[str]:
-        out = below_least(
+        out = count_problems(
             [
                 ("--nodes", self.nodes, 1),
                 ("--cpus-per-node", self.cpus_per_node, 1),
                 ("--gpus-per-node", self.gpus_per_node, 0),
                 ("--join-timeout", self.join_timeout_s, 1),
                 ("--requeue-on-time-limit", self.requeue_on_time_limit, 0),
+                ("--signal-seconds", self.signal_seconds, 1),
             ]
         )
         if self.port is not None and not 1024 <= self.port <= 65000:

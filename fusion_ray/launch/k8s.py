@@ -37,7 +37,7 @@ from fusion_ray.launch.target import (
     LAUNCHERS,
     RAY_VERSION,
     LaunchTarget,
-    below_least,
+    count_problems,
     run,
 )
 
@@ -106,13 +106,14 @@ class KubeJob:
         return out + self._size_problems()
 
     def _size_problems(self) -> list[str]:
-        out = below_least(
+        out = count_problems(
             [
                 ("--workers", self.workers, 0),
                 ("--gpus-per-worker", self.gpus_per_worker, 0),
                 ("--cpus-per-worker", self.cpus_per_worker, 1),
                 ("--head-cpus", self.head_cpus, 1),
                 ("--backoff-limit", self.backoff_limit, 0),
+                ("--ttl-seconds", self.ttl_seconds, 0),
             ]
         )
         for what, value in [("--memory-per-worker", self.memory_per_worker),
@@ -278,8 +279,8 @@ def render_k8s(job: KubeJob) -> str:
         f"# Secret {job.token_secret} (key token), Secret {job.tracking_secret} (key uri; "
         "username, password optional);",
         f"# checkpoints on {storage}.",
-        "#   kubectl create secret generic " + job.token_secret
-        + " --from-literal=token=$(openssl rand -hex 32)",
+        "#   openssl rand -hex 32 | tr -d '\\n' | kubectl create secret generic "
+        + job.token_secret + " --from-file=token=/dev/stdin",
         "#   kubectl create secret generic " + job.tracking_secret
         + " --from-literal=uri=http://mlflow.lab.svc:5000",
     ]  # fmt: skip

@@ -124,9 +124,18 @@ def run(name: str, argv: Sequence[str]) -> int:
     return 0
 
 
-def below_least(counts: Sequence[tuple[str, int, int]]) -> list[str]:
-    """A problem for each (option, value, least) whose value is below its least, naming the
-    option and the bound."""
-    return [
-        f"{what} {value}: must be {least} or more" for what, value, least in counts if value < least
-    ]
+MOST_COUNT = 2**31 - 1
+"""The largest count a scheduler's or Kubernetes' field holds (a 32-bit signed integer)."""
+
+
+def count_problems(counts: Sequence[tuple[str, int, int]]) -> list[str]:
+    """A problem for each (option, value, least) whose value is below its least or above
+    ``MOST_COUNT`` (the scheduler would refuse, or wrap, a larger one), naming the option and
+    the bound."""
+    out = []
+    for what, value, least in counts:
+        if value < least:
+            out.append(f"{what} {value}: must be {least} or more")
+        elif value > MOST_COUNT:
+            out.append(f"{what} {value}: must be at most {MOST_COUNT:,} (a 32-bit count)")
+    return out

@@ -77,3 +77,13 @@ def test_a_mistyped_override_is_blamed_on_the_override_once(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("override train.lrr=3: train.lrr: unknown key") == 1
     assert "datasets.short.train.lrr" not in err
+
+
+def test_the_closing_hint_opens_a_server_and_runs_mlflow_ui_on_a_file():
+    """``mlflow ui --backend-store-uri http://...`` would start a second UI on a server's URI:
+    for a server the hint is its address, without the password."""
+    from fusion_ray.sweep import where_to_look
+
+    served = where_to_look("http://admin:Pw-123456@mlflow.lab:5000")
+    assert served == "the runs are on the MLflow server: open http://mlflow.lab:5000 in a browser"
+    assert where_to_look("sqlite:///mlflow.db").startswith("mlflow ui --backend-store-uri sqlite:")

@@ -251,6 +251,17 @@ def _number_at(key: str, number: str) -> Callable[[str], str]:
     return edit
 
 
+def _axis(key: str, levels: str) -> Callable[[str], str]:
+    """The grid's setting axis ``key`` given ``levels`` as written (quickstart's grid has one)."""
+
+    def edit(raw: str) -> str:
+        found = re.compile(rf"^(\s+){re.escape(key)}: .*$", re.M)
+        assert found.search(raw), f"no {key}: axis in the file"
+        return found.sub(lambda m: f"{m.group(1)}{key}: {levels}", raw, count=1)
+
+    return edit
+
+
 # (case, files it applies to, the edit of the text, what the refusal must say)
 TEXT_CASES: list[tuple[str, str, Callable[[str], str], list[str]]] = [
     ("alias bomb", "*.yaml", _append(f"bomb:\n{BOMB}"), ["expands to more than"]),
@@ -283,6 +294,20 @@ TEXT_CASES: list[tuple[str, str, Callable[[str], str], list[str]]] = [
     ("empty tracking_uri", "*.yaml", _set_top("tracking_uri", "''"), ["tracking_uri"]),
     ("a file too large", "quickstart.yaml", _append("#" + "x" * (1 << 20) + "\n"), ["bytes"]),
     ("not UTF-8", "quickstart.yaml", lambda raw: raw.replace("name:", "name: \udcff", 1), ["UTF-8"]),
+    # round three: coercion duplicates, YAML 1.1 numbers, control characters, reserved
+    # characters in URIs, no bucket, an address that is none
+    ("levels true and 1", "quickstart.yaml", _axis("model.scale_embeddings", "[true, 1]"), ["'true' and '1' are one value"]),
+    ("levels true and 'True'", "quickstart.yaml", _axis("model.scale_embeddings", "[true, 'True']"), ["'true' and 'True' are one value"]),
+    ("levels false, no, off", "quickstart.yaml", _axis("model.scale_embeddings", "[false, 'no', 'off']"), ["'false' and 'no' are one value"]),
+    ("epochs: 1:30 (base 60)", "quickstart.yaml", _number_at("epochs", "1:30"), ["epochs", "1:30"]),
+    ("lr: 1:30.5 (base 60)", "quickstart.yaml", _number_at("lr", "1:30.5"), ["lr", "1:30.5"]),
+    ("control characters in description", "*.yaml", _set_top("description", '"red \\e[31m bell \\a"'), ["description", "U+001B"]),
+    ("'#' in a password", "quickstart.yaml", _set_top("tracking_uri", "'http://admin:Sec#ret-77@127.0.0.1:5000'"), ["tracking_uri", "%23"]),
+    ("'?' in a password", "*.yaml", _set_top("tracking_uri", "'https://admin:Sec?ret-77@mlflow.lab'"), ["tracking_uri", "%3F"]),
+    ("a space in a password", "quickstart.yaml", _set_top("tracking_uri", "'http://admin:a b@127.0.0.1:5000'"), ["tracking_uri", "white space"]),
+    ("s3:// with no bucket", "*.yaml", _set_top("storage_path", "s3://"), ["storage_path", "no bucket"]),
+    ("an address with no port", "quickstart.yaml", _set_top("address", "10.0.0.5"), ["address", "HOST:PORT"]),
+    ("an address of two words", "quickstart.yaml", _set_top("address", "'head node:6379'"), ["address"]),
 ]  # fmt: skip
 """Each case is applied to one file (of those its pattern matches, chosen by a seeded draw)."""
 

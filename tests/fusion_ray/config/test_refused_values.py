@@ -72,6 +72,16 @@ def _refusal(capsys, argv: list[str], main=sweep_main) -> str:
         ("tracking_uri=mlruns", "tracking_uri: MLflow's file store"),
         ("tracking_uri=http://", "tracking_uri: names no server"),
         (f"tracking_uri=http://admin:{SECRET}@", "names no server; use sqlite:///PATH"),
+        (f"tracking_uri='http://admin:{SECRET}#x@127.0.0.1:5000'", "percent-encode it (# as %23)"),
+        ("tracking_uri=sqlite:////dev/null", "/dev/null is not a regular file (a device"),
+        ("storage_path=s3://", "storage_path: s3:// names no bucket; write s3://BUCKET/PREFIX"),
+        ("storage_path=gs:///prefix", "storage_path: gs:// names no bucket"),
+        ("address=10.0.0.5", "address: '10.0.0.5' is no Ray cluster address: write auto"),
+        ("address='head node:6379'", "address: 'head node:6379' is no Ray cluster address"),
+        ("address=head:70000", "address: 'head:70000': the port must be a number from 1"),
+        ('description="a\\x1b[31m"', "description: must not contain control or invisible"),
+        ("extends=[tuned/shared.yaml]", "override extends=[tuned/shared.yaml]: extends: is read"),
+        ("train.epochs=1:30", "train.epochs: Input should be a valid integer"),
     ],
 )
 def test_a_value_no_sweep_can_mean_is_refused_naming_its_field(
@@ -147,3 +157,44 @@ def test_an_hpo_file_is_held_to_the_same_ranges(tmp_path, capsys, monkeypatch, e
     path.write_text(yaml.safe_dump(raw))
     err = _refusal(capsys, [str(path), *overrides], hpo_main)
     assert said in err, err[-3000:]
+
+
+@pytest.mark.parametrize(
+    "address", ["auto", "local", "10.0.0.5:6379", "head-1.lab:6379", "[::1]:6379"]
+)
+def test_a_ray_address_is_accepted_as_ray_takes_it(address):
+    from fusion_ray.checks import address_problem
+
+    assert address_problem(address) is None
+
+
+def test_a_sweep_path_that_is_no_file_is_said_to_be_what_it_is(tmp_path, capsys):
+    """A folder, a FIFO, a loop of links, a name too long: one message saying which, exit 2
+    (not "does not exist", not a traceback)."""
+    import os
+
+    (tmp_path / "folder.yaml").mkdir()
+    os.mkfifo(tmp_path / "fifo.yaml")
+    (tmp_path / "a.yaml").symlink_to(tmp_path / "b.yaml")
+    (tmp_path / "b.yaml").symlink_to(tmp_path / "a.yaml")
+    cases = [
+        ("folder.yaml", "is a folder, not a sweep file"),
+        ("fifo.yaml", "is not a regular file (a FIFO, socket or device)"),
+        ("a.yaml", "cannot be read: a loop of symbolic links"),
+        ("x" * 100_000 + ".yaml", "cannot be read: a name too long"),
+    ]
+    for name, said in cases:
+        assert sweep_main([str(tmp_path / name), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err[-2000:]
+        assert max(len(line) for line in err.splitlines()) < 1000, err[:300]
+
+
+def test_a_fragment_that_extends_another_is_refused_naming_both(tmp_path, capsys):
+    path = tiny_sweep(tmp_path)
+    (tmp_path / "inner.yaml").write_text("defaults: {train: {lr: 0.002}}\n")
+    (tmp_path / "outer.yaml").write_text("extends: [inner.yaml]\n")
+    raw = yaml.safe_load(path.read_text())
+    path.write_text(yaml.safe_dump({**raw, "extends": ["outer.yaml"]}, sort_keys=False))
+    err = _refusal(capsys, [str(path)])
+    assert "extends: 'outer.yaml' has an extends: of its own, which would not be read" in err

@@ -247,3 +247,23 @@ def test_the_quarters_are_the_shortest_and_longest_length_buckets_of_the_test_sp
     # every document of one length: one bucket, shortest and longest are the same documents
     same = quarter_metrics([5] * 6, [1, 0, 1, 0, 1, 1])
     assert same["test_total_shortest"] == same["test_total_longest"] == 6
+
+
+@pytest.mark.unit
+def test_a_slash_in_a_name_keeps_every_hypothesis_name_whole():
+    """A dataset named ``lab/short`` and a setting value holding ``/``: each slot of the group
+    is named as it is, none dropped or cut at the ``/``."""
+    from fusion_ray.decide.questions import operator_hypothesis, within_hypothesis
+
+    group = (
+        ("dataset", "lab/short"),
+        ("position", "sinusoidal"),
+        ("attention_position", "none"),
+        ("data.tokenizer", "bpe/v2"),
+    )
+    within = within_hypothesis(group, "gate_scalar", "add")
+    assert within.name == (
+        "lab/short:longest-shortest/sinusoidal/none/tokenizer=bpe/v2: gate_scalar vs add"
+    )
+    plain = operator_hypothesis(group, "gate_scalar", "add")
+    assert plain.name == "lab/short/sinusoidal/none/tokenizer=bpe/v2: gate_scalar vs add"

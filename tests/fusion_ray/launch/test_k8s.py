@@ -185,3 +185,27 @@ def test_every_problem_is_named_with_its_fix(capsys):
         "--workdir 'rel': an absolute path",
     ):
         assert text in err, text
+
+
+def test_counts_a_32_bit_field_cannot_hold_are_refused_by_every_target(capsys):
+    """Kubernetes' and SLURM's counts are 32-bit integers: a larger one is refused, named."""
+    from fusion_ray.launch.slurm import main as slurm_main
+
+    big = str(2**31)
+    assert main(["s.yaml", "--image", "x", "--workers", big, "--ttl-seconds", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert f"--workers {big}: must be at most 2,147,483,647 (a 32-bit count)" in err
+    assert "--ttl-seconds -1: must be 0 or more" in err
+    assert slurm_main(["s.yaml", "--nodes", big, "--join-timeout", str(2**40)]) == 2
+    err = capsys.readouterr().err
+    assert f"--nodes {big}: must be at most 2,147,483,647" in err and "--join-timeout" in err
+    assert main(["s.yaml", "--image", "x", "--workers", str(2**31 - 1)]) == 0
+
+
+def test_the_header_makes_the_token_through_a_pipe_not_the_command_line(capsys):
+    """``$(openssl rand ...)`` inline would put the token in kubectl's arguments, which every
+    user of the machine can read in the process list."""
+    text = render_k8s(KubeJob(sweep_file="s.yaml", image="x"))
+    line = next(line for line in text.splitlines() if "openssl" in line)
+    assert "$(" not in line and "| kubectl create secret generic" in line
+    assert "--from-file=token=/dev/stdin" in line
