@@ -25,6 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from fusion_ray.checks import address_problem
 from fusion_ray.redact import redact
 
 if TYPE_CHECKING:
@@ -46,6 +47,14 @@ COMMANDS = {
 }
 
 
+def _address(text: str) -> str:
+    """``--address`` as argparse checks it (a refusal is argparse's one message and exit 2)."""
+    problem = address_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def common_options() -> argparse.ArgumentParser:
     """The options the commands that start Ray share (``sweep``, ``hpo``), as a parent parser:
     the same names, defaults and meaning in each."""
@@ -56,7 +65,9 @@ def common_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--address",
         default=None,
-        help="Ray cluster address (default: the file's address, $RAY_ADDRESS, else local)",
+        type=_address,
+        help="Ray cluster address: auto, local or HOST:PORT (default: the file's address, "
+        "$RAY_ADDRESS, else local)",
     )
     common.add_argument(
         "--verbose",

@@ -87,3 +87,13 @@ def test_the_closing_hint_opens_a_server_and_runs_mlflow_ui_on_a_file():
     served = where_to_look("http://admin:Pw-123456@mlflow.lab:5000")
     assert served == "the runs are on the MLflow server: open http://mlflow.lab:5000 in a browser"
     assert where_to_look("sqlite:///mlflow.db").startswith("mlflow ui --backend-store-uri sqlite:")
+
+
+def test_an_address_that_names_no_cluster_is_refused_by_the_command_line(capsys, tmp_path):
+    from fusion_ray.sweep import main as sweep_main
+
+    with pytest.raises(SystemExit) as ended:
+        sweep_main([str(tmp_path / "s.yaml"), "--dry-run", "--address", "head node"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --address: 'head node' is no Ray cluster address" in err
