@@ -44,6 +44,11 @@ CPUs because its Ray had no GPUs."""
 """Trial-run tag: the lease token of the driver that marked the run FINISHED."""
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"
+#: Trial-run tag of a cell whose trial could not load its checkpoint (a truncated or damaged
+#: file, or a state of another model) and started again from scratch: ``<checkpoint>: <reason>;
+#: set aside as <checkpoint>.unreadable`` (a URI: ``; left in place``). Its epoch metrics logged
+#: before that are of the attempt set aside; the later ones, from epoch 0 again, of the new one.
+CHECKPOINT_SET_ASIDE_TAG = "checkpoint_set_aside"
 
 #: Metrics logged once per epoch (step = epoch); search_runs returns their last value.
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
@@ -194,6 +199,7 @@ DECISION_COLUMNS = (
     "median",
     "hodges_lehmann",
     "failed_runs",
+    "failed_by_operator",
     "note",
 )
 #: Sweep-parent-run tags ``decisions.<state>``: how many comparisons are in each state.

@@ -21,7 +21,7 @@ from ray.tune.stopper import Stopper
 from fusion_ray.driver.storage import checkpoint_uri
 from fusion_ray.driver.tracking import CellRun, Tracker, store_gone
 from fusion_ray.redact import redact
-from fusion_ray.train.result import TrialResult
+from fusion_ray.train.result import SetAside, TrialResult
 
 if TYPE_CHECKING:
     from fusion_ray.config.grid import Cell
@@ -106,6 +106,9 @@ class TrackingCallback(Callback):
     (``key``) and fill ``run_ids``.
     """
 
+    noun = "cell"
+    """What ``key`` names, in messages."""
+
     def __init__(self, tracker: Tracker, lease: SweepLease | None = None) -> None:
         self.tracker = tracker
         self.lease = lease
@@ -116,6 +119,8 @@ class TrackingCallback(Callback):
         self.finished: set[str] = set()
         self.store_lost: str | None = None
         """How the tracking store vanished, once it has: every hook then writes nothing."""
+        self.set_aside: set[str] = set()
+        """Trials that set aside a checkpoint they could not load and started again."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -151,6 +156,15 @@ class TrackingCallback(Callback):
         """Whether this driver may still write to its trials' runs: the lease read from the
         store just before (one read per write; a lost lease stays lost)."""
         return self.lease is None or self.lease.holds()
+
+    def checkpoint_set_aside(self, key: str, note: SetAside) -> None:
+        """Say once per trial, and tag its run, that it could not load its checkpoint, set it
+        aside and started again from scratch (``note``)."""
+        if key in self.set_aside:
+            return
+        self.set_aside.add(key)
+        log.warning("%s %s: %s", self.noun, key, redact(note.sentence(self.noun)))
+        self.tracker.set_checkpoint_aside(self.run_ids[key], note.text)
 
     def tracking_failed(self, trial: Any, hook: str, exc: Exception) -> None:
         key = self.key(trial)
@@ -237,9 +251,13 @@ class MLflowSweepCallback(TrackingCallback):
         if reported.error or cid not in self.run_ids or not self._holds():
             return
         run_id = self.run_ids[cid]
+        if reported.set_aside is not None:  # it starts again from scratch: epochs from 0 again
+            self.checkpoint_set_aside(cid, reported.set_aside)
+            self.logged_until[cid] = -1
         if reported.final:
             prior = self.existing.get(cid)
-            if not (prior is not None and prior.run_id == run_id and prior.has_final):
+            retrained = cid in self.set_aside  # not the weights of the final metrics logged
+            if retrained or not (prior is not None and prior.run_id == run_id and prior.has_final):
                 # a run that already holds its final metrics (its trial ended before the driver
                 # died) is only re-tested on resume, with the same weights: log them once
                 self.tracker.log_final(run_id, result)
@@ -344,6 +362,8 @@ class MLflowTuningCallback(TrackingCallback):
         self.configs: dict[str, dict[str, Any]] = {}
         self.ended = 0
 
+    noun = "trial"
+
     def key(self, trial: Any) -> str:
         return trial.trial_id
 
@@ -361,6 +381,9 @@ class MLflowTuningCallback(TrackingCallback):
     ) -> None:
         self.last[trial.trial_id] = result
         if trial.trial_id in self.run_ids and self._holds():
+            reported = TrialResult.of(result)
+            if reported.set_aside is not None:
+                self.checkpoint_set_aside(trial.trial_id, reported.set_aside)
             self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:

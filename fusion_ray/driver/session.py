@@ -3,8 +3,7 @@
 A ``DriverSession`` owns what a driver must get right whatever it runs, so each command gets
 every protection:
 
-- cloud credentials out of Ray's logs (``credentials.aws_keys_in_a_file``): the AWS keys in a
-  file of the driver's own, not in the environment Ray Tune copies into every trial;
+- cloud credentials out of Ray's logs (``credentials.aws_keys_in_a_file``);
 - the lease (``lease.SweepLease``): one driver per sweep or HPO file; a second is refused
   (``LeaseHeldError``), and one whose lease was taken over while it was paused stops writing
   (``LeaseLostError``);
@@ -26,25 +25,22 @@ and return it: ``fusion_ray.cli.run_command``).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusion_ray.driver.credentials import aws_keys_in_a_file
 from fusion_ray.driver.lease import LeaseHeldError, LeaseLostError, SweepLease
 from fusion_ray.driver.placement import PlacementError
 from fusion_ray.driver.preflight import RefusedError
+from fusion_ray.driver.storage import StorageFullError, storage_full, storage_full_message
 from fusion_ray.redact import redact
 from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
 
@@ -266,41 +262,6 @@ def watch_head(on_lost: Callable[[str], None]) -> Iterator[None]:
         done.set()
 
 
-class StorageFullError(RuntimeError):
-    """The sweep's local storage_path has no space left: trials cannot write checkpoints."""
-
-
-def storage_full(storage_path: str) -> str | None:
-    """Why the local ``storage_path`` cannot take a checkpoint now (no space left), or None (a
-    URI, or space left)."""
-    if "://" in storage_path:
-        return None
-    path = Path(storage_path).resolve()
-    try:
-        free = shutil.disk_usage(path).free
-        with tempfile.TemporaryFile(dir=path) as probe:
-            probe.write(b"\0" * 65536)
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            return None
-        free = 0
-    if free >= 1 << 20:
-        return None
-    return f"the storage at {path} is full ({free // 1024} KiB free)"
-
-
-def storage_full_message(why: str, finished_now: int) -> str:
-    return (
-        f"{why}: trials could not write their checkpoints and results. "
-        f"The {finished_now} cell(s) finished by this run, and every cell finished before, "
-        "stay FINISHED in the tracking store; cells whose trial failed for want of space are "
-        "marked FAILED. Free space there (or set storage_path to a larger disk) and run the "
-        "same command again: it runs only what is missing."
-    )
-
-
 class DriverSession:
     """The lease, Ray, the parent run, signals, the head watch and the early ends of one driver.
 
@@ -339,25 +300,19 @@ class DriverSession:
         # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
         from fusion_ray.driver.tracking import Tracker, access_errors
 
-        self._aws = aws_keys_in_a_file()  # before Ray, MLflow's or pyarrow's clients start
-        self._aws.__enter__()
-        try:
+        with contextlib.ExitStack() as stack:  # undone in reverse if any step fails
+            stack.enter_context(aws_keys_in_a_file())  # before Ray's, MLflow's, pyarrow's clients
             self.tracker: Tracker = Tracker(self.tracking_uri, self.name)
             self.lease: SweepLease = SweepLease(
                 self.tracker.lease_store(), self.name, take_over=self.take_over, what=self.what
             )
             with access_errors(self.tracking_uri):  # the lease is the driver's first write
-                self.lease.__enter__()
-        except BaseException:
-            self._aws.__exit__(None, None, None)
-            raise
+                stack.enter_context(self.lease)
+            self._held = stack.pop_all()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        try:
-            self.lease.__exit__(*exc)
-        finally:
-            self._aws.__exit__(None, None, None)
+        self._held.__exit__(*exc)
 
     def start_ray(self, address: str | None) -> None:
         init_ray(address)

@@ -8,7 +8,11 @@ instead of trained again. The tracking store (``tracking``) only records the pat
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse, urlsplit
@@ -129,3 +133,38 @@ def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str |
         )
         resume_from = prior.checkpoint_path = None
     return resume_from
+
+
+class StorageFullError(RuntimeError):
+    """The sweep's local storage_path has no space left: trials cannot write checkpoints."""
+
+
+def storage_full(storage_path: str) -> str | None:
+    """Why the local ``storage_path`` cannot take a checkpoint now (no space left), or None (a
+    URI, or space left)."""
+    if "://" in storage_path:
+        return None
+    path = Path(storage_path).resolve()
+    try:
+        free = shutil.disk_usage(path).free
+        with tempfile.TemporaryFile(dir=path) as probe:
+            probe.write(b"\0" * 65536)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            return None
+        free = 0
+    if free >= 1 << 20:
+        return None
+    return f"the storage at {path} is full ({free // 1024} KiB free)"
+
+
+def storage_full_message(why: str, finished_now: int) -> str:
+    return (
+        f"{why}: trials could not write their checkpoints and results. "
+        f"The {finished_now} cell(s) finished by this run, and every cell finished before, "
+        "stay FINISHED in the tracking store; cells whose trial failed for want of space are "
+        "marked FAILED. Free space there (or set storage_path to a larger disk) and run the "
+        "same command again: it runs only what is missing."
+    )

@@ -34,11 +34,12 @@ import mlflow
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from fusion_ray.decide.questions import quarter_accuracy
+from fusion_ray.decide.questions import VERDICTS, quarter_accuracy
 from fusion_ray.driver.preflight import sqlite_wait_ms
 from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
+    CHECKPOINT_SET_ASIDE_TAG,
     CHECKPOINT_TAG,
     DECISION_COLUMNS,
     DECISION_METRIC_PREFIX,
@@ -314,7 +315,9 @@ class Tracker:
 
     def log_decisions(self, parent_id: str, rows: list[dict[str, Any]]) -> None:
         """An adaptive sweep's decisions on its parent run: DECISIONS_FILE, and one tag per
-        state with how many comparisons are in it (the MLflow UI shows them)."""
+        verdict (``decisions.better``, ``decisions.smaller``, ``decisions.open`` ...: every
+        verdict a hypothesis of the sweep can reach, 0 where none did) with how many hypotheses
+        reached it, as the console's table says them (the MLflow UI shows them)."""
         import csv
         from collections import Counter
 
@@ -325,8 +328,11 @@ class Tracker:
                 writer.writeheader()
                 writer.writerows(rows)
             self.client.log_artifact(parent_id, str(path))
-        counts = Counter(str(r["state"]) for r in rows)
-        tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{state}", str(counts[state])) for state in counts]
+        counts = Counter(str(r["verdict"]) for r in rows)
+        kinds = {str(r.get("kind", "operator")) for r in rows}
+        every = {"open", "futile", "equivalent", *counts}
+        every |= {word for kind in kinds for word in VERDICTS.get(kind, {}).values()}
+        tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{v}", str(counts[v])) for v in sorted(every)]
         self.client.log_batch(parent_id, tags=tags)
 
     def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
@@ -439,6 +445,10 @@ class Tracker:
         self.client.set_tag(
             run_id, CHECKPOINT_TAG, path.split("?", 1)[0] if redact(path) != path else path
         )
+
+    def set_checkpoint_aside(self, run_id: str, note: str) -> None:
+        """Tag a run whose trial set aside the checkpoint it could not load, and why."""
+        self.client.set_tag(run_id, CHECKPOINT_SET_ASIDE_TAG, redact(note)[:4900])
 
     def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
         """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,

@@ -1,5 +1,7 @@
 """A trial's checkpoint: what it holds (model, optimiser, scheduler, RNG states, the best epoch
 so far), saving it with the epoch's report, and resuming from it with every RNG where it was.
+A checkpoint that cannot be loaded or does not fit the trial's model is set aside (``resume``)
+and the trial starts again from scratch.
 """
 
 from __future__ import annotations
@@ -8,14 +10,14 @@ import dataclasses
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from fusion_ray.train.report import CHECKPOINT_FILE, Reporter
+from fusion_ray.train.report import CHECKPOINT_FILE, Reporter, UnreadableCheckpointError
 from fusion_ray.train.spec import (
     TrialConfig,
 )
@@ -104,6 +106,142 @@ def checkpoint_state(
         "best_model": best_state,
         "trial": dataclasses.asdict(trial),
     }
+
+
+SAVED_KEYS = ("model", "optimizer", "scheduler", "rng", "progress", "best_model")
+"""What ``restore`` reads of a checkpoint state (``checkpoint_state`` writes them and more)."""
+
+
+class Resumed(NamedTuple):
+    """Where a resumed trial is: its progress, best weights so far, and the state it resumed."""
+
+    progress: Progress
+    best_state: dict[str, torch.Tensor] | None
+    state: dict[str, Any]
+
+
+def resume(
+    reporter: Reporter,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    rank: int,
+    device: torch.device,
+) -> Resumed | None:
+    """The trial's latest checkpoint, loaded into the model, optimiser and schedule; None to
+    start from scratch: there is none, or it cannot be loaded or does not fit (then the reporter
+    sets it aside, with the reason, and nothing was loaded). Under DDP every rank resumes, or
+    none does."""
+    try:
+        saved = reporter.restore()
+        problem = None if saved is None else misfit(saved, model, optimizer)
+    except UnreadableCheckpointError as exc:
+        saved, problem = None, str(exc)
+    problem = _any_rank(problem)
+    if problem is not None:
+        reporter.set_aside(problem)
+        return None
+    if saved is None:
+        return None
+    return Resumed(*restore(saved, model, optimizer, scheduler, rank, device), saved)
+
+
+def misfit(saved: Any, model: nn.Module, optimizer: torch.optim.Optimizer) -> str | None:
+    """Why a saved state cannot be restored into this model and optimiser (a key missing, a
+    progress record of another shape, weights with other names or shapes, other parameter
+    groups), or None; checked before anything is loaded."""
+    if not isinstance(saved, dict):
+        return f"the state is a {type(saved).__name__}, not a training state"
+    missing = [k for k in SAVED_KEYS if k not in saved]
+    if missing:
+        return f"the state has no {', '.join(repr(k) for k in missing)}"
+    try:
+        Progress(**saved["progress"])
+    except TypeError as exc:
+        return f"the saved progress does not fit: {exc}"
+    expected = unwrap(model).state_dict()
+    for name, what in (("model", "weights"), ("best_model", "best weights")):
+        if name == "best_model" and saved[name] is None:
+            continue  # no epoch had ended
+        problem = weights_misfit(saved[name], expected)
+        if problem is not None:
+            return f"the saved {what} do not fit the model: {problem}"
+    return optimizer_misfit(saved["optimizer"], optimizer) or _schedule_and_rng_misfit(saved)
+
+
+def weights_misfit(weights: Any, expected: Mapping[str, torch.Tensor]) -> str | None:
+    """How saved weights differ from a model's state dict: names missing or unexpected, or a
+    tensor of another shape (the first few of each); None when they fit."""
+    if not isinstance(weights, Mapping):
+        return f"the weights are a {type(weights).__name__}"
+    missing = [k for k in expected if k not in weights]
+    unexpected = [k for k in weights if k not in expected]
+    shapes = [
+        f"{k} {tuple(weights[k].shape)} (the model's {tuple(v.shape)})"
+        for k, v in expected.items()
+        if k in weights
+        and (not isinstance(weights[k], torch.Tensor) or weights[k].shape != v.shape)
+    ]
+    parts = [
+        f"{what} {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+        for what, names in (("missing", missing), ("unexpected", unexpected), ("shape", shapes))
+        if names
+    ]
+    return "; ".join(parts) or None
+
+
+def optimizer_misfit(state: Any, optimizer: torch.optim.Optimizer) -> str | None:
+    """How a saved optimiser state differs from the optimiser's groups of parameters (what
+    ``load_state_dict`` would refuse, or read later at the first step), or None."""
+    groups = state.get("param_groups") if isinstance(state, Mapping) else None
+    if not (
+        isinstance(groups, list)
+        and all(isinstance(g, Mapping) and isinstance(g.get("params"), list) for g in groups)
+        and isinstance(state.get("state"), Mapping)
+    ):
+        return "the saved optimizer state is not an optimiser's"
+    saved_sizes = [len(g["params"]) for g in groups]
+    sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if saved_sizes != sizes:
+        return f"the saved optimizer has groups of {saved_sizes} parameters, not {sizes}"
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    ids = [i for g in groups for i in g["params"]]
+    for index, param in zip(ids, params, strict=True):
+        per_param = state["state"].get(index, {})
+        for name, value in per_param.items() if isinstance(per_param, Mapping) else ():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                shape, expected = tuple(value.shape), tuple(param.shape)
+                return f"the saved optimizer's {name} of a parameter is {shape}, not {expected}"
+    return None
+
+
+def _schedule_and_rng_misfit(saved: dict[str, Any]) -> str | None:
+    """Whether the saved schedule and RNG states are what ``restore`` sets (a mapping, and one
+    CPU generator state per rank), or why not."""
+    if not isinstance(saved["scheduler"], Mapping):
+        return "the saved scheduler state is not a schedule's"
+    rng, cpu_state = saved["rng"], torch.get_rng_state()
+    if not (isinstance(rng, list) and rng):
+        return "the state has no RNG state"
+    for state in rng:
+        generator = state.get("torch") if isinstance(state, Mapping) else None
+        if not (
+            isinstance(generator, torch.Tensor)
+            and generator.dtype == cpu_state.dtype
+            and generator.shape == cpu_state.shape
+        ):
+            return "the saved RNG state is not a generator's"
+    return None
+
+
+def _any_rank(problem: str | None) -> str | None:
+    """The first rank's problem with the checkpoint, on every rank (under DDP): if one rank
+    cannot resume from it, no rank does."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return problem
+    problems: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(problems, problem)
+    return next((p if i == 0 else f"rank {i}: {p}" for i, p in enumerate(problems) if p), None)
 
 
 def restore(

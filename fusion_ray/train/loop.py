@@ -42,7 +42,7 @@ from fusion_ray.seeds import derive_seed
 from fusion_ray.train.checkpoint import (
     Progress,
     checkpoint_state,
-    restore,
+    resume,
     save_and_report,
     state_dict_copy,
     unwrap,
@@ -144,10 +144,9 @@ def run_trial(
     torch.manual_seed(derive_seed(trial.seed, f"train/rank{rank}"))  # dropout stream
 
     # --- resume: weights, optimiser, schedule, RNG and progress from the last checkpoint
-    progress, best_state = Progress(), None
-    last_state = reporter.restore()
-    if last_state is not None:
-        progress, best_state = restore(last_state, model, optimizer, scheduler, rank, device)
+    # (one that cannot be loaded or does not fit the model is set aside: start from scratch)
+    resumed = resume(reporter, model, optimizer, scheduler, rank, device)
+    progress, best_state, last_state = resumed if resumed is not None else (Progress(), None, None)
     graphed = graphed_steps(model, optimizer, spec, device, world_size)  # after the restore
 
     # --- epochs: train, validate, keep the best weights, checkpoint

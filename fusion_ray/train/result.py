@@ -1,6 +1,7 @@
 """The typed result coming back across the Ray boundary: what a trial reports to Tune (plain
-mappings), read in one place. The trial's loop writes the keys (``FINAL``, ``TRIAL_ERROR``), the
-driver, the seed policy and the tuning read them through ``TrialResult``."""
+mappings), read in one place. The trial's loop writes the keys (``FINAL``, ``TRIAL_ERROR``,
+``CHECKPOINT_SET_ASIDE``), the driver, the seed policy and the tuning read them through
+``TrialResult``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,51 @@ FINAL = "final"
 """The key of the result a trial reports once, with its final (test) metrics."""
 TRIAL_ERROR = "trial_error"
 """The key of the result a trial reports instead of raising an error that would repeat."""
+CHECKPOINT_SET_ASIDE = "checkpoint_set_aside"
+"""The key a trial adds to its first report after it set aside the checkpoint it could not load
+and started again from scratch: ``<path>: <reason>; set aside as <path>.unreadable`` (a local
+folder, renamed) or ``<path>: <reason>; left in place`` (a URI); ``set_aside_note`` writes it,
+``SetAside.parse`` reads it."""
+
+_MOVED, _KEPT = "; set aside as ", "; left in place"
+
+
+def set_aside_note(path: str, reason: str, moved_to: str | None) -> str:
+    """The text of ``CHECKPOINT_SET_ASIDE``: the checkpoint, why it could not be loaded, and
+    where it went (``moved_to``; None: it was left in place)."""
+    return f"{path}: {reason}" + (f"{_MOVED}{moved_to}" if moved_to else _KEPT)
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A checkpoint a trial could not load and set aside before it started again from scratch."""
+
+    path: str
+    reason: str
+    moved_to: str | None
+    """What the folder was renamed (``<path>.unreadable``); None: left in place (a URI)."""
+
+    @classmethod
+    def parse(cls, note: str) -> SetAside:
+        body, moved, moved_to = note.rpartition(_MOVED)
+        if not moved:
+            body, moved_to = note.removesuffix(_KEPT), None
+        path, _, reason = body.partition(": ")
+        return cls(path, reason, moved_to)
+
+    @property
+    def text(self) -> str:
+        """As the trial reported it (``CHECKPOINT_SET_ASIDE``)."""
+        return set_aside_note(self.path, self.reason, self.moved_to)
+
+    def sentence(self, who: str) -> str:
+        """``its checkpoint P could not be loaded (R); it was set aside as P.unreadable and the
+        <who> started again`` (a URI: ``it was left in place``)."""
+        where = f"it was set aside as {self.moved_to}" if self.moved_to else "it was left in place"
+        return (
+            f"its checkpoint {self.path} could not be loaded ({self.reason}); {where} and the "
+            f"{who} started again"
+        )
 
 
 @dataclass(frozen=True)
@@ -31,6 +77,12 @@ class TrialResult:
     def error(self) -> str | None:
         """Why the trial ended without results (an error that repeats on every attempt)."""
         return self.metrics.get(TRIAL_ERROR)
+
+    @property
+    def set_aside(self) -> SetAside | None:
+        """The checkpoint the trial could not load and set aside before it started again."""
+        note = self.metrics.get(CHECKPOINT_SET_ASIDE)
+        return None if not note else SetAside.parse(str(note))
 
     @property
     def final(self) -> bool:
