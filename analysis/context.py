@@ -244,6 +244,9 @@ def paired_core(experiment: str, tracking_uri: str | None, options: ReportOption
     when no operator has a seed pair with the baseline)."""
     o = options
     exp = load_experiment(experiment, tracking_uri, method=o.load_method)
+    if ADAPTIVE_TAG in exp.parent_tags and not o.settings.descriptive:
+        # the seeds each cell got depended on the decisions: every fixed-n test is descriptive
+        o = replace(o, settings=replace(o.settings, descriptive=True))
     other = describe_other_settings(exp)
     runs = restrict(exp.runs, "operator", o.only_operators, keep=o.baseline)
     runs = restrict(runs, "dataset", o.only_datasets)

@@ -166,6 +166,7 @@ def _finish_family(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
         settings.alpha,
         FAMILY,
         "seeds paired at both levels with a non-zero difference",
+        settings.descriptive,
     )
 
 

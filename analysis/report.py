@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -467,18 +468,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def print_summary(result: ReportResult, alpha: float) -> None:
     table = result.comparisons.table
-    sig = int(table["significant"].sum()) if len(table) else 0
     print(f"report: {result.out_dir / 'report.md'}")
     adaptive = ADAPTIVE_TAG in result.experiment.parent_tags
-    print(
-        f"{len(result.pairing.runs)} finished runs, {len(result.pairing.pairs)} seed pairs, "
-        f"{len(table)} comparisons, {sig} significant after Holm at alpha={alpha}"
-        + (
-            " (fixed-n tests, descriptive after adaptive seeds: the decisions are primary)"
-            if adaptive
-            else ""
+    counted = f"{len(result.pairing.runs)} finished runs, {len(result.pairing.pairs)} seed pairs"
+    decided = result.results.get("decisions")
+    if adaptive and getattr(decided, "primary", False):
+        verdicts = Counter(decided.table["verdict"]) if len(decided.table) else Counter()
+        said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda x: -x[1]))
+        print(
+            f"{counted}; decisions (anytime-valid, one closed test over the "
+            f"{len(decided.table)} hypotheses, alpha={alpha}): {said or 'none'} (the fixed-n "
+            "tests are descriptive after adaptive seeds: none is called significant)"
         )
-    )
+    else:
+        sig = int(table["significant"].sum()) if len(table) else 0
+        print(f"{counted}, {len(table)} comparisons, {sig} significant after Holm at alpha={alpha}")
     if result.other_settings.left_out:
         print(result.other_settings.sentence)
     if len(result.pairing.incomplete) and not adaptive:

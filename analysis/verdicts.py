@@ -24,7 +24,7 @@ from fusion_ray.decide.questions import (
     QUARTER_METRICS,
     Arm,
     Hypothesis,
-    failures,
+    failed_runs_by_operator,
     hypotheses,
     possible,
     rows,
@@ -90,7 +90,8 @@ class FamilyValues:
 
     family: list[Hypothesis]
     values: dict[str, list[float]]
-    failed: dict[str, int]
+    failed: dict[str, dict[str, tuple[int, int]]]
+    """Per hypothesis and operator: (failed runs, runs) (``questions.failed_runs_by_operator``)."""
 
 
 def family_values(
@@ -101,7 +102,8 @@ def family_values(
 ) -> FamilyValues:
     """The hypotheses of ``fusion_ray.decide.questions`` over the experiment's runs, named and
     valued as the driver names and values them: a FINISHED run's accuracy from its correct
-    counts; a cell whose only runs FAILED scores ``FAILED_SCORE`` (a loss for its arm); seeds
+    counts; a cell whose only runs FAILED counts as ``questions.failure_value`` (a loss for its
+    arm); seeds
     in order, each hypothesis up to its first seed that has neither."""
     built = built or {}
     keys = list(pairing.keys)
@@ -130,7 +132,7 @@ def family_values(
         return None if found is None else found.get(part, math.nan)
 
     values = rows(family, lambda a, s: (a, s) in scores, accuracy, len(seeds))
-    failed = failures(family, accuracy, {n: len(v) for n, v in values.items()})
+    failed = failed_runs_by_operator(family, accuracy, {n: len(v) for n, v in values.items()})
     return FamilyValues(family, values, failed)
 
 

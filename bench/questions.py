@@ -23,8 +23,11 @@ Sections:
   simultaneous sequence at alpha / m: the share bounded, median width, false coverage;
 - the estimate after adaptive stopping: the mean of a decided hypothesis's values over its true
   effect, by effect size;
-- failed runs: a null operator whose worst runs fail (5 / 10 / 20 %), counted as a loss (0
-  accuracy, today's rule) against dropped;
+- failed runs: the shipped rule (a failure is a loss for its arm of 0.5 x the RMS of the
+  hypothesis's earlier values) against scoring a failed run 0 accuracy and against dropping
+  its seed: power with failures independent of the outcome (0 / 2 / 5 / 10 %), the error when
+  a null operator's worst runs fail (5 / 10 / 20 %) or when runs of both arms fail at random,
+  and an operator that diverges in 10 % of its runs;
 - efficiency against 10 fixed seeds with exact Wilcoxon of every hypothesis + Holm.
 """
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.stats import signed_rank_null_cdf
+from fusion_ray.decide.questions import FAILURE_SCALE
 from fusion_ray.decide.sequential import FUTILITY
 
 ALPHA, FIRST, THETA = 0.05, 6, 1.5
@@ -465,30 +469,174 @@ def bias(reps: int, rng: np.random.Generator) -> None:
               f"not flagged {avg(plain)}")  # fmt: skip
 
 
+def imputed(
+    fam: Family, runs: np.ndarray, failed: np.ndarray, rule: str, scale: float = FAILURE_SCALE
+) -> np.ndarray:
+    """Hypothesis values [F, m, T] from run accuracies [F, arms, T] where ``failed`` runs
+    failed, by ``rule``: "imputed" (the shipped rule, ``questions.failure_value``: -c when the
+    failed runs are on the hypothesis's positive side, +c on its negative side, 0 when both,
+    c = FAILURE_SCALE x the RMS of its earlier values without a failure), "scored 0" (a failed run's
+    accuracy is 0) or "dropped" (the seed left out: the next one moves up)."""
+    if rule == "scored 0":
+        return values(fam, np.where(failed, 0.0, runs))
+    if rule == "dropped":
+        d = values(fam, np.where(failed, np.nan, runs))
+        d = np.stack([_compact(row) for row in d.reshape(-1, d.shape[2])])
+        return d.reshape(runs.shape[0], fam.m, -1)
+    d = values(fam, np.where(failed, 0.0, runs))
+    net = np.einsum("ha,fat->fht", fam.signs, failed.astype(float))
+    touched = np.einsum("ha,fat->fht", np.abs(fam.signs), failed.astype(float)) > 0
+    completed = ~touched
+    sq = np.where(completed, d**2, 0.0)
+    before_sq = np.cumsum(sq, axis=2) - sq  # over earlier seeds only
+    before_n = np.cumsum(completed, axis=2) - completed
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rms = np.where(before_n > 0, np.sqrt(before_sq / np.maximum(before_n, 1)), 0.0)
+    return np.where(touched, -np.sign(net) * scale * rms, d)
+
+
+FAILURE_RULES = ("imputed", "scored 0", "dropped")
+
+
+def _agrees_with_rows(fam: Family, runs: np.ndarray, failed: np.ndarray) -> bool:
+    """The vectorised rule gives the values of ``fusion_ray.decide.questions.rows`` (the
+    driver's and the report's) on the same runs and failures."""
+    from fusion_ray.decide.questions import Arm, Hypothesis, rows
+
+    arms = [Arm((("dataset", r), ("setting", s)), "op" if f else "base") for r, s, f in ARMS]
+    hyps = [
+        Hypothesis(name, kind, "op", tuple((arms[a], int(sign), "all")
+                                           for a, sign in enumerate(fam.signs[h]) if sign))
+        for h, (name, kind) in enumerate(zip(fam.names, fam.kinds, strict=True))
+    ]  # fmt: skip
+    mine = imputed(fam, runs, failed, "imputed")
+    for f in range(runs.shape[0]):
+
+        def accuracy(arm: Arm, seed: int, part: str, f: int = f) -> float | None:
+            a = arms.index(arm)
+            return None if failed[f, a, seed] else runs[f, a, seed] / 100.0
+
+        theirs = rows(hyps, lambda arm, seed: True, accuracy, runs.shape[2])
+        if not np.allclose([theirs[n] for n in fam.names], mine[f], atol=1e-6):
+            return False
+    return True
+
+
 def failures(reps: int, rng: np.random.Generator) -> None:
-    print(f"\n== questions: a null operator whose worst runs fail, cap 20, {reps:,} families")
-    print("  an operator run fails when its delta against the seed's baseline run is among the")
-    print("  lowest (outcome-dependent); false 'better' (any of the 6 null comparisons), with")
-    print("  failed runs dropped (their seed left out) or scored 0 (the shipped rule)")
-    fam = family(("operator",))
-    is_op = np.array([f == 1 for _, _, f in ARMS])
-    partner = np.array([ARM[(r, s, 0)] for r, s, _ in ARMS])
+    print(f"\n== questions: failed runs, 6 operator comparisons, cap 20, {reps:,} families each")
+    print("  rules: imputed (shipped: a failure is a loss for its arm of 0.5 x the RMS of the")
+    print("  hypothesis's earlier values), scored 0 (a failed run's accuracy 0), dropped (the")
+    print("  seed left out). Noise normal, SD 3.5 points per run (paired SD 4.9)")
+    for part in (_independent, _worst_fail, _both_fail, _diverging, _loss_size):
+        part(reps, rng)
+
+
+_FAM = family(("operator",))
+_IS_OP = np.array([f == 1 for _, _, f in ARMS])
+_PARTNER = np.array([ARM[(r, s, 0)] for r, s, _ in ARMS])
+_EFFECT = {(r, s): 5.0 for r in REGIMES for s in SETTINGS}
+
+
+def _worst(null: np.ndarray, share: float) -> np.ndarray:
+    """The operator's runs whose delta against the seed's baseline run is among the lowest."""
+    delta = null - null[:, _PARTNER, :]
+    return _IS_OP[None, :, None] & (delta < np.quantile(delta[:, _IS_OP, :], share))
+
+
+def _independent(reps: int, rng: np.random.Generator) -> None:
+    fam = _FAM
+    print("  a) every comparison +5 points (1.0 paired SD); each run fails with probability p,")
+    print("     whatever its outcome: correct 'better' of 6 and its share of p = 0")
+    check = scores(_EFFECT, 50, 20, rng)
+    print(
+        "  the vectorised rule gives fusion_ray.decide.questions.rows' values on 50 families "
+        f"with 10 % failures: {_agrees_with_rows(fam, check, rng.random(check.shape) < 0.1)}"
+    )
+    base = {}
+    for p in (0.0, 0.02, 0.05, 0.10):
+        runs = scores(_EFFECT, reps, 20, rng)
+        failed = rng.random(runs.shape) < p
+        line = []
+        for rule in FAILURE_RULES:
+            state, used, _ = simulate(fam, imputed(fam, runs, failed, rule), 20)
+            correct = (state == BETTER).sum(axis=1).mean()
+            base.setdefault(rule, correct)
+            line.append(f"{rule} {correct:.2f} ({correct / base[rule]:.0%})")
+        print(f"     p = {p:>4.0%}: " + "; ".join(line))
+
+
+def _worst_fail(reps: int, rng: np.random.Generator) -> None:
+    fam = _FAM
+    print("  b) a null operator whose worst runs fail (its delta against the seed's baseline")
+    print("     run among the lowest): false 'better' (any of 6, rate (SE); ! above alpha + 3 SE),")
+    print("     and 'worse' (the failures are real losses)")
     for share in (0.05, 0.10, 0.20):
         runs = scores({}, reps, 20, rng)
-        delta = runs - runs[:, partner, :]
-        cutoff = np.quantile(delta[:, is_op, :], share)
-        failed = is_op[None, :, None] & (delta < cutoff)
-        for how in ("dropped", "scored 0"):
-            if how == "dropped":
-                d = values(fam, np.where(failed, np.nan, runs))
-                # a dropped pair: the comparison skips it (its next seed moves up)
-                d = np.stack([_compact(row) for row in d.reshape(-1, d.shape[2])])
-                d = d.reshape(reps, fam.m, -1)
-            else:
-                d = values(fam, np.where(failed, 0.0, runs))
-            state, _, _ = simulate(fam, d, 20)
-            print(f"  {share:.0%} of the operator's runs fail: {how:<9} false better "
+        failed = _worst(runs, share)
+        for rule in FAILURE_RULES:
+            state, _, _ = simulate(fam, imputed(fam, runs, failed, rule), 20)
+            print(f"     {share:.0%} fail, {rule:<9} false better "
                   f"{_rate((state == BETTER).any(axis=1))}, worse {(state == WORSE).any(axis=1).mean():.3f}")  # fmt: skip
+
+
+def _both_fail(reps: int, rng: np.random.Generator) -> None:
+    fam = _FAM
+    print("  c) a null operator and baseline, each run failing with probability 10 %, whatever")
+    print("     its outcome: false 'better' and false 'worse' (any of 6)")
+    runs = scores({}, reps, 20, rng)
+    failed = rng.random(runs.shape) < 0.10
+    for rule in FAILURE_RULES:
+        state, _, _ = simulate(fam, imputed(fam, runs, failed, rule), 20)
+        print(f"     {rule:<9} false better {_rate((state == BETTER).any(axis=1))}, "
+              f"false worse {_rate((state == WORSE).any(axis=1))}")  # fmt: skip
+
+
+def _diverging(reps: int, rng: np.random.Generator) -> None:
+    fam = _FAM
+    print("  d) an operator +5 points in 90 % of its runs whose other 10 % diverge (mean effect")
+    print("     -3.5 points): as runs that end near chance (25 %), or as runs that fail; per")
+    print("     comparison: called better / worse, and the better ones with a note (estimates")
+    print("     differing in sign, or failed runs named)")
+    for how in ("end near chance", "fail"):
+        runs = scores(_EFFECT, reps, 20, rng)
+        diverged = _IS_OP[None, :, None] & (rng.random(runs.shape) < 0.10)
+        if how == "end near chance":
+            runs = np.where(diverged, 25.0 + rng.standard_normal(runs.shape), runs)
+            failed = np.zeros_like(diverged)
+        else:
+            failed = diverged
+        d = imputed(fam, runs, failed, "imputed")
+        state, used, _ = simulate(fam, d, 20)
+        better = state == BETTER
+        inside = np.arange(d.shape[2])[None, None, :] < used[:, :, None]
+        mean = np.where(inside, values(fam, np.where(failed, 0.0, runs)), 0).sum(axis=2) / used
+        median = np.nanmedian(np.where(inside, d, np.nan), axis=2)
+        touched = np.einsum("ha,fat->fht", np.abs(fam.signs), failed.astype(float)) > 0
+        noted = better & ((np.sign(mean) != np.sign(median)) | (touched & inside).any(axis=2))
+        print(f"     {how:<15}: better {better.mean():.3f}, worse {(state == WORSE).mean():.3f}; "
+              f"noted {noted.sum() / max(better.sum(), 1):.2f} of the better ones")  # fmt: skip
+
+
+def _loss_size(reps: int, rng: np.random.Generator) -> None:
+    fam = _FAM
+    print(
+        "  e) the loss's size (x the RMS; the shipped FAILURE_SCALE is "
+        f"{FAILURE_SCALE:g}): share of p = 0's correct 'better' at 5 % independent failures,"
+    )
+    print("     and false 'better' when 20 % / 40 % of a null operator's worst runs fail")
+    runs = scores(_EFFECT, reps, 20, rng)
+    failed = rng.random(runs.shape) < 0.05
+    clean = (simulate(fam, values(fam, runs), 20)[0] == BETTER).sum(axis=1).mean()
+    null = scores({}, reps, 20, rng)
+    worst = [_worst(null, share) for share in (0.2, 0.4)]
+    for scale in (0.25, 0.5, 1.0, 2.0):
+        state = simulate(fam, imputed(fam, runs, failed, "imputed", scale), 20)[0]
+        kept = (state == BETTER).sum(axis=1).mean() / clean
+        false = [
+            _rate((simulate(fam, imputed(fam, null, w, "imputed", scale), 20)[0] == BETTER).any(axis=1))
+            for w in worst
+        ]  # fmt: skip
+        print(f"     {scale:>4g} x RMS: kept {kept:.0%}; false better {false[0]} / {false[1]}")
 
 
 def _compact(row: np.ndarray) -> np.ndarray:

@@ -6,13 +6,16 @@ report (its decisions.csv, summary and Tables 1-3 with their .tex), analysis.com
 load_experiment().
 
 Planted: with scale_embeddings=true gate_scalar gains 20 points on short documents and 45 on
-long ones (a 25-point length trend); with it false, it loses 6 points on both (no trend); one
-gate_scalar run fails (it counts as a loss)."""
+long ones (a 25-point length trend); with it false, it loses 1.5 points on short documents and 6
+on long ones; one baseline run fails (it counts as a loss for the baseline). The family ends
+with every kind of verdict: better, worse, futile, grows, open (the unscaled trend at the cap)
+and smaller."""
 
 from __future__ import annotations
 
 import json
 import random
+import re
 import types
 
 import pandas as pd
@@ -32,7 +35,7 @@ from tests.conftest import tiny_sweep
 pytestmark = pytest.mark.unit
 
 TOTAL = 200
-GAIN = {("short", "true"): 20.0, ("long", "true"): 45.0, ("short", "false"): -6.0}
+GAIN = {("short", "true"): 20.0, ("long", "true"): 45.0, ("short", "false"): -1.5}
 GAIN[("long", "false")] = -6.0
 
 
@@ -74,7 +77,7 @@ def sweep(tmp_path_factory, mlflow_store):
             run = tracker.open_cell_run(cell, parent, None, resume=False)
             scale = dict(cell.axes)["model.scale_embeddings"]
             if (cell.fusion, cell.dataset, scale, cell.seed) == ("add", "long", "false", 2):
-                tracker.fail(run, "diverged")  # the run failed: it counts as 0 accuracy
+                tracker.fail(run, "diverged")  # the run failed: a loss for the baseline
                 failed, schedule.results[cell.cell_id] = cell, None
             else:
                 correct = _correct(cell)
@@ -168,3 +171,50 @@ def test_the_console_leaves_the_descriptive_statistics_warnings_to_warnings_md(s
     assert "incomplete block" not in err
     more = len(sweep.result.warnings) - len(sweep.result.console_warnings)
     assert more > 0 and f"{more} more warning(s) about the fixed-n statistics" in err
+
+
+def test_one_verdict_per_hypothesis_on_every_surface_and_no_fixed_n_star(sweep, capsys):
+    """The console's last lines, the parent run's tags (counted by verdict), the report's every
+    section and table (md, tex, csv, json): the anytime verdicts, and the fixed-n p-values only
+    as descriptive numbers, never starred or counted as significant."""
+    from collections import Counter
+
+    from fusion_ray.schema import DECISIONS_TAG_PREFIX
+
+    verdicts = Counter(r["verdict"] for r in sweep.rows)
+    assert set(verdicts) == {"better", "worse", "futile", "grows", "open", "smaller"}
+    assert any(r["failed_runs"] for r in sweep.rows)
+    print_summary(sweep.result, 0.05)
+    out = capsys.readouterr().out
+    said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda x: -x[1]))
+    assert (
+        f"decisions (anytime-valid, one closed test over the 8 hypotheses, alpha=0.05): {said}"
+        in out
+    )
+    assert "significant after Holm" not in out
+    tags = sweep.tracker.client.get_run(sweep.parent).data.tags
+    counted = {k.removeprefix(DECISIONS_TAG_PREFIX): int(v) for k, v in tags.items()
+               if k.startswith(DECISIONS_TAG_PREFIX)}  # fmt: skip
+    assert {k: v for k, v in counted.items() if v} == dict(verdicts)
+    assert counted["shrinks"] == 0 and counted["larger"] == 0 and counted["equivalent"] == 0
+    # no fixed-n test is called significant or starred anywhere in the report
+    star = re.compile(r"\d\*|\^\{\*\}|\$\^\*\$")
+    for path in sorted(sweep.out.rglob("*")):
+        if path.suffix in (".md", ".tex", ".html"):
+            text = path.read_text(encoding="utf-8")
+            assert not star.search(text), (path.name, star.search(text))
+            assert "significant after Holm" not in text, path.name
+        if path.suffix == ".csv":
+            frame = pd.read_csv(path)
+            for column in (c for c in frame if c == "significant" or c.endswith("_significant")):
+                assert not frame[column].astype(bool).any(), (path.name, column)
+    stats = json.loads((sweep.out / "stats.json").read_text())
+    assert stats["settings"]["descriptive"] is True
+    assert not any(row.get("significant") for row in stats["comparisons"])
+    # the report's Decisions section and its summary say each hypothesis's verdict
+    text = (sweep.out / "report.md").read_text()
+    decisions = text.split("## Decisions")[1].split("\n## ")[0]
+    for r in sweep.rows:
+        line = next(x for x in decisions.splitlines() if r["comparison"].split(": ")[0] in x
+                    and f"| {r['verdict']} |" in x)  # fmt: skip
+        assert line, r["comparison"]

@@ -376,7 +376,9 @@ def _slope_test(
 def finish_slopes(table: pd.DataFrame, settings: StatsSettings) -> list[str]:
     """Holm over the slope tests and the attainable-significance guard, in place; returns the
     guard's warning."""
-    return exact_family_warnings(table, settings.alpha, SLOPE_FAMILY, "seeds with a non-zero slope")
+    return exact_family_warnings(
+        table, settings.alpha, SLOPE_FAMILY, "seeds with a non-zero slope", settings.descriptive
+    )
 
 
 # ----------------------------------------------------------------------------- the ladder

@@ -53,7 +53,7 @@ def _wilcoxon(d: PairedDeltas) -> dict[str, Any]:
 
 def _holm_family(table: pd.DataFrame, settings: StatsSettings) -> None:
     table["p_holm"] = holm(table["p_wilcoxon"].to_numpy())
-    table["significant"] = table["p_holm"] <= settings.alpha
+    table["significant"] = (table["p_holm"] <= settings.alpha) & (not settings.descriptive)
 
 
 def _sign(d: PairedDeltas) -> dict[str, Any]:

@@ -36,6 +36,11 @@ class StatsSettings:
     """Paired-bootstrap resamples of the mean delta."""
     bootstrap_seed: int = 0
     """Base seed of the bootstrap; each comparison's stream also depends on its name only."""
+    descriptive: bool = False
+    """True after adaptive seeds: the seeds each cell got depended on the decisions, so the
+    fixed-n tests are descriptive: their p-values are kept, but none is called significant
+    (``significant`` is False everywhere) and no table stars one; the anytime decisions are the
+    analysis."""
 
     def __post_init__(self) -> None:
         if self.alternative not in ALTERNATIVES:

@@ -163,13 +163,15 @@ def exact_test_columns(
     }
 
 
-def exact_family_warnings(table: pd.DataFrame, alpha: float, family: str, seeds: str) -> list[str]:
+def exact_family_warnings(
+    table: pd.DataFrame, alpha: float, family: str, seeds: str, descriptive: bool = False
+) -> list[str]:
     """Holm over a family of ``exact_test_columns`` rows (``holm_columns``), in place; returns
     the attainable-significance guard's warning, naming what the needed ``seeds`` are."""
     if table.empty:
         return []
     m = len(table)
-    blocked = holm_columns(table, alpha)
+    blocked = holm_columns(table, alpha, descriptive)
     if not blocked:
         return []
     return [
@@ -179,12 +181,13 @@ def exact_family_warnings(table: pd.DataFrame, alpha: float, family: str, seeds:
     ]
 
 
-def holm_columns(table: pd.DataFrame, alpha: float) -> int:
+def holm_columns(table: pd.DataFrame, alpha: float, descriptive: bool = False) -> int:
     """Holm over a family of exact tests (``p_wilcoxon``, ``min_attainable_p`` columns), in
-    place: ``p_holm``, ``significant``, ``min_attainable_p_holm``, ``can_reach_alpha``. Returns
-    how many tests cannot reach ``alpha`` whatever the data."""
+    place: ``p_holm``, ``significant`` (False throughout when ``descriptive``: after adaptive
+    seeds), ``min_attainable_p_holm``, ``can_reach_alpha``. Returns how many tests cannot reach
+    ``alpha`` whatever the data."""
     table["p_holm"] = holm(table["p_wilcoxon"].to_numpy(dtype=float))
-    table["significant"] = table["p_holm"] <= alpha
+    table["significant"] = (table["p_holm"] <= alpha) & (not descriptive)
     floor = holm_min_attainable_p(table["min_attainable_p"].to_numpy(dtype=float))
     table["min_attainable_p_holm"] = floor
     table["can_reach_alpha"] = floor <= alpha

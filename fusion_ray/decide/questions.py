@@ -25,10 +25,18 @@ The four runs of a contrast are independent runs of one seed, so under its null 
 symmetric about 0 given the past, and one closed test over every hypothesis keeps one alpha
 (``fusion_ray.decide.sequential``).
 
-Failed runs count (``FAILED_SCORE``): a trial that failed scores 0 accuracy, so a failure is a
-loss for the arm whose run failed (a tie when both failed). That keeps each null's symmetry
-(swapping two runs of a seed swaps their failures too) and no outcome-dependent failure can make
-an operator look better by dropping its worst seeds.
+Failed runs count (``failure_value``): a seed where one of a hypothesis's runs failed takes
+the value -c when the failed runs are on its positive side (the operator's run of an operator
+comparison), +c when on its negative side (the baseline's), 0 when both sides failed alike,
+where c is ``FAILURE_SCALE`` (0.5) times the root mean square of the hypothesis's values at its
+earlier seeds with no failure (0 before it has one). So a failure is a clear loss for the arm
+whose run failed, on the scale of the hypothesis's own values: not the -85 points a failed run
+scored as 0 accuracy would add (which wiped out every later bet), and not a dropped seed (which
+an outcome-dependent failure, the operator's worst runs failing, would turn into a false
+"better"). c depends on earlier seeds only and the value's sign on which arm failed, so under a
+null that swapping a seed's two runs is as likely as not (their failures swapped with them),
+the value is still symmetric about 0 given the past, and the closed test's guarantee holds;
+with no failure the values are the accuracies' signed sums, exactly as before.
 
 Names are built here and nowhere else, so the console, decisions.csv, the MLflow metrics and the
 report spell a hypothesis the same way: the group's values joined by ``/`` (a setting axis as
@@ -59,8 +67,12 @@ QUARTER_METRICS = {
 ``LENGTH_QUARTER_METRICS``)."""
 FIXED_KEYS = ("dataset", "position", "attention_position")
 """The group keys every cell has; setting axes (dotted keys) follow them."""
-FAILED_SCORE = 0.0
-"""The test accuracy a failed trial counts as (a loss for its arm; see the module notes)."""
+FAILURE_SCALE = 0.5
+"""A failed run counts as a loss (a gain, for the other side's run) of this many times the root
+mean square of the hypothesis's values without failures so far (see the module notes). Measured
+(``bench/questions.py``, "failed runs"): the smallest loss that keeps false "better" at or below
+alpha when up to 40 % of a null operator's worst runs fail, while keeping 86 % of the correct
+decisions at 5 % failures independent of the outcome (2 x the RMS kept 59 %, 0 accuracy 40 %)."""
 VERDICTS = {
     "operator": {"better": "better", "worse": "worse"},
     "length": {"better": "grows", "worse": "shrinks"},
@@ -294,24 +306,59 @@ Accuracy = Callable[[Arm, int, str], float | None]
 run failed; nan when the run did not report that part (the hypothesis's row stops there)."""
 
 
+def failure_value(failed_signs: Sequence[int], completed: Sequence[float]) -> float:
+    """A seed's value when the runs of its terms with ``failed_signs`` (+1: the hypothesis's
+    positive side, -1: its negative side) failed: -c, +c or 0 (see the module notes), c from
+    the ``completed`` values of its earlier seeds without a failure."""
+    net = sum(failed_signs)
+    if net == 0 or not completed:
+        return 0.0
+    scale = FAILURE_SCALE * math.sqrt(sum(v * v for v in completed) / len(completed))
+    return round(-scale if net > 0 else scale, 9)
+
+
 def rows(
     family: Sequence[Hypothesis], resolved: Resolved, accuracy: Accuracy, max_seeds: int
 ) -> dict[str, list[float]]:
     """Each hypothesis's values (points) in seed order, up to its first seed with a run not yet
-    resolved (or not reporting a part it needs); a failed run counts as ``FAILED_SCORE``."""
+    resolved (or not reporting a part it needs); a seed with a failed run takes
+    ``failure_value``."""
     out: dict[str, list[float]] = {}
     for h in family:
         row: list[float] = []
+        completed: list[float] = []
         for seed in range(max_seeds):
             if not all(resolved(arm, seed) for arm in h.arms):
                 break
             scores = [(sign, accuracy(arm, seed, part)) for arm, sign, part in h.terms]
             if any(acc is not None and math.isnan(acc) for _, acc in scores):
                 break
-            total = sum(sign * (FAILED_SCORE if acc is None else acc) for sign, acc in scores)
+            failed = [sign for sign, acc in scores if acc is None]
+            if failed:
+                row.append(failure_value(failed, completed))
+                continue
             # rounded as the report's values from correct counts are, so both see equal ties
-            row.append(round(100.0 * total, 9))
+            value = round(100.0 * sum(sign * acc for sign, acc in scores), 9)  # type: ignore[operator]
+            row.append(value)
+            completed.append(value)
         out[h.name] = row
+    return out
+
+
+def failed_runs_by_operator(
+    family: Sequence[Hypothesis], accuracy: Accuracy, seeds: Mapping[str, int]
+) -> dict[str, dict[str, tuple[int, int]]]:
+    """Per hypothesis and operator (its operator and the baseline): (failed runs, runs) over its
+    first ``seeds[name]`` seeds, for the note beside a verdict."""
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for h in family:
+        counts: dict[str, list[int]] = {}
+        for arm in h.arms:
+            failed_total = counts.setdefault(arm.fusion, [0, 0])
+            for seed in range(seeds[h.name]):
+                failed_total[0] += accuracy(arm, seed, "all") is None
+                failed_total[1] += 1
+        out[h.name] = {fusion: (f, n) for fusion, (f, n) in counts.items()}
     return out
 
 

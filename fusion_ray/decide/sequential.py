@@ -464,7 +464,7 @@ def decision_rows(
     *,
     values: Mapping[str, Sequence[float | None]] | None = None,
     kinds: Mapping[str, str] | None = None,
-    failed: Mapping[str, int] | None = None,
+    failed: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
     alpha: float = 0.05,
     first: int = FIRST_WAVE,
 ) -> list[dict[str, object]]:
@@ -475,7 +475,9 @@ def decision_rows(
     effects its last e-value does not reject at alpha * R / m, R the number decided (a false
     coverage rate of at most alpha over the decided ones, Xu, Wang & Ramdas 2022); mean, median
     and Hodges-Lehmann estimate of its values (``values``: the rows the evidence came from), its
-    failed runs and a note where the estimates disagree in sign or may over-state the effect."""
+    failed runs (``failed``: per hypothesis and operator, (failed, runs), from
+    ``questions.failed_runs_by_operator``) and a note where runs failed, where the estimates
+    disagree in sign or where it may over-state the effect."""
     the_rule = build_rule(rule)
     found = decisions(evidence)
     m = max(1, len(found))
@@ -490,7 +492,13 @@ def decision_rows(
         ci = (math.nan, math.nan)
         if decision in decided and row is not None:
             ci = the_rule.selective_interval(row, level=level, first=first)
-        notes = []
+        by_operator = (failed or {}).get(decision.name, {})
+        verdict = VERDICTS.get(kind, {}).get(decision.state, decision.state)
+        notes = (
+            [_failure_note(verdict, decision.state, by_operator)]
+            if any(f for f, _ in by_operator.values())
+            else []
+        )
         signs = {_sign(v) for v in (mean, median, hl)} - {0}
         if len(signs) > 1:
             notes.append("mean, median and HL differ in sign")
@@ -502,7 +510,7 @@ def decision_rows(
                 "comparison": decision.name,
                 "kind": kind,
                 "state": decision.state,
-                "verdict": VERDICTS.get(kind, {}).get(decision.state, decision.state),
+                "verdict": verdict,
                 "rule": the_rule.describe(),
                 "null": the_rule.null,
                 "margin": margin,
@@ -521,11 +529,25 @@ def decision_rows(
                 "mean": mean,
                 "median": median,
                 "hodges_lehmann": hl,
-                "failed_runs": (failed or {}).get(decision.name, 0),
+                "failed_runs": sum(f for f, _ in by_operator.values()),
+                "failed_by_operator": "; ".join(
+                    f"{fusion} {f}/{n}" for fusion, (f, n) in by_operator.items()
+                ),
                 "note": "; ".join(notes),
             }
         )
     return rows
+
+
+def _failure_note(verdict: str, state: str, by_operator: Mapping[str, tuple[int, int]]) -> str:
+    """``better with its failures counted as losses: 2 of 11 runs of gate_scalar failed``: the
+    failures beside a verdict, so none is hidden in it."""
+    failed = "; ".join(
+        f"{f} of {n} runs of {fusion} failed" for fusion, (f, n) in by_operator.items() if f
+    )
+    if state in ("better", "worse"):
+        return f"{verdict} with failed runs counted as losses of their arm: {failed}"
+    return failed
 
 
 def _interval(low: object, high: object) -> str:
@@ -571,7 +593,10 @@ def decisions_footnotes(rows: Sequence[Mapping[str, object]], alpha: float = 0.0
     margin = first.get("margin")
     out = [
         "after: the seeds a verdict was reached at; seeds: the seeds it has now; failed: its "
-        "runs that failed, each scored 0 accuracy (a loss for its arm)",
+        "runs that failed (the note says whose); a seed with a failed run counts as a loss for "
+        "the arm that failed of half the root mean square of the hypothesis's values before "
+        "it (a gain when the baseline's run failed, a tie when both did), which keeps its null "
+        "symmetric",
         f"e-BY interval: for decided hypotheses only, at alpha * R / m (R decided of m = {m}): "
         f"the expected share of decided hypotheses whose interval misses its effect is at most "
         f"alpha = {alpha:g} (false coverage rate); simultaneous CS: every hypothesis at alpha / m"

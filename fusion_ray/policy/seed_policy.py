@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from fusion_ray.config import SweepSpec
 from fusion_ray.config.grid import Cell
-from fusion_ray.decide.questions import KINDS, failures
+from fusion_ray.decide.questions import KINDS, failed_runs_by_operator
 from fusion_ray.decide.sequential import decision_rows, decisions_text
 from fusion_ray.policy.plan import Plan, plan
 from fusion_ray.policy.schedule import SeedSchedule, finished_results
@@ -251,7 +251,8 @@ def decision_table(schedule: SeedSchedule, with_evidence: bool = False) -> Any:
     rule = schedule.rule
     values = schedule.deltas()
     evidence = schedule.evidence(with_sequences=True)
-    failed = failures(schedule.family, schedule.accuracy, {n: len(r) for n, r in values.items()})
+    seeds = {n: len(r) for n, r in values.items()}
+    failed = failed_runs_by_operator(schedule.family, schedule.accuracy, seeds)
     rows = decision_rows(
         evidence,
         rule.decision_rule(),

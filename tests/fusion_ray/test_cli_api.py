@@ -117,5 +117,6 @@ def test_sweep_and_hpo_share_the_common_options(capsys):
     common = "--verbose {0,1,2} Ray Tune's own output and the libraries' start-up lines"
     assert all(common in text for text in helps)
     assert all(
-        "--address ADDRESS Ray cluster address (default: the file's address" in t for t in helps
+        "--address ADDRESS Ray cluster address: auto, local or HOST:PORT (default: the file's" in t
+        for t in helps
     )

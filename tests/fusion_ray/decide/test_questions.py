@@ -11,7 +11,7 @@ import math
 import pytest
 
 from fusion_ray.decide.questions import (
-    FAILED_SCORE,
+    FAILURE_SCALE,
     Arm,
     bucket_edges,
     failures,
@@ -88,7 +88,7 @@ def test_decide_selects_questions_and_the_default_is_what_the_grid_allows():
 
 
 @pytest.mark.unit
-def test_values_are_signed_sums_of_accuracies_and_a_failed_run_scores_zero():
+def test_values_are_signed_sums_of_accuracies_and_a_failed_run_is_a_loss_of_its_scale():
     family = hypotheses(_quickstart_arms(), "add", REGIMES, {SCALE: ["true", "false"]})
     acc = {("short", "add"): 0.80, ("short", "gate"): 0.85, ("long", "add"): 0.70}
     acc[("long", "gate")] = 0.90
@@ -105,9 +105,11 @@ def test_values_are_signed_sums_of_accuracies_and_a_failed_run_scores_zero():
 
     values = rows(family, resolved, accuracy, max_seeds=5)
     trend = "long-short/sinusoidal/none/scale_embeddings=true: gate vs add"
-    # seed 0: (90 - 70) - (85 - 80) = 15; seed 1: (0 - 70) - (85 - 80) = -75; seed 2 unresolved
-    assert values[trend] == [15.0, 100 * (FAILED_SCORE - 0.70) - 5.0]
-    assert values["long/sinusoidal/none/scale_embeddings=true: gate vs add"] == [20.0, -70.0]
+    # seed 0: (90 - 70) - (85 - 80) = 15; seed 1: the long gate run (the positive side) failed:
+    # -FAILURE_SCALE x the RMS of the values before it (15); seed 2 unresolved
+    assert values[trend] == [15.0, -FAILURE_SCALE * 15.0]
+    long_gate = values["long/sinusoidal/none/scale_embeddings=true: gate vs add"]
+    assert long_gate == [20.0, -FAILURE_SCALE * 20.0]
     counts = failures(family, accuracy, {h.name: 2 for h in family})
     assert (
         counts[trend] == 1
@@ -199,7 +201,8 @@ def test_decision_rows_bound_every_decided_hypothesis_and_say_what_disagrees():
         "null": [1.0, -1.0, 0.5, -0.5, 2.0, -2.0],
     }
     evidence = family_evidence(values, max_seeds=14)
-    rows_ = decision_rows(evidence, "magnitude", values=values, failed={"skewed": 1})
+    failed = {"skewed": {"gate": (1, 8), "add": (0, 8)}, "clear": {"gate": (2, 9), "add": (1, 9)}}
+    rows_ = decision_rows(evidence, "magnitude", values=values, failed=failed)
     by = {r["comparison"]: r for r in rows_}
     assert by["clear"]["state"] == "better"
     assert math.isfinite(by["clear"]["ci_low"]) and by["clear"]["ci_low"] > 0
@@ -208,6 +211,15 @@ def test_decision_rows_bound_every_decided_hypothesis_and_say_what_disagrees():
     assert math.isnan(by["null"]["ci_low"])  # not decided: no e-BY interval
     assert by["skewed"]["mean"] < 0 < by["skewed"]["median"]
     assert "differ in sign" in by["skewed"]["note"] and by["skewed"]["failed_runs"] == 1
+    # a decided row with failures says whose runs failed and how they counted
+    assert (
+        by["clear"]["failed_runs"] == 3 and by["clear"]["failed_by_operator"] == "gate 2/9; add 1/9"
+    )
+    assert by["clear"]["note"].startswith(
+        "better with failed runs counted as losses of their arm: 2 of 9 runs of gate failed; "
+        "1 of 9 runs of add failed"
+    )
+    assert by["null"]["failed_runs"] == 0 and "failed" not in by["null"]["note"]
     text = decisions_text(rows_)
     assert "e-BY interval" in text and "differ in sign" in text
 
@@ -267,3 +279,44 @@ def test_a_slash_in_a_name_keeps_every_hypothesis_name_whole():
     )
     plain = operator_hypothesis(group, "gate_scalar", "add")
     assert plain.name == "lab/short/sinusoidal/none/tokenizer=bpe/v2: gate_scalar vs add"
+
+
+@pytest.mark.unit
+def test_a_failure_is_a_loss_for_its_side_a_gain_for_the_other_and_a_tie_when_both_fail():
+    from fusion_ray.decide.questions import failure_value
+
+    before = [3.0, -4.0]  # RMS sqrt(12.5)
+    c = FAILURE_SCALE * math.sqrt(12.5)
+    assert failure_value([1], before) == pytest.approx(-c)  # the operator's run failed
+    assert failure_value([-1], before) == pytest.approx(c)  # the baseline's
+    assert failure_value([1, -1], before) == 0.0  # both
+    assert failure_value([1, 1], before) == pytest.approx(-c)  # two runs of the positive side
+    assert failure_value([1], []) == 0.0  # nothing to scale by yet: a tie
+
+
+@pytest.mark.unit
+def test_the_failure_rule_keeps_the_null_symmetric_exactly_by_enumeration():
+    """Brute force over every arm swap of a small family: on 4 seeds of one operator comparison
+    with failures anywhere, swapping the two runs of any set of seeds (with their failures)
+    gives the values negated at those seeds and unchanged elsewhere, so every sign pattern is
+    as likely as its mirror: the null's symmetry given the past holds whatever fails."""
+    family = hypotheses([Arm((("dataset", "d"),), "op"), Arm((("dataset", "d"),), "add")], "add",
+                        ["d"], {})  # fmt: skip
+    (h,) = [h for h in family if h.kind == "operator"]
+    base = {0: (0.80, 0.70), 1: (None, 0.75), 2: (0.60, None), 3: (None, None), 4: (0.9, 0.5)}
+    for swaps in itertools.product([False, True], repeat=len(base)):
+        runs = {
+            seed: (b, a) if swap else (a, b)
+            for (seed, (a, b)), swap in zip(base.items(), swaps, strict=True)
+        }
+
+        def accuracy(arm: Arm, seed: int, part: str, runs=runs) -> float | None:
+            return runs[seed][0 if arm.fusion == "op" else 1]
+
+        values = rows(family, lambda arm, seed: seed < len(base), accuracy, len(base))[h.name]
+        plain = rows(family, lambda arm, seed: seed < len(base),
+                     lambda arm, seed, part: base[seed][0 if arm.fusion == "op" else 1],
+                     len(base))[h.name]  # fmt: skip
+        # the scale comes from the magnitudes of earlier completed values, which swaps keep
+        expected = [-v if swap else v for v, swap in zip(plain, swaps, strict=True)]
+        assert values == pytest.approx(expected), swaps

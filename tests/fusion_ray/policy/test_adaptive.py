@@ -8,7 +8,7 @@ import yaml
 
 from fusion_ray.config import load_sweep
 from fusion_ray.config.grid import expand
-from fusion_ray.decide.questions import operator_hypothesis
+from fusion_ray.decide.questions import FAILURE_SCALE, operator_hypothesis
 from fusion_ray.policy.schedule import SeedSchedule, group_of
 from fusion_ray.schema import STATE_CODES
 from tests.conftest import tiny_sweep
@@ -88,19 +88,22 @@ def test_a_restarted_schedule_from_the_same_results_asks_for_the_same_cells(tmp_
 
 @pytest.mark.unit
 def test_a_failed_cell_counts_as_a_loss_for_its_arm_and_is_not_run_again(tmp_path):
-    spec = _adaptive_sweep(tmp_path, first=2, most=12)
+    spec = _adaptive_sweep(tmp_path, first=3, most=12)
     schedule = _schedule(spec)
     wave = schedule.needed()
+    accuracy = {"add": 0.50, "gate_scalar": 0.60, "concat": 0.55}
     for cell in wave:
-        operator_failed = cell.fusion == "gate_scalar" and cell.seed == 1
-        baseline_failed = cell.fusion == "add" and cell.seed == 0
-        schedule.results[cell.cell_id] = None if operator_failed or baseline_failed else 0.5
+        operator_failed = cell.fusion == "gate_scalar" and cell.seed == 2
+        baseline_failed = cell.fusion == "add" and cell.seed == 1
+        failed = operator_failed or baseline_failed
+        schedule.results[cell.cell_id] = None if failed else accuracy[cell.fusion]
     deltas = schedule.deltas()
     group = group_of(wave[0])
-    # seed 0: the baseline failed (0 accuracy), a win for both operators; seed 1: gate_scalar's
-    # run failed, a loss of its whole 50 points
-    assert deltas[operator_hypothesis(group, "gate_scalar", "add").name] == [50.0, -50.0]
-    assert deltas[operator_hypothesis(group, "concat", "add").name] == [50.0, 0.0]
+    # seed 0: +10 and +5 points; seed 1: the baseline failed, a gain of FAILURE_SCALE x the RMS
+    # of the values so far for both operators; seed 2: gate_scalar's run failed, a loss as large
+    c = FAILURE_SCALE
+    assert deltas[operator_hypothesis(group, "gate_scalar", "add").name] == [10.0, c * 10, -c * 10]
+    assert deltas[operator_hypothesis(group, "concat", "add").name] == [5.0, c * 5, 5.0]
     assert not any(c.cell_id in schedule.results for c in schedule.needed())
 
 
