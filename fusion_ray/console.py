@@ -52,8 +52,19 @@ def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> 
     if note and outcome.other_settings:
         print(f"  note: {outcome.other_settings}")
     for cid, reason in outcome.failed.items():
-        print(f"  FAILED {cid}: {reason.splitlines()[-1] if reason else ''}")
-    if outcome.failed or outcome.interrupted:
+        what = "LOST (its process or node, not its code)" if cid in outcome.lost else "FAILED"
+        print(f"  {what} {cid}: {reason.splitlines()[-1] if reason else ''}")
+    if outcome.lost:
+        print(
+            f"  {len(outcome.lost)} cell(s) lost their process or node after Tune's retries: "
+            "not scored in any decision; re-run the same command to run them again"
+        )
+    if spec.adaptive is not None and len(outcome.failed) > len(outcome.lost):
+        print(
+            "  a failed cell of an adaptive sweep counts as a loss for its arm and is not run "
+            "again (delete its run in MLflow to retry it)"
+        )
+    if (outcome.failed and spec.adaptive is None) or outcome.interrupted:
         print(
             "  re-run the same command to retry failed cells and resume interrupted ones from their checkpoints"
         )

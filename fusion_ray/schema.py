@@ -44,6 +44,10 @@ CPUs because its Ray had no GPUs."""
 """Trial-run tag: the lease token of the driver that marked the run FINISHED."""
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"
+#: Trial-run tag of a FAILED run: "trial" (its code raised: the failure counts against its arm
+#: in every decision) or "infrastructure" (its process or node was lost, after Tune's retries:
+#: not scored; an adaptive sweep runs the cell again on its next invocation).
+FAILURE_KIND_TAG = "failure_kind"
 #: Trial-run tag of a cell whose trial could not load its checkpoint (a truncated or damaged
 #: file, or a state of another model) and started again from scratch: ``<checkpoint>: <reason>;
 #: set aside as <checkpoint>.unreadable`` (a URI: ``; left in place``). Its epoch metrics logged

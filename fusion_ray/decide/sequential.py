@@ -598,18 +598,24 @@ def decisions_footnotes(rows: Sequence[Mapping[str, object]], alpha: float = 0.0
         "it (a gain when the baseline's run failed, a tie when both did), which keeps its null "
         "symmetric",
         f"e-BY interval: for decided hypotheses only, at alpha * R / m (R decided of m = {m}): "
-        f"the expected share of decided hypotheses whose interval misses its effect is at most "
+        f"the expected share of decided hypotheses whose interval misses its effect (the centre "
+        f"of symmetry of its values, what the null puts at 0) is at most "
         f"alpha = {alpha:g} (false coverage rate); simultaneous CS: every hypothesis at alpha / m"
         + (
-            f", unbounded before {need} seeds (the rule's evidence after n seeds is at most "
-            f"its ceiling, which reaches m / alpha = {m / alpha:g} at {need})"
+            f", unbounded before {need} seeds (far from a hypothesis's values, where the "
+            f"sequence's ends lie, the rule's evidence after n seeds is at most its ceiling, "
+            f"which reaches m / alpha = {m / alpha:g} at {need}; a decision's own evidence can "
+            "grow faster, up to 2^(n-1))"
             if need
             else ""
         ),
         f"rule {first.get('rule')}; null: {first.get('null')}"
         + (f"; equivalence margin ±{float(margin):g} points" if margin else ""),
         "a verdict says the paired values lean to one side by their signed sizes (the typical "
-        "seed), not that the mean is higher: compare mean, median and HL; 'futile' means the "
+        "seed), not that the mean is higher: compare mean, median and HL; the error bound holds "
+        "for nulls under which a hypothesis's values are symmetric about 0 (a contrast of two "
+        "deltas shaped differently, an operator diverging on one regime only, is outside it: "
+        "'grows' then says the values lean up, not that the mean gain grows); 'futile' means the "
         "comparison was stopped (it could no longer be decided by the cap, or its evidence was "
         "low after 8 seeds), not that there is no effect; 'may over-state': its interval "
         "reaches below half its mean, where the benchmark measured means of decided effects "

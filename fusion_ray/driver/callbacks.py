@@ -9,6 +9,7 @@ import contextlib
 import functools
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,6 +55,24 @@ def time_left(cells_left: int, seconds_per_cell: float, worst: int | None = None
         f"; about {now} for the cells needed now, at most {cap} if every open hypothesis runs "
         "to the cap (estimates at the pace so far)"
     )
+
+
+_LOST = re.compile(
+    r"\b(ActorDiedError|NodeDiedError|RayActorError|ActorUnavailableError|WorkerCrashedError|"
+    r"OwnerDiedError|LocalRayletDiedError|ObjectLostError|NodeLostError)\b|"
+    r"The actor died unexpectedly|node .{0,80}(died|was removed|is dead|terminated)|"
+    r"preempt(ed|ion)|spot instance",
+    re.IGNORECASE,
+)
+"""What Ray says when a trial's process or node was lost, not its code: an actor or node that
+died (a node removed, a spot instance preempted, a worker killed from outside)."""
+
+
+def failure_kind(reason: str) -> str:
+    """ "infrastructure" when a failed trial's traceback says its process or node was lost
+    (Tune's retries included), else "trial" (its code raised: an out-of-memory error of the
+    operator, a NaN loss, a bug). Only a trial's own failure counts in the decisions."""
+    return "infrastructure" if _LOST.search(reason) else "trial"
 
 
 def trial_error_text(trial: Any) -> str:
@@ -203,11 +222,15 @@ class MLflowSweepCallback(TrackingCallback):
         self.references_logged: set[str] = set()
         self.began = time.monotonic()
         self.at_most = at_most
+        self.lost: set[str] = set()
+        """Cells whose trial's process or node was lost (``failure_kind``): not scored."""
+        self.on_lost: Callable[[str], None] | None = None
+        """Told each lost cell (an adaptive sweep's searcher unscores it)."""
 
     def __getstate__(self) -> dict:
         """As ``TrackingCallback``'s, and without the time-left estimate (it reads the seed
         policy, whose sweep spec holds the tracking URI)."""
-        return super().__getstate__() | {"cells_left": None}
+        return super().__getstate__() | {"cells_left": None, "on_lost": None}
 
     def _progress(self, cid: str, outcome: str) -> None:
         """One line per ended trial, so a long sweep can be followed without Tune's tables: how
@@ -321,11 +344,17 @@ class MLflowSweepCallback(TrackingCallback):
         if cid not in self.run_ids:
             self.on_trial_start(iteration, trials, trial)
         reason = trial_error_text(trial)
-        self.tracker.fail(self.run_ids[cid], reason)
+        kind = failure_kind(reason)
+        self.tracker.fail(self.run_ids[cid], reason, kind=kind)
         self.failed[cid] = reason
-        self._progress(
-            cid, "FAILED: " + (reason.splitlines()[-1] if reason else "see the Ray Tune logs")
-        )
+        last = reason.splitlines()[-1] if reason else "see the Ray Tune logs"
+        if kind == "infrastructure":
+            self.lost.add(cid)
+            if self.on_lost is not None:
+                self.on_lost(cid)
+            self._progress(cid, f"LOST (its process or node; not scored, runs again): {last}")
+            return
+        self._progress(cid, "FAILED: " + last)
 
 
 @dataclass

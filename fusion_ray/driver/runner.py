@@ -48,6 +48,8 @@ class SweepOutcome:
     """An adaptive sweep's decisions (``fusion_ray.decide.sequential.decision_rows``) at its end."""
     closing: list[str] = dataclasses.field(default_factory=list)
     """What the seed policy says after the sweep (an adaptive sweep's decisions, as text)."""
+    lost: set[str] = dataclasses.field(default_factory=set)
+    """The failed cells whose process or node was lost (not scored; they run again)."""
 
 
 def run_sweep(
@@ -167,6 +169,7 @@ def _run_cells(
         callback.failed,
         interrupted,
         note,
+        lost=set(callback.lost),
     )
 
 

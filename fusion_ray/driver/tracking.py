@@ -47,6 +47,7 @@ from fusion_ray.schema import (
     DECISIONS_TAG_PREFIX,
     EPOCH_METRICS,
     EVAL_LENGTH_METRIC_PREFIXES,
+    FAILURE_KIND_TAG,
     FAILURE_TAG,
     FINAL_METRICS,
     GATES_FILE,
@@ -146,6 +147,8 @@ class CellRun:
     parts: dict[str, float] = field(default_factory=dict)
     """Its accuracy on the shortest and longest length quarter of its test split, when logged
     (``fusion_ray.decide.questions.quarter_accuracy``)."""
+    infrastructure: bool = False
+    """A FAILED run whose process or node was lost (``FAILURE_KIND_TAG``): not scored."""
 
 
 def _now_ms() -> int:
@@ -254,6 +257,7 @@ class Tracker:
                     "test_acc" in run.data.metrics,
                     run.data.metrics.get("test_acc"),
                     quarter_accuracy(run.data.metrics),
+                    run.data.tags.get(FAILURE_KIND_TAG) == "infrastructure",
                 )
         return best
 
@@ -475,8 +479,14 @@ class Tracker:
             self.client.set_tag(run_id, LEASE_TOKEN_TAG, lease_token)
         self.client.set_terminated(run_id, "FINISHED")
 
-    def fail(self, run_id: str, reason: str, status: str = "FAILED") -> None:
+    def fail(
+        self, run_id: str, reason: str, status: str = "FAILED", kind: str | None = None
+    ) -> None:
+        """End a run FAILED (or KILLED) with ``reason``; ``kind`` ("trial" or "infrastructure",
+        ``FAILURE_KIND_TAG``) says whether a trial's failure counts in the decisions."""
         self.client.set_tag(run_id, FAILURE_TAG, redact(reason)[-4900:])
+        if kind is not None:
+            self.client.set_tag(run_id, FAILURE_KIND_TAG, kind)
         self.client.set_terminated(run_id, status)
 
 

@@ -15,7 +15,8 @@ from the tracking store reaches the same states and asks for the same cells:
 - a hypothesis's runs at seed s >= first run when every earlier seed of it is resolved
   (finished or failed) and it is still open after them, and s < max; a cell runs when any
   hypothesis needs it (a contrast may need cells its operator comparisons no longer do);
-- a failed cell counts: its run scores ``questions.FAILED_SCORE`` (a loss for its arm).
+- a failed cell counts: its seed takes ``questions.failure_value`` (a loss for its arm); a cell
+  whose process or node was lost is not scored and runs again on the next invocation.
 """
 
 from __future__ import annotations
@@ -150,8 +151,9 @@ def finished_results(
     cells: list[Cell], runs: Mapping[str, object]
 ) -> dict[str, float | Mapping[str, float] | None]:
     """Results of the cells whose run ended (``tracking.CellRun``): the test accuracy of a
-    FINISHED run, None for a cell whose best run FAILED (it counts as a failure and is not run
-    again; a KILLED run was interrupted and continues instead)."""
+    FINISHED run, None for a cell whose best run FAILED by its own code (it counts as a failure
+    and is not run again); a run whose process or node was lost (``infrastructure``) and a
+    KILLED one (interrupted) are no result: the cell runs (or continues) again."""
     out: dict[str, float | None] = {}
     for cell in cells:
         run = runs.get(cell.cell_id)
@@ -159,6 +161,6 @@ def finished_results(
         acc = getattr(run, "test_acc", None)
         if status == "FINISHED" and acc is not None:
             out[cell.cell_id] = {"all": float(acc), **getattr(run, "parts", {})}
-        elif status == "FAILED":
-            out[cell.cell_id] = None
+        elif status == "FAILED" and not getattr(run, "infrastructure", False):
+            out[cell.cell_id] = None  # a lost process or node is no result: the cell runs again
     return out

@@ -46,6 +46,12 @@ class AdaptiveSeedSearcher(Searcher):
         if self.on_change is not None:
             self.on_change(self.schedule)
 
+    def lost(self, cell_id: str) -> None:
+        """A cell whose trial's process or node was lost: not scored (its hypotheses wait at
+        its seed) and not suggested again in this run; the next invocation runs it again."""
+        if self.schedule.results.pop(cell_id, "unknown") is None and self.on_change is not None:
+            self.on_change(self.schedule)
+
     def save(self, checkpoint_path: str) -> None:
         """Nothing to keep: a restarted driver rebuilds the schedule from the tracking store."""
 

@@ -180,6 +180,7 @@ class AdaptiveSeedPolicy:
         schedule = self.schedule
         cells = [c for c in self.todo.cells if c.cell_id not in schedule.results]
         searcher = AdaptiveSeedSearcher(schedule, live_decisions(callback))
+        callback.on_lost = searcher.lost  # a lost process or node is not a failure of the cell
         searcher.on_change(schedule)  # what the finished runs already say
         yield TuneRun(name, cells, searcher)
 

@@ -130,6 +130,7 @@ def test_a_failing_cell_is_recorded_failed_and_the_others_finish(
         assert "lower train.lr" in run.data.tags["failure_reason"]
         # a diverging loss repeats at every attempt at this seed: recorded once, not retried
         assert "not retried" in run.data.tags["failure_reason"]
+        assert run.data.tags["failure_kind"] == "trial"  # its own code failed: it counts
 
     # the next run retries the failed cells (and only them), replacing their runs
     again = run_sweep(load_sweep(path), str(path), verbose=0)

@@ -277,3 +277,52 @@ def test_a_one_regime_sweep_decides_its_length_question_inside_the_dataset(tmp_p
         _finish(schedule, schedule.needed(), scores)
     assert schedule.states()[trend][-1] == "better"
     assert schedule.by_name[trend].verdict("better") == "grows"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing", "infrastructure"),
+        ("ray.exceptions.RayActorError: The actor died because its node has died. Node ID: ab", "infrastructure"),
+        ("ray.exceptions.NodeDiedError: Task failed due to the node dying.", "infrastructure"),
+        ("the spot instance was preempted", "infrastructure"),
+        ("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB", "trial"),
+        ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory", "trial"),
+        ("FloatingPointError: the training loss is nan at epoch 1: lower train.lr", "trial"),
+        ("", "trial"),
+    ],
+)  # fmt: skip
+def test_a_lost_process_or_node_is_told_apart_from_a_trials_own_failure(reason, kind):
+    """An operator that runs out of memory, or diverges, failed by its own doing (it counts);
+    a process or node that died did not (Tune retried it; it is not scored)."""
+    from fusion_ray.driver.callbacks import failure_kind
+
+    assert failure_kind(reason) == kind
+
+
+@pytest.mark.unit
+def test_a_cell_lost_to_the_infrastructure_is_no_result_and_runs_again(tmp_path):
+    from fusion_ray.driver.tracking import CellRun
+    from fusion_ray.policy.schedule import finished_results
+    from fusion_ray.policy.searcher import AdaptiveSeedSearcher
+
+    spec = _adaptive_sweep(tmp_path, first=2, most=6)
+    schedule = _schedule(spec)
+    cells = schedule.needed()
+    lost, failed = cells[0], cells[1]
+    runs = {
+        lost.cell_id: CellRun("r1", "FAILED", None, infrastructure=True),
+        failed.cell_id: CellRun("r2", "FAILED", None),
+    }
+    results = finished_results(schedule.cells, runs)
+    assert lost.cell_id not in results and results[failed.cell_id] is None
+    # during a run: Tune scores the error first, the callback then says it was lost
+    changes = []
+    searcher = AdaptiveSeedSearcher(schedule, changes.append)
+    first = searcher.suggest("t1")["cell_id"]
+    searcher.on_trial_complete("t1", error=True)
+    assert schedule.results[first] is None
+    searcher.lost(first)
+    assert first not in schedule.results and len(changes) == 2
+    assert all(searcher.suggest(f"t{i}")["cell_id"] != first for i in range(2, 6))
