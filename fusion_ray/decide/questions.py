@@ -70,9 +70,10 @@ FIXED_KEYS = ("dataset", "position", "attention_position")
 FAILURE_SCALE = 0.5
 """A failed run counts as a loss (a gain, for the other side's run) of this many times the root
 mean square of the hypothesis's values without failures so far (see the module notes). Measured
-(``bench/questions.py``, "failed runs"): the smallest loss that keeps false "better" at or below
-alpha when up to 40 % of a null operator's worst runs fail, while keeping 86 % of the correct
-decisions at 5 % failures independent of the outcome (2 x the RMS kept 59 %, 0 accuracy 40 %)."""
+(``bench/questions.py``, "failed runs"): the smallest of 0.25 / 0.5 / 1 / 2 that keeps false
+"better" at or below alpha when up to 40 % of a null operator's worst runs fail, while keeping
+85 % of the correct decisions at 5 % failures independent of the outcome (2 x the RMS kept 60 %,
+a failed run scored 0 accuracy 41 %)."""
 VERDICTS = {
     "operator": {"better": "better", "worse": "worse"},
     "length": {"better": "grows", "worse": "shrinks"},
