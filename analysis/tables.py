@@ -430,7 +430,12 @@ def accuracy_table(
     display.columns = [
         column_label(c, inputs.axes) if c in row_keys else c for c in display.columns
     ]
-    return Table(name, caption, display, pd.DataFrame(data_rows), inputs.footnotes())
+    footnotes = inputs.footnotes()
+    if any(int(n) != n_typical for n in summary["n"]):
+        footnotes.append(
+            f"(n=k): a cell with k seeds; every other cell has {n_typical}, the most common count."
+        )
+    return Table(name, caption, display, pd.DataFrame(data_rows), footnotes)
 
 
 def _dataset_rows(inputs: TableInputs, frame: pd.DataFrame) -> list[tuple]:

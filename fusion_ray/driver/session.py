@@ -132,19 +132,22 @@ def quiet_console(verbose: int) -> None:
 def tune_output(verbose: int) -> Iterator[None]:
     """Ray Tune's console output while a Tuner runs: at verbosity 0 none at all (Tune's new
     output engine prints its experiment table and result paths whatever the verbosity; the
-    legacy engine at 0 prints nothing), else Tune's own tables."""
+    legacy engine at 0 prints nothing; and Tune's traceback of each failed trial, which the
+    driver says in one line and keeps in the run's failure_reason tag), else Tune's own."""
     if verbose > 0:
         yield
         return
-    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
-    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    quiet = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_PRINT_ALL_TRIAL_ERRORS": "0"}
+    before = {name: os.environ.get(name) for name in quiet}
+    os.environ.update(quiet)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
-        else:
-            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class DriverInterrupted(KeyboardInterrupt):

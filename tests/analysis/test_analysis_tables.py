@@ -119,7 +119,12 @@ def test_an_adaptive_sweeps_tables_mark_its_anytime_decisions_and_no_fixed_n_sta
     row = {r["dataset"]: r for _, r in t.display.iterrows()}
     assert row["arxiv"]["gate_scalar"].endswith("↓") and row["imdb"]["gate_scalar"].endswith("↑")
     assert not any("*" in str(v) for v in t.display.to_numpy().ravel())  # Holm's star is gone
-    assert t.footnotes == ["decided by the anytime-valid rule magnitude"]
+    assert t.footnotes[0] == "decided by the anytime-valid rule magnitude"
+    # a cell whose seed count is not the most common says it, and the footnote says what it means
+    assert any("(n=" in str(v) for v in t.display.to_numpy().ravel())
+    assert t.footnotes[1:] == [
+        "(n=k): a cell with k seeds; every other cell has 6, the most common count."
+    ]
     assert "$^{\\uparrow}$" in t.to_latex() and "$^{\\downarrow}$" in t.to_latex()
     t2 = table2(inputs)
     assert set(t2.data["mark"]) == {"", "↑", "↓"} and not t2.data["significant"].any()

@@ -675,6 +675,7 @@ def test_a_full_storage_path_fails_clearly_and_a_rerun_completes(
     text = out.read_text()
     assert f"error: the storage at {storage} is full" in text
     assert "run the same command again" in text
+    assert "Traceback" not in text and "Trial task failed" not in text, text[-4000:]
     client, runs = _trial_runs(tracking_uri, "full")
     statuses = sorted(r.info.status for r in runs)
     assert statuses[0] == "FAILED" and statuses.count("FINISHED") == 1, statuses
