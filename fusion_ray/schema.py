@@ -42,6 +42,10 @@ CPU_REHEARSAL_TAG = "smoke_gpu_trials_on_cpu"
 """Parent-run tag ("true") of a --smoke run, sweep or HPO, that trained a GPU file's trials on
 CPUs because its Ray had no GPUs."""
 """Trial-run tag: the lease token of the driver that marked the run FINISHED."""
+#: Experiment tag MLflow 3's UI reads to choose its view: "custom_model_development" opens an
+#: experiment on its runs (training), not on the LLM-tracing dashboard it shows without one.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 #: Why a FAILED trial run failed (the end of its traceback).
 FAILURE_TAG = "failure_reason"
 #: Trial-run tag of a FAILED run: "trial" (its code raised: the failure counts against its arm

@@ -61,11 +61,12 @@ _LOST = re.compile(
     r"\b(ActorDiedError|NodeDiedError|RayActorError|ActorUnavailableError|WorkerCrashedError|"
     r"OwnerDiedError|LocalRayletDiedError|ObjectLostError|NodeLostError)\b|"
     r"The actor died unexpectedly|node .{0,80}(died|was removed|is dead|terminated)|"
-    r"preempt(ed|ion)|spot instance",
+    r"preempt(ed|ion)|spot instance|No space left on device",
     re.IGNORECASE,
 )
 """What Ray says when a trial's process or node was lost, not its code: an actor or node that
-died (a node removed, a spot instance preempted, a worker killed from outside)."""
+died (a node removed, a spot instance preempted, a worker killed from outside), or a disk with
+no space left for its checkpoint."""
 
 
 def failure_kind(reason: str) -> str:
@@ -191,9 +192,9 @@ class TrackingCallback(Callback):
         log.error("MLflow tracking of %s failed in %s: %s", key, hook, redact(exc))
         self.failed.setdefault(key, reason)
         run_id = self.run_ids.get(key)
-        if run_id is not None:
+        if run_id is not None:  # the driver's fault, not the trial's: not scored, runs again
             with contextlib.suppress(Exception):
-                self.tracker.fail(run_id, reason)
+                self.tracker.fail(run_id, reason, kind="infrastructure")
 
 
 class MLflowSweepCallback(TrackingCallback):
@@ -320,13 +321,13 @@ class MLflowSweepCallback(TrackingCallback):
         run_id = self.run_ids[cid]
         last = TrialResult.of(trial.last_result)
         if last.error:
-            self.tracker.fail(run_id, last.error)
+            self.tracker.fail(run_id, last.error, kind="trial")
             self.failed[cid] = last.error
             self._progress(cid, "FAILED: " + last.error.splitlines()[-2])
             return
         if not last.final:
             reason = "the trial ended without reporting final metrics"
-            self.tracker.fail(run_id, reason)
+            self.tracker.fail(run_id, reason, kind="trial")
             self.failed[cid] = reason
             self._progress(cid, f"FAILED: {reason}")
             return
@@ -444,7 +445,7 @@ class MLflowTuningCallback(TrackingCallback):
         reason = trial_error_text(trial)
         self.failed[trial.trial_id] = reason
         self.ended += 1
-        self.tracker.fail(self.run_ids[trial.trial_id], reason)
+        self.tracker.fail(self.run_ids[trial.trial_id], reason, kind=failure_kind(reason))
 
     def best(self) -> Best | None:
         done = [t for t in self.last if t not in self.failed and self.metric in self.last[t]]

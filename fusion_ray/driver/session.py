@@ -123,6 +123,10 @@ def quiet_console(verbose: int) -> None:
         return
     for name in _CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    # Tune's saves of its own experiment state, which this driver never reads (it resumes from
+    # the tracking store): a failed save (a full storage path) is a traceback at ERROR each time,
+    # where the driver says the one thing to do
+    logging.getLogger("ray.tune.execution.experiment_state").setLevel(logging.CRITICAL)
     pool = logging.getLogger("urllib3.connectionpool")
     if not any(isinstance(f, RetryNotice) for f in pool.filters):
         pool.addFilter(RetryNotice())

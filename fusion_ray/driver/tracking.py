@@ -47,6 +47,8 @@ from fusion_ray.schema import (
     DECISIONS_TAG_PREFIX,
     EPOCH_METRICS,
     EVAL_LENGTH_METRIC_PREFIXES,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     FAILURE_KIND_TAG,
     FAILURE_TAG,
     FINAL_METRICS,
@@ -192,6 +194,10 @@ class Tracker:
                 if experiment.lifecycle_stage == "deleted":
                     self.client.restore_experiment(experiment.experiment_id)
                 self.experiment_id = experiment.experiment_id
+                if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag existed
+                    self.client.set_experiment_tag(
+                        self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                    )
 
     def _create_experiment(self, sweep: str, tracking_uri: str) -> str:
         """Create the sweep's experiment; when another driver (a second machine, a second
@@ -199,7 +205,9 @@ class Tracker:
         refuses ours as RESOURCE_ALREADY_EXISTS and theirs is the sweep's: use it."""
         try:
             return self.client.create_experiment(
-                sweep, artifact_location=artifact_root(tracking_uri, sweep)
+                sweep,
+                artifact_location=artifact_root(tracking_uri, sweep),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
             )
         except mlflow.exceptions.MlflowException as exc:
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":

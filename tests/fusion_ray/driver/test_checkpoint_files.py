@@ -71,3 +71,22 @@ def test_a_link_inside_the_folder_is_read_and_a_fifo_is_not(tracker, tmp_path):
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
     assert tracker.log_predictions(run_id, str(folder)) is True
     assert set(_uploaded(tracker, run_id, tmp_path)) == {PREDICTIONS_FILE}
+
+
+def test_the_experiment_opens_on_its_runs_in_mlflows_ui(mlflow_store, monkeypatch):
+    """MLflow 3's UI shows an experiment without ``mlflow.experimentKind`` as an empty
+    LLM-tracing dashboard: every sweep's experiment is tagged as model development, one made
+    before the tag existed too."""
+    from mlflow import MlflowClient
+
+    from fusion_ray.schema import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG
+
+    monkeypatch.setenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    uri = mlflow_store()
+    made = Tracker(uri, "tagged")
+    client = MlflowClient(uri)
+    assert client.get_experiment(made.experiment_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    old = client.create_experiment("older")  # as an earlier fusion-ray made it
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(old).tags
+    Tracker(uri, "older")
+    assert client.get_experiment(old).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
