@@ -94,6 +94,7 @@ _HOOKS = (
     "on_checkpoint",
     "on_trial_complete",
     "on_trial_error",
+    "on_trial_recover",
 )
 
 
@@ -337,6 +338,20 @@ class MLflowSweepCallback(TrackingCallback):
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(cid)
         self._progress(cid, f"test_acc {100 * (last.test_acc or 0.0):.2f}%")
+
+    def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        """Tune retries a failed trial (``retries``): one line, so a lost node is seen when it
+        happens (Tune's own traceback is not printed at verbosity 0)."""
+        cid = self.key(trial)
+        if cid not in self.cells or not self._holds():
+            return
+        cell, reason = self.cells[cid], trial_error_text(trial)
+        last = reason.splitlines()[-1] if reason else "see the Ray Tune logs"
+        print(
+            f"{cell.label} seed {cell.seed}: its trial failed ({redact(last)}); Ray Tune "
+            "retries it from its last checkpoint",
+            flush=True,
+        )
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         cid = self.key(trial)
