@@ -83,6 +83,8 @@ def operator_summary(runs: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
         acc_sd=("acc", lambda s: s.std(ddof=1)),
         latency_mean=("latency_ms_per_sample", "mean"),
         latency_sd=("latency_ms_per_sample", lambda s: s.std(ddof=1)),
+        latency_min=("latency_ms_per_sample", "min"),
+        latency_max=("latency_ms_per_sample", "max"),
         num_params=("num_params", "median"),
         train_seconds=("train_seconds", "mean"),
         n_test=("test_total", "median"),

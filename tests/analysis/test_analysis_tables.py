@@ -209,3 +209,20 @@ def test_length_buckets_merge_rather_than_come_out_empty():
     assert sizes(np.arange(1, 101)) == [25, 24, 25, 26]
     assert sizes([1] * 50 + [100] * 50) == [50, 50]
     assert sizes([512] * 10) == [10]
+
+
+def test_a_latency_bar_runs_from_the_fastest_to_the_slowest_run_never_below_zero():
+    """Mean ± sd of a skewed latency drew bars below 0 ms (0.467 ± 0.528 ms on the quickstart's
+    short documents); the figure's bar now spans the runs' own latencies."""
+    from analysis.drawing import latency_bar
+
+    skewed = pd.Series({"latency_mean": 0.467, "latency_sd": 0.528, "latency_min": 0.12,
+                        "latency_max": 1.95})  # fmt: skip
+    (below,), (above,) = latency_bar(skewed)
+    assert 0.467 - below == pytest.approx(0.12) and 0.467 + above == pytest.approx(1.95)
+    assert 0.467 - below >= 0
+    runs = runs_frame()
+    summary = operator_summary(runs, KEYS)
+    assert (summary["latency_min"] <= summary["latency_mean"] + 1e-12).all()
+    assert (summary["latency_mean"] <= summary["latency_max"] + 1e-12).all()
+    assert latency_bar(pd.Series({"latency_mean": 1.0})) == [[0.0], [0.0]]  # nothing logged
