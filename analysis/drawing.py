@@ -297,8 +297,8 @@ LATENCY_BARS = (
 
 def latency_bar(row: pd.Series) -> list[list[float]]:
     """The latency bar of one group as matplotlib's ``xerr`` (below, above the mean): to the
-    fastest and the slowest run's latency, so it never reaches below 0 ms (mean ± sd did:
-    0.467 ± 0.528 ms for unscaled ``add`` on the quickstart's short documents)."""
+    fastest and the slowest run's latency, so it never reaches below 0 ms (mean ± sd does
+    wherever a group's latencies spread more than their mean: a skewed, positive quantity)."""
     mean = float(row["latency_mean"])
     low = row.get("latency_min", math.nan)
     high = row.get("latency_max", math.nan)

@@ -212,8 +212,8 @@ def test_length_buckets_merge_rather_than_come_out_empty():
 
 
 def test_a_latency_bar_runs_from_the_fastest_to_the_slowest_run_never_below_zero():
-    """Mean ± sd of a skewed latency drew bars below 0 ms (0.467 ± 0.528 ms on the quickstart's
-    short documents); the figure's bar now spans the runs' own latencies."""
+    """Mean ± sd of a skewed latency (its sd above its mean) drew a bar below 0 ms; the
+    figure's bar now spans the runs' own latencies."""
     from analysis.drawing import latency_bar
 
     skewed = pd.Series({"latency_mean": 0.467, "latency_sd": 0.528, "latency_min": 0.12,
