@@ -407,9 +407,6 @@ LAYERS = {
     "fusion_ray.console": 6,
     "fusion_ray.hpo": 6,
     "fusion_ray.testing": 6,
-    "fusion_ray.cluster": 6,
-    "fusion_ray.slurm": 6,
-    "fusion_ray.k8s": 6,
     "fusion_ray.launch": 6,  # the files that run a sweep on a cluster
     "fusion_ray.driver": 5,  # running trials on Ray
     "fusion_ray.policy": 4,  # which cells run

@@ -7,6 +7,5 @@ per seed (``run_family``, ``family_evidence``), pure functions of the deltas in 
 
 Pure code (numpy, scipy, ``fusion_ray.registry``): no torch, Ray or MLflow. The adaptive seed
 policy (``fusion_ray.policy.seed_policy``) and the report (``analysis``) both import it, so neither
-reaches into the other. (``analysis.sequential`` and ``analysis.rules`` are deprecated names of
-its modules, kept for plug-ins that import them; they warn.)
+reaches into the other.
 """

@@ -1,6 +1,6 @@
 """The ``ray up`` launch targets: Ray cluster launcher files, for AWS (``aws``) and for a lab's own
 machines (``onprem``), from one definition of how a node is made ready to run a sweep:
-``fusion-ray cluster {aws,onprem}`` (or ``python -m fusion_ray.cluster {aws,onprem}``).
+``fusion-ray cluster {aws,onprem}`` (or ``python -m fusion_ray.launch {aws,onprem}``).
 
 Both files set every node up the same way: a Python environment with the laptop's Ray and the
 project at the commit being run (the checkout the laptop syncs), a login profile that puts that
@@ -10,8 +10,8 @@ starts that MLflow server, then Ray with the dashboard on 127.0.0.1 and the ``fu
 resource. Only the provider, the node types and where the storage root comes from differ, so a
 change to the setup is made here once and both files are rendered again:
 
-    python -m fusion_ray.cluster aws > cluster.yaml            # committed; a test compares them
-    python -m fusion_ray.cluster onprem --head 10.0.0.1 --workers 10.0.0.2,10.0.0.3 \\
+    fusion-ray cluster aws > cluster.yaml            # committed; a test compares them
+    fusion-ray cluster onprem --head 10.0.0.1 --workers 10.0.0.2,10.0.0.3 \\
         --user lab --key ~/.ssh/id_ed25519 --storage /mnt/shared/fusion-ray > cluster-lab.yaml
 
 A lab's file is rendered rather than written with placeholders because Ray's cluster YAML
@@ -319,7 +319,7 @@ _AWS_IMAGE = (
 #: The part of cluster.yaml above the shared sections: fixed text, no value from outside.
 _AWS = f"""\
 # fusion-ray on AWS with the Ray cluster launcher: `ray up cluster.yaml` (docs: "Run on a
-# cluster"). Rendered by `python -m fusion_ray.cluster aws > cluster.yaml` from
+# cluster"). Rendered by `fusion-ray cluster aws > cluster.yaml` from
 # fusion_ray/launch/rayup.py, which renders the files for a lab's own machines from the same
 # node setup: edit that, not this file.
 # A CPU head runs the sweep driver and an MLflow tracking server, both reachable only
@@ -421,7 +421,7 @@ _STORAGE = re.compile(r"/.*[^/].*|s3://[^/]+.*")  # an absolute path other than 
 
 @dataclass(frozen=True)
 class Lab:
-    """A lab's own machines, as ``python -m fusion_ray.cluster onprem`` takes them."""
+    """A lab's own machines, as ``fusion-ray cluster onprem`` takes them."""
 
     head: str
     """The head's address (IP or host name), as the laptop and the workers reach it."""
@@ -526,7 +526,7 @@ class Lab:
 
     def argv(self) -> list[str]:
         """The command that renders this lab's file."""
-        args = ["python", "-m", "fusion_ray.cluster", "onprem", *_option("--name", self.name)]
+        args = ["fusion-ray", "cluster", "onprem", *_option("--name", self.name)]
         args += [*_option("--head", self.head), *_option("--workers", ",".join(self.workers))]
         args += [*_option("--user", self.user), *_option("--key", self.key)]
         args += _option("--storage", self.storage)
@@ -724,4 +724,4 @@ class OnpremTarget(LaunchTarget):
         return render_onprem(lab)
 
     def example_args(self) -> list[str]:
-        return EXAMPLE_LAB.argv()[4:]
+        return EXAMPLE_LAB.argv()[3:]

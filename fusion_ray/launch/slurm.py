@@ -10,9 +10,8 @@ shell ``signal_seconds`` before the limit). A job array would start several driv
 at once; the sweep's lease lets only one of them run, so an array buys nothing here.
 
 Every value reaches the script quoted where it is used, or is refused with an error naming its
-flag; docs/how-to/slurm.md says what each option takes. The script's node-wait step is
-``python -m fusion_ray.slurm wait-for-nodes`` (the module path SLURM scripts rendered before the
-launch package call; it forwards to the base's step).
+flag; docs/how-to/slurm.md says what each option takes. The script's node-wait step is the
+base's, ``python -m fusion_ray.launch.join wait-for-nodes``.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class SlurmJob(BatchJob):
     node_dir: ClassVar[str] = "fr-$SLURM_JOB_ID-$SLURMD_NODENAME"
     default_port: ClassVar[str] = "$((20000 + SLURM_JOB_ID % 20000))"
     submit_dir: ClassVar[str] = '"$SLURM_SUBMIT_DIR"'
-    wait_module: ClassVar[str] = "fusion_ray.slurm"
     time_formats: ClassVar[str] = (
         "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 24:00:00)"
     )

@@ -1,4 +1,4 @@
-"""cluster.yaml and the lab file cluster-onprem.yaml, offline: both are what fusion_ray.cluster
+"""cluster.yaml and the lab file cluster-onprem.yaml, offline: both are what fusion_ray.launch.rayup
 renders, Ray's own launcher validation accepts them, every trial of the study fits a node type,
 fractional-GPU packing reaches Ray's resource request, the rendered shell commands do what they
 say, and the commands of the cluster walkthrough in docs/ exist."""
@@ -40,9 +40,9 @@ def lab() -> dict:
 
 @pytest.mark.unit
 def test_the_committed_files_are_the_rendered_ones():
-    """Both files come from fusion_ray.cluster's one node setup; edit that and render again."""
+    """Both files come from fusion_ray.launch.rayup's one node setup; edit that and render again."""
     assert CLUSTER.read_text() == render_aws(), (
-        "cluster.yaml is stale: python -m fusion_ray.cluster aws > cluster.yaml"
+        "cluster.yaml is stale: fusion-ray cluster aws > cluster.yaml"
     )
     assert LAB.read_text() == render_onprem(EXAMPLE_LAB), (
         f"cluster-onprem.yaml is stale: {shlex.join(EXAMPLE_LAB.argv())} > cluster-onprem.yaml"

@@ -1,7 +1,7 @@
 """`ray up` of a lab's cluster file, end to end over SSH, with this machine as the lab.
 
 What a lab does, with 127.0.0.1 as its only node: render the file with ``python -m
-fusion_ray.cluster onprem`` (head 127.0.0.1, no workers, the head runs trials), ``ray up`` it, run
+fusion_ray.launch onprem`` (head 127.0.0.1, no workers, the head runs trials), ``ray up`` it, run
 a two-cell sweep on the head with ``ray exec``, fetch the report and the MLflow store with ``ray
 rsync-down``, check that the store holds each cell once, FINISHED, stop MLflow and ``ray down``.
 
@@ -337,7 +337,7 @@ def _render(lab: LocalLab, user: str, ssh_port: int) -> None:
     ports = [_free_port() for _ in range(4)]
     assert len(set(ports)) == 4, "free ports taken twice; run again"
     render = subprocess.run(
-        [sys.executable, "-m", "fusion_ray.cluster", "onprem", "--name", lab.root.name]
+        [sys.executable, "-m", "fusion_ray.launch", "onprem", "--name", lab.root.name]
         + ["--head", "127.0.0.1", "--head-trials", "--user", user]
         + ["--key", str(lab.root / "ssh" / "id"), "--storage", str(lab.shared)]
         + ["--python-env", sys.prefix, "--ssh-proxy-command", f"nc %h {ssh_port}"]

@@ -7,6 +7,7 @@ registry."""
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -226,20 +227,22 @@ def test_a_second_scheduler_on_the_batch_base_keeps_the_contract():
 
 
 @pytest.mark.process
-def test_the_modules_kept_for_rendered_scripts_still_run():
-    """``python -m fusion_ray.slurm wait-for-nodes`` (what rendered SLURM scripts call) and
-    ``python -m fusion_ray.k8s`` forward to the launch package."""
+def test_the_modules_a_rendered_script_names_run():
+    """The node-wait step a rendered SLURM script calls runs through the module the script names
+    (``fusion_ray.launch.join``), and ``python -m fusion_ray.launch TARGET`` is ``fusion-ray
+    cluster TARGET``."""
 
     def run(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
         )
 
-    waited = run("fusion_ray.slurm", "wait-for-nodes", "--address", "127.0.0.1:9", "--nodes",
+    (module,) = set(re.findall(r"python -m (\S+) wait-for-nodes", render("slurm", ["s.yaml"])))
+    waited = run(module, "wait-for-nodes", "--address", "127.0.0.1:9", "--nodes",
                  "1", "--timeout", "30", "--pids", "999999999")  # fmt: skip
     assert waited.returncode == JOIN_FAILED_EXIT, waited.stderr
     assert "a Ray start step (pid 999999999) ended before every node joined" in waited.stderr
-    rayjob = run("fusion_ray.k8s", "s.yaml", "--image", "img:1")
+    rayjob = run("fusion_ray.launch", "k8s", "s.yaml", "--image", "img:1")
     assert rayjob.returncode == 0 and "kind: RayJob" in rayjob.stdout, rayjob.stderr
     launched = run("fusion_ray.launch", "slurm", "s.yaml")
     assert launched.returncode == 0 and "#SBATCH --nodes=1" in launched.stdout, launched.stderr

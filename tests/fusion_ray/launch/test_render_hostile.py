@@ -313,7 +313,7 @@ SHIMS = {
     # the sweep driver, the token and the join step; the driver records its argv and folder
     "python": """case "$1 $2" in
     "-c "*) echo 0123456789abcdef ;;
-    "-m fusion_ray.slurm")  # the nodes have joined once the head's Ray has started
+    "-m fusion_ray.launch.join")  # the nodes have joined once the head's Ray has started
         until [ -e "$RECORD/ray.argv" ]; do sleep 0.01; done ;;
     "-m fusion_ray.sweep") printf '%s\\0' "$@" > "$RECORD/driver.argv"
                            printf '%s' "$PWD" > "$RECORD/driver.cwd" ;;
@@ -856,7 +856,7 @@ LAB_FIELDS = {
     ),
 }  # fmt: skip
 
-_LAB_COMMAND = re.compile(r"^#   (python -m fusion_ray\.cluster onprem .*) > FILE\.yaml$", re.M)
+_LAB_COMMAND = re.compile(r"^#   (fusion-ray cluster onprem .*) > FILE\.yaml$", re.M)
 
 
 def check_lab_file(text: str, lab: Lab, benign_shape: Any) -> dict:
@@ -873,10 +873,10 @@ def check_lab_file(text: str, lab: Lab, benign_shape: Any) -> dict:
     assert _shape(doc, "") == benign_shape
     (command,) = _LAB_COMMAND.findall(text)
     words = shlex.split(command)
-    assert words[:4] == ["python", "-m", "fusion_ray.cluster", "onprem"]
+    assert words[:3] == ["fusion-ray", "cluster", "onprem"]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert cluster_main(words[3:]) == 0
+        assert cluster_main(words[2:]) == 0
     assert out.getvalue() == text, "the header's command renders another file"
     return doc
 

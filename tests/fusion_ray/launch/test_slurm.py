@@ -97,7 +97,7 @@ def test_the_script_has_every_option_and_the_multi_node_path():
     assert re.search(r'srun [^\n]*--nodelist="\$head_node"', text)
     assert re.search(r"srun [^\n]*--nodes=\$\{#workers\[@\]\}", text)
     assert 'fusion_ray_driver": 64' in text
-    assert "python -m fusion_ray.slurm wait-for-nodes" in text
+    assert "python -m fusion_ray.launch.join wait-for-nodes" in text
     assert "python -m fusion_ray.sweep sweeps/full_grid.yaml train.epochs=3 'seeds=[0,1]'" in text
     assert "trap stop_ray EXIT" in text and "trap 'on_signal USR1' USR1" in text
     assert "-lt 3 ]" in text and 'scontrol requeue "$SLURM_JOB_ID"' in text
@@ -105,6 +105,19 @@ def test_the_script_has_every_option_and_the_multi_node_path():
     if shutil.which("bash"):
         checked = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
         assert checked.returncode == 0, checked.stderr
+
+
+@pytest.mark.unit
+def test_the_how_to_names_the_commands_the_script_runs():
+    """docs/how-to/slurm.md's "What the script does" names each fusion-ray module the script runs,
+    and only those."""
+    doc = (ROOT / "docs" / "how-to" / "slurm.md").read_text()
+    steps = doc.split("## What the script does")[1].split("\n## ")[0]
+    text = render_slurm(SlurmJob(sweep_file="s.yaml", nodes=2, requeue_on_time_limit=1))
+    said = set(re.findall(r"python -m (fusion_ray[\w.]*)", steps))
+    run = set(re.findall(r"^\s*python -m (fusion_ray[\w.]*)", text, re.M))
+    assert said == run and said, (said, run)
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in text and "`scontrol requeue`" in steps
 
 
 @pytest.mark.unit
@@ -165,7 +178,7 @@ def test_slurm_time_formats(text, seconds):
 @pytest.mark.process
 def test_the_cluster_command_dispatches_to_it(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "fusion_ray.cluster", "slurm", "x.yaml", "--nodes", "3"],
+        [sys.executable, "-m", "fusion_ray.launch", "slurm", "x.yaml", "--nodes", "3"],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
