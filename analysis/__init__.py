@@ -13,21 +13,13 @@ imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report
     result.table       # fixed-n tests per comparison (descriptive after adaptive seeds)
     result.decisions   # the anytime-valid verdicts of every hypothesis, as decisions.csv
 
-The paired core: ``load`` (MLflow -> tidy frame of the sweep's cells, metrics checked),
-``other_settings`` (the runs left out as other settings, described), ``pairing`` (seed pairs
-against the baseline, checked; why nothing can be compared), ``stats`` (the paired statistics
-and their registry), ``sequential`` and ``rules`` (the names here of ``fusion_ray.decide``:
-anytime-valid decisions on the per-seed deltas in seed order, ``run_family``). The report: ``context`` (its options and paired core), ``section`` (the
-protocol of a report section), ``tables`` (Tables 1-3 and the other DataFrame tables, written
-as Markdown, LaTeX and CSV), ``drawing`` (how each kind of figure is drawn with matplotlib),
-``figures`` (the core's figures), ``report_md`` (report.md), ``report`` (``SECTIONS``,
-``build_report`` and the CLI). The sections, one module each: ``interaction`` (does an operator
-effect depend on a grid axis), ``scaling`` (the embedding-scale confound check), ``lengths``
-(per-document length analysis), ``extrapolation`` (train short, test long: the operator effect
-at each evaluation length, its slope against log2 of the length, the truncation ladder),
-``gates`` (the gated operators' weight on E by position), ``reproduction`` (the study's
-published numbers beside ours). And ``synthetic`` (schema-conformant fake sweeps for tests,
-benchmarks and demos).
+The packages, by role, each importing only the ones before it here: ``load`` (what was run:
+MLflow -> tidy frame of the sweep's cells, metrics checked, runs of other settings described),
+``stats`` (seed pairs against the baseline, the paired statistics and their registry, the
+verdicts of the sweep's family with ``fusion_ray.decide``), ``render`` (escaping, tables as
+Markdown, LaTeX and CSV, matplotlib drawing), ``sections`` (the report's sections, their
+registry and the paired core they are given; ``sections.study`` holds the study's own) and
+``report`` (``build_report``, report.md, report.html, the CLI). This module is the Python API.
 """
 
 from analysis.load import (
@@ -38,7 +30,6 @@ from analysis.load import (
     ImpossibleMetricsError,
     load_experiment,
 )
-from analysis.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
 from analysis.stats import (
     Comparisons,
     Statistic,
@@ -51,7 +42,8 @@ from analysis.stats import (
     unregister,
     wilcoxon_signed_rank,
 )
-from analysis.verdicts import compare, verdicts
+from analysis.stats.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
+from analysis.stats.verdicts import compare, verdicts
 from fusion_ray.decide.sequential import family_evidence, run_family
 
 __all__ = [

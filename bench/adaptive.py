@@ -413,7 +413,7 @@ def export(experiment: str, tracking_uri: str, path: Path) -> None:
     """Write a logged experiment's per-seed test accuracies as the replay CSV (columns group,
     fusion, seed, test_acc; the baseline's rows first in each group)."""
     from analysis.load import load_experiment
-    from analysis.pairing import pair_runs
+    from analysis.stats.pairing import pair_runs
 
     pairing = pair_runs(load_experiment(experiment, tracking_uri).runs)
     runs = pairing.runs

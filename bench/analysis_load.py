@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from analysis.synthetic import SyntheticSweep, log_synthetic_sweep
+# The synthetic sweep builder is a test helper of the checkout (tests/synthetic.py), not part of
+# the installed package: run from the checkout, with its root importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.synthetic import SyntheticSweep, log_synthetic_sweep  # noqa: E402
 
 DATASETS = {"ag_news": "short", "imdb": "medium", "arxiv": "long"}
 POSITIONS = ("sinusoidal", "learned", "rope_features", "relative_table")
@@ -98,8 +102,8 @@ def main() -> None:
         n_runs = seeds * per_seed
 
     from analysis.load import load_experiment
-    from analysis.pairing import pair_runs
     from analysis.stats import StatsSettings, compare
+    from analysis.stats.pairing import pair_runs
 
     timings = []
     for _ in range(max(1, args.repeats)):

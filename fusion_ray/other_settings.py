@@ -1,5 +1,5 @@
 """Runs of other settings, described once: what the driver's note (``fusion_ray.policy.plan``)
-and the report (``analysis.other_settings``) both say of an experiment's runs that are not its
+and the report (``analysis.load.other_settings``) both say of an experiment's runs that are not its
 sweep's cells. Standard library only, like ``fusion_ray.schema``, so ``analysis`` shares it.
 
 A left-out run is compared with the sweep's run of the same dataset, position, attention

@@ -314,19 +314,27 @@ def test_the_shared_schema_loads_nothing_beyond_the_standard_library(shared, loa
 
 @pytest.mark.unit
 def test_every_report_section_is_one_module_with_a_known_place():
-    """A report analysis is one module with a ``Section`` and one entry of ``SECTIONS``: the
-    entries have distinct names, each lives in a module of its own, and says which part of
-    report.md it follows and where its warnings go."""
-    from analysis.report import SECTIONS
-    from analysis.section import PARTS, WARNING_PLACES, Section
+    """A report analysis is one module with a ``Section`` and one registration: the registered
+    sections have distinct names, each lives in a module of its own, says which part of
+    report.md it follows and where its warnings go, and is marked as the study's exactly when
+    it lives in ``analysis.sections.study``."""
+    from analysis.sections.base import PARTS, WARNING_PLACES, Section
+    from analysis.sections.registry import BUILT_IN_SECTIONS, sections
 
-    assert all(isinstance(s, Section) for s in SECTIONS)
-    names = [s.name for s in SECTIONS]
-    modules = [type(s).__module__ for s in SECTIONS]
+    shown = sections()
+    assert shown[: len(BUILT_IN_SECTIONS)] == list(BUILT_IN_SECTIONS)
+    assert all(isinstance(s, Section) for s in shown)
+    names = [s.name for s in shown]
+    modules = [type(s).__module__ for s in shown]
     assert len(set(names)) == len(names) and all(names), names
     assert len(set(modules)) == len(modules), modules
-    assert all(s.follows in PARTS for s in SECTIONS)
-    assert all(s.warns_with in WARNING_PLACES for s in SECTIONS)
+    assert all(s.follows in PARTS for s in shown)
+    assert all(s.warns_with in WARNING_PLACES for s in shown)
+    study = {s.name: s.study for s in BUILT_IN_SECTIONS}
+    placed = {
+        s.name: type(s).__module__.startswith("analysis.sections.study.") for s in BUILT_IN_SECTIONS
+    }
+    assert study == placed
 
 
 @pytest.mark.unit
@@ -441,6 +449,55 @@ def test_nothing_imports_upward():
         if target.startswith("fusion_ray") and _layer(target) > _layer(name)
     ]
     assert not upward, "imports of a layer above:\n" + "\n".join(upward)
+
+
+ANALYSIS_LAYERS = {
+    "analysis": 5,  # the Python API (``analysis/__init__.py``)
+    "analysis.report": 4,  # the report: build, report.md, report.html, the CLI
+    "analysis.sections": 3,  # the report's sections, the paired core they are given
+    "analysis.render": 2,  # escaping, tables, drawing
+    "analysis.stats": 1,  # pairing, the statistics, the verdicts
+    "analysis.load": 0,  # what was run: MLflow to frames
+}
+"""analysis's packages by role, top to bottom: a module imports only modules of its own package
+or of one below."""
+
+
+def _analysis_layer(name: str) -> int:
+    parts = name.split(".")
+    return next(
+        ANALYSIS_LAYERS[".".join(parts[:i])]
+        for i in range(len(parts), 0, -1)
+        if ".".join(parts[:i]) in ANALYSIS_LAYERS
+    )
+
+
+@pytest.mark.unit
+def test_analysis_imports_only_downward_by_role():
+    upward = [
+        f"{MODULES[name].relative_to(ROOT)}: {target} "
+        f"(layer {_analysis_layer(target)} over {_analysis_layer(name)})"
+        for name in MODULES
+        if name.split(".")[0] == "analysis" and not name.endswith("__main__")
+        for target in sorted(_edges(name))
+        if target.split(".")[0] == "analysis" and _analysis_layer(target) > _analysis_layer(name)
+    ]
+    assert not upward, "imports of a layer above:\n" + "\n".join(upward)
+
+
+@pytest.mark.unit
+def test_every_module_of_analysis_is_in_a_role():
+    """analysis's root holds only the API; every other module is in one of the role packages."""
+    loose = sorted(
+        str(path.relative_to(ROOT))
+        for name, path in MODULES.items()
+        if name.split(".")[0] == "analysis"
+        and path.parent == ROOT / "analysis"
+        and path.name != "__init__.py"
+    )
+    assert not loose, f"modules at analysis/'s root (put each in its role's package): {loose}"
+    roles = {".".join(n.split(".")[:2]) for n in MODULES if n.startswith("analysis.")}
+    assert roles == set(ANALYSIS_LAYERS) - {"analysis"}, roles
 
 
 @pytest.mark.unit

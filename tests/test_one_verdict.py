@@ -120,7 +120,7 @@ def test_every_surface_shows_the_same_verdicts(sweep):
     # decisions.csv on the parent run, as the driver wrote it
     path = client.download_artifacts(sweep.parent, DECISIONS_FILE, str(sweep.out.parent))
     logged = pd.read_csv(path).set_index("comparison")
-    # the report's decisions.csv, recomputed from the runs by analysis.verdicts
+    # the report's decisions.csv, recomputed from the runs by analysis.stats.verdicts
     report = pd.read_csv(sweep.out / DECISIONS_FILE).set_index("comparison")
     exp = load_experiment(sweep.spec.name, sweep.spec.tracking_uri)
     api = compare(pair_runs(exp.runs, baseline="add"), experiment=exp).decisions

@@ -10,7 +10,7 @@ table definitions. A sweep's runs are its cells: when the sweep's parent run car
 ``sweep_cells.json`` (the cell ids of the sweep file as it stands), only trial runs of those
 cells are the experiment's runs, and the others are set aside as runs of other settings. The
 FINISHED runs' test metrics are checked before anything uses them. Pairing the runs is
-``analysis.pairing``'s job.
+``analysis.stats.pairing``'s job.
 
 A sweep's grid may have axes beyond dataset, position, attention position and fusion (any
 dotted setting, e.g. ``model.scale_embeddings``): each trial run's tag ``axis.<key>`` becomes a
@@ -21,7 +21,7 @@ Runs evaluated at several truncation lengths (``data.eval_lengths``: train short
 ``test_acc_at_<L>``, ``test_correct_at_<L>`` and ``test_total_at_<L>`` per length L; each becomes
 a float column of that name, after the optional columns, only when some run of the experiment
 logged it (``eval_length_metrics``), so the frame of a sweep without them is unchanged. They are
-checked where they are used (``analysis.extrapolation``), not here.
+checked where they are used (``analysis.sections.study.extrapolation``), not here.
 
 The package: ``frame`` (the tidy frame's columns, the errors and ``Experiment``), ``store``
 (``load_experiment``: search_runs pages or SQL over a sqlite store), ``artifacts`` (a run's
@@ -71,6 +71,8 @@ from analysis.load.frame import (
     eval_length_metrics,
     integer_counts,
     natural_levels,
+    param_columns,
+    param_name,
     parse_grid_axes,
     tag_column,
 )
@@ -101,6 +103,8 @@ __all__ = [
     "SHOWN_RUNS",
     "StoreAccessError",
     "axis_columns",
+    "param_columns",
+    "param_name",
     "axis_key",
     "axis_levels",
     "check_metrics",

@@ -171,6 +171,16 @@ def axis_key(tag: str) -> str:
     return key
 
 
+def param_name(column: str) -> str:
+    """``params.train.lr`` -> ``train.lr``."""
+    return column[len(PARAM_PREFIX) :]
+
+
+def param_columns(frame: pd.DataFrame) -> list[str]:
+    """The ``params.*`` columns of a runs frame."""
+    return [c for c in frame.columns if c.startswith(PARAM_PREFIX)]
+
+
 def axis_columns(runs: pd.DataFrame) -> list[str]:
     """The extra grid axes of a tidy frame: its columns that came from ``axis.<key>`` tags
     (dotted names that are neither params nor schema columns) and hold a value in some run."""

@@ -87,7 +87,7 @@ def integer_deltas(
 def compare(pairing: Any, settings: StatsSettings | None = None) -> Comparisons:
     """Paired statistics of each operator against the baseline in each group of a Pairing.
 
-    ``pairing`` is an ``analysis.pairing.Pairing``. Holm's correction runs over every
+    ``pairing`` is an ``analysis.stats.pairing.Pairing``. Holm's correction runs over every
     comparison of the result (m = number of rows).
     """
     settings = settings or StatsSettings()

@@ -175,8 +175,8 @@ def test_the_report_reads_artifacts_through_a_server_as_from_sqlite(
     """The module's sweep, logged to the server (artifacts served as mlflow-artifacts:), and the
     same sweep file logged to a sqlite store: the report's length analysis and gate diagnostics
     agree, none left out."""
-    from analysis.context import ReportOptions
     from analysis.report import build_report
+    from analysis.sections.context import ReportOptions
 
     assert authed.ran.returncode == 0, authed.ran.stderr[-3000:]
     local = tmp_path / "authed.yaml"

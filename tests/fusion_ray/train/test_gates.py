@@ -1,6 +1,6 @@
 """What a trial measures besides accuracy: the gate of gated operators by position, the initial
 scales of E and P, and the latency ratio to the sweep's baseline; how they reach MLflow; and
-``analysis.gates`` reading and plotting them from a real (sqlite) MLflow store."""
+``analysis.sections.study.gates`` reading and plotting them from a real (sqlite) MLflow store."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from analysis.gates import ID_COLUMNS, gate_figure, gate_frame, plot_gates
-from analysis.synthetic import log_trial
+from analysis.sections.study.gates import ID_COLUMNS, gate_figure, gate_frame, plot_gates
 from fusion_ray.data import prepare_data
 from fusion_ray.model import FUSIONS, POSITIONS, ModelSpec, build_classifier
 from fusion_ray.model.fusion import GatedFusion
@@ -39,6 +38,7 @@ from fusion_ray.train.evaluate import (
 from fusion_ray.train.loop import initial_scales
 from fusion_ray.train.report import load_checkpoint_dir
 from tests.helpers import tiny_trial
+from tests.synthetic import log_trial
 
 GATED = ["gate_scalar", "gate_cnn", "gate_mlp", "gate_vector"]
 CPU = torch.device("cpu")
@@ -447,7 +447,7 @@ def test_plot_gates_draws_one_panel_per_dataset_and_axis_level(store, tmp_path):
 def test_gated_runs_are_chosen_by_their_tag_not_their_name(tmp_path):
     import pandas as pd
 
-    from analysis.gates import gated_runs
+    from analysis.sections.study.gates import gated_runs
     from fusion_ray.config import load_sweep
     from fusion_ray.config.grid import expand
     from fusion_ray.schema import GATED_TAG
