@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
-import importlib.metadata
 import inspect
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusion_ray.checks import address_problem
 from fusion_ray.redact import redact
+from fusion_ray.version import describe
 
 if TYPE_CHECKING:
     from fusion_ray.registry import Registry
@@ -198,14 +198,6 @@ def list_entries() -> str:
     return "\n".join(lines)
 
 
-def version() -> str:
-    """The installed package's version."""
-    try:
-        return importlib.metadata.version("fusion-ray")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
-        return "unknown (not installed)"
-
-
 def usage() -> str:
     width = max(map(len, COMMANDS))
     commands = "\n".join(f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items())
@@ -227,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage(), end="")
         return 0
     if args[:1] in (["-V"], ["--version"]):
-        print(f"fusion-ray {version()}")
+        print(describe())
         return 0
     if not args or args[0] not in COMMANDS:
         print(usage(), file=sys.stderr, end="")

@@ -1,5 +1,8 @@
 """``python -m analysis.report --experiment NAME``: the sweep report (``analysis.report.main``)."""
 
+import sys
+
 from analysis.report import main
 
-raise SystemExit(main())
+if __name__ == "__main__":
+    sys.exit(main())

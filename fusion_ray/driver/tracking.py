@@ -21,7 +21,6 @@ import re
 import shutil
 import sqlite3
 import stat
-import subprocess
 import tempfile
 import time
 import weakref
@@ -68,28 +67,12 @@ from fusion_ray.schema import (
     STATE_CODES,
 )
 from fusion_ray.store_errors import classify, credentials_fix, each_request_once
+from fusion_ray.version import git_sha
 
 if TYPE_CHECKING:
     from fusion_ray.config.grid import Cell
 
 log = logging.getLogger(__name__)
-
-
-def git_sha() -> str:
-    """The commit of the checkout this package runs from (with ``+dirty`` if modified), else
-    $FUSION_RAY_GIT_SHA (for installs without git metadata), else ``unknown``."""
-
-    def git(*args: str) -> str:
-        here = Path(__file__).resolve().parent
-        return subprocess.run(
-            ["git", *args], capture_output=True, text=True, check=True, timeout=10, cwd=here
-        ).stdout.strip()
-
-    try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "HEAD") + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return os.environ.get("FUSION_RAY_GIT_SHA", "unknown")
 
 
 def artifact_root(tracking_uri: str, experiment: str) -> str | None:

@@ -283,7 +283,8 @@ def _write_fragment(
     driver took the lease over) and logged to the parent run, which then ends."""
 
     # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-    from fusion_ray.driver.tracking import git_sha, log_report_artifacts
+    from fusion_ray.driver.tracking import log_report_artifacts
+    from fusion_ray.version import git_sha
 
     text = fragment_text(plan, best, git_sha())
     if not session.lease.holds():

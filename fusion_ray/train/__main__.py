@@ -13,14 +13,13 @@ import sys
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from fusion_ray.cli import plain
 from fusion_ray.train.loop import run_local
 from fusion_ray.train.spec import TrialConfig
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.train", description=plain(__doc__.splitlines()[0])
+        prog="python -m fusion_ray.train", description=__doc__.splitlines()[0].replace("``", "")
     )
     parser.add_argument("trial_file", help="YAML with dataset, data, model, train and seed")
     parser.add_argument("--out", default="trial_out", help="checkpoints and metrics.jsonl go here")

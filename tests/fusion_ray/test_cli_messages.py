@@ -23,11 +23,17 @@ def test_an_unknown_command_is_an_error_with_a_suggestion(capsys):
     assert cli_main(["--help"]) == 0 and "commands:" in capsys.readouterr().out
 
 
-def test_the_version_is_the_installed_packages(capsys):
+def test_the_version_is_the_installed_packages_with_its_commit(capsys):
+    import subprocess
     from importlib.metadata import version
 
     assert cli_main(["--version"]) == 0
-    assert capsys.readouterr().out == f"fusion-ray {version('fusion-ray')}\n"
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    out = capsys.readouterr().out
+    assert out.startswith(f"fusion-ray {version('fusion-ray')} (commit {head}")
+    assert out.endswith(")\n")
 
 
 @pytest.mark.parametrize("command", [c for c in COMMANDS if c != "list"])
