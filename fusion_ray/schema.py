@@ -108,6 +108,11 @@ AXIS_TAG_PREFIX = "axis."
 #: On a sweep's parent run: JSON ``{dotted key: [value texts in the sweep file's order]}``; the
 #: first value of an axis is its reference level in interaction tests.
 GRID_AXES_TAG = "grid_axes"
+#: On a sweep's parent run: JSON ``{"operator": [...], "dataset": [...]}``, the sweep's
+#: operators in the fusion registry's order (the built-ins as registered, then plug-ins) and its
+#: datasets in the sweep file's order. The report shows them in this order (datasets by median
+#: test-document length where the lengths are known); without it, by name.
+DISPLAY_ORDER_TAG = "display_order"
 
 
 def axis_text(value: Any) -> str:

@@ -23,6 +23,7 @@ import numpy as np
 
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
+    DISPLAY_ORDER_TAG,
     OPERATOR_KWARGS_PREFIX,
     OPERATOR_PARAM,
     PARENT_TAG,
@@ -408,6 +409,11 @@ def _start_parent(client: Any, exp_id: str, spec: SyntheticSweep) -> str:
         "sweep": spec.name,
         "cells": str(sum(1 for _ in iter_cells(spec))),
         "seeds": str(list(spec.seeds)),
+        # as the driver records it: the operators as the fusion registry lists them (the
+        # built-ins' order; the grid's here), the datasets in the sweep file's order
+        DISPLAY_ORDER_TAG: json.dumps(
+            {"operator": list(spec.operators), "dataset": list(spec.datasets)}
+        ),
     }
     parent = client.create_run(exp_id, tags=tags, run_name=f"{spec.name}-sweep")
     return parent.info.run_id

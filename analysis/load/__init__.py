@@ -74,6 +74,7 @@ from analysis.load.frame import (
     param_columns,
     param_name,
     parse_grid_axes,
+    recorded_order,
     tag_column,
 )
 from analysis.load.store import (
@@ -103,6 +104,7 @@ __all__ = [
     "SHOWN_RUNS",
     "StoreAccessError",
     "axis_columns",
+    "recorded_order",
     "param_columns",
     "param_name",
     "axis_key",

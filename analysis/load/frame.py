@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ import pandas as pd
 
 from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
+    DISPLAY_ORDER_TAG,
     EPOCH_METRICS,
     EVAL_LENGTH_METRIC_PREFIXES,
     FINAL_METRICS,
@@ -237,6 +238,23 @@ def parse_grid_axes(text: str | None, notes: list[str]) -> dict[str, list[str]]:
         "(false before true, numbers by value) and the first is each axis's reference level."
     )
     return {}
+
+
+def recorded_order(parent_tags: Mapping[str, str]) -> dict[str, list[str]]:
+    """The parent run's ``display_order`` tag: {"operator": [...], "dataset": [...]}, the order
+    the report lists them in ({} without the tag, or for one that is not such JSON: the report
+    then lists them by name)."""
+    try:
+        payload = json.loads(parent_tags.get(DISPLAY_ORDER_TAG, ""))
+    except ValueError:
+        return {}
+    if not isinstance(payload, dict):
+        return {}
+    return {
+        str(k): [str(v) for v in vals]
+        for k, vals in payload.items()
+        if isinstance(vals, list) and all(isinstance(v, str) for v in vals)
+    }
 
 
 def axis_levels(

@@ -33,30 +33,28 @@ from analysis.render.escape import fence, md_cell, md_prose
 from analysis.stats import hl_label, hl_marked, summary_cells
 from fusion_ray.schema import BAG_OF_WORDS_METRIC, LATENCY_RATIO_METRIC, MAJORITY_METRIC
 
-#: Display order of known operators; others follow alphabetically.
-KNOWN_OPERATORS = ("add", "concat", "gate_scalar", "gate_vector", "gate_mlp", "mlp", "gate_cnn")
-#: Display order of known datasets when document lengths are unknown.
-KNOWN_DATASETS = ("ag_news", "agnews", "imdb", "arxiv")
 
-
-def operator_order(operators: Iterable[str], baseline: str) -> list[str]:
-    """Baseline first, then known operators in the study's order, then the rest by name."""
+def operator_order(operators: Iterable[str], baseline: str, known: Sequence[str] = ()) -> list[str]:
+    """Baseline first, then the operators in ``known``'s order (the sweep's, as its fusion
+    registry lists them: ``schema.DISPLAY_ORDER_TAG``), then the rest by name."""
+    rank_of = {name: i for i, name in enumerate(known)}
 
     def rank(op: str) -> tuple[int, int, str]:
-        name = op.split("(", 1)[0]
-        known = KNOWN_OPERATORS.index(name) if name in KNOWN_OPERATORS else len(KNOWN_OPERATORS)
-        return (0 if op == baseline else 1, known, op)
+        return (0 if op == baseline else 1, rank_of.get(op.split("(", 1)[0], len(rank_of)), op)
 
     return sorted(set(operators), key=rank)
 
 
-def dataset_order(datasets: Iterable[str], medians: dict[str, float] | None = None) -> list[str]:
-    """Shortest to longest median test document when known; else the study's order, then name."""
+def dataset_order(
+    datasets: Iterable[str], medians: dict[str, float] | None = None, known: Sequence[str] = ()
+) -> list[str]:
+    """Shortest to longest median test document where known; else in ``known``'s order (the
+    sweep file's: ``schema.DISPLAY_ORDER_TAG``), then by name."""
     medians = medians or {}
+    rank_of = {name: i for i, name in enumerate(known)}
 
     def rank(d: str) -> tuple[float, int, str]:
-        known = KNOWN_DATASETS.index(d.lower()) if d.lower() in KNOWN_DATASETS else 99
-        return (medians.get(d, math.inf), known, d)
+        return (medians.get(d, math.inf), rank_of.get(d, len(rank_of)), d)
 
     return sorted(set(datasets), key=rank)
 
@@ -348,6 +346,8 @@ class TableInputs:
     axes: Sequence[str] = ()
     """The extra grid axes among ``keys``: Tables 1 and 2 get a row per level."""
     levels: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    known_operators: Sequence[str] = ()
+    """The sweep's operators in its display order (``schema.DISPLAY_ORDER_TAG``)."""
     """axis -> its levels, the reference first (the order of rows)."""
     decided: Mapping[tuple, str] | None = None
     """An adaptive sweep's decisions, (group..., operator) -> state: the marks come from them
@@ -392,7 +392,7 @@ def accuracy_table(
     with marks; with ``reference``, a last column "bag-of-words" (the row's reference baseline,
     when its runs logged one)."""
     keys = inputs.keys
-    ops = operator_order(summary["operator"], inputs.baseline)
+    ops = operator_order(summary["operator"], inputs.baseline, inputs.known_operators)
     n_typical = int(summary["n"].mode().iloc[0]) if len(summary) else 0
     rows = row_order or list(dict.fromkeys(map(tuple, summary[list(row_keys)].to_numpy())))
     index = summary.set_index([*row_keys, "operator"])
@@ -580,7 +580,7 @@ def table2(inputs: TableInputs) -> Table:
             sub = sub[sub[axis].astype(str) == value]
         base = sub[sub["operator"] == baseline]
         base_lat = float(base["latency_mean"].iloc[0]) if len(base) else math.nan
-        for op in operator_order(sub["operator"], baseline):
+        for op in operator_order(sub["operator"], baseline, inputs.known_operators):
             r = sub[sub["operator"] == op].iloc[0]
             mark = inputs.marked(tuple(r[k] for k in inputs.keys), op)
             ratio, source = _latency_ratio(r, base_lat)

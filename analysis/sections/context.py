@@ -22,7 +22,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment
+from analysis.load import FINISHED, AnalysisError, Experiment, load_experiment, recorded_order
 from analysis.load.other_settings import OtherSettings, describe_other_settings
 from analysis.render.drawing import slug
 from analysis.render.tables import (
@@ -267,12 +267,13 @@ def paired_core(experiment: str, tracking_uri: str | None, options: ReportOption
 
 
 def arrange(ctx: ReportContext) -> None:
-    """Put the core in display order (datasets by ``ctx.medians``, operators in the study's
-    order), pick the main setting and build Tables 1-3."""
+    """Put the core in display order (datasets by ``ctx.medians``, then both datasets and
+    operators as the sweep recorded them: ``analysis.load.recorded_order``), pick the main setting and build Tables 1-3."""
     o, pairing, levels = ctx.options, ctx.pairing, ctx.axis_levels
     keys = list(pairing.keys)
-    ctx.datasets = dataset_order(pairing.runs["dataset"], ctx.medians)
-    ctx.operators = operator_order(pairing.runs["operator"], o.baseline)
+    known = recorded_order(ctx.experiment.parent_tags)
+    ctx.datasets = dataset_order(pairing.runs["dataset"], ctx.medians, known.get("dataset", ()))
+    ctx.operators = operator_order(pairing.runs["operator"], o.baseline, known.get("operator", ()))
     not_axes = [k for k in keys if k not in levels]
     ctx.main_setting = main_setting(pairing.runs, not_axes, o.position, o.attention_position)
     comps = ctx.comparisons
@@ -288,6 +289,7 @@ def arrange(ctx: ReportContext) -> None:
         ctx.main_setting,
         [*levels],
         levels,
+        known_operators=known.get("operator", ()),
     )
     ctx.table_inputs = inputs
     ctx.tables = study_tables(inputs, pairing, o.labels)

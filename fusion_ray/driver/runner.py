@@ -27,9 +27,16 @@ from fusion_ray.driver.placement import PlacementError, placement_timeout_s
 from fusion_ray.driver.session import DriverSession, tune_output
 from fusion_ray.driver.storage import finish_ended_trials, resume_point, storage_uri
 from fusion_ray.driver.trial import run_cell, trial_resources
+from fusion_ray.model.fusion import FUSIONS
 from fusion_ray.policy.plan import Plan, plan
 from fusion_ray.policy.seed_policy import SeedPolicy, TuneRun, policy_for
-from fusion_ray.schema import CPU_REHEARSAL_TAG, GRID_AXES_TAG, OVERRIDES_TAG, axis_text
+from fusion_ray.schema import (
+    CPU_REHEARSAL_TAG,
+    DISPLAY_ORDER_TAG,
+    GRID_AXES_TAG,
+    OVERRIDES_TAG,
+    axis_text,
+)
 
 log = logging.getLogger("fusion_ray.sweep")
 
@@ -104,7 +111,19 @@ def _parent_params(
     params[GRID_AXES_TAG] = json.dumps(
         {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
     )
+    params[DISPLAY_ORDER_TAG] = json.dumps(display_order(todo.cells))
     return params
+
+
+def display_order(cells: Sequence[Cell]) -> dict[str, list[str]]:
+    """The sweep's operators in the fusion registry's order and its datasets in the sweep
+    file's (the grid's cells come in it): how the report lists them (``DISPLAY_ORDER_TAG``)."""
+    used = {c.fusion.split("(", 1)[0] for c in cells}
+    registered = [name for name in FUSIONS.names() if name in used]
+    return {
+        "operator": registered + sorted(used - set(registered)),
+        "dataset": list(dict.fromkeys(c.dataset for c in cells)),
+    }
 
 
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:

@@ -14,13 +14,7 @@ import difflib
 import sys
 from collections.abc import Sequence
 
-# The built-in targets register in this order: aws, onprem, slurm, k8s.
-# isort: off
-from fusion_ray.launch import rayup
-from fusion_ray.launch import slurm
-from fusion_ray.launch import k8s
-
-# isort: on
+from fusion_ray.launch import k8s, rayup, slurm
 from fusion_ray.launch.batch import BatchJob, BatchTarget
 from fusion_ray.launch.target import (
     LAUNCHERS,
@@ -31,6 +25,17 @@ from fusion_ray.launch.target import (
     target_parser,
 )
 from fusion_ray.registry import BUILT_IN
+
+BUILT_IN_TARGETS: tuple[tuple[str, type[LaunchTarget]], ...] = (
+    ("aws", rayup.AwsTarget),
+    ("onprem", rayup.OnpremTarget),
+    ("slurm", slurm.SlurmTarget),
+    ("k8s", k8s.KubeTarget),
+)
+"""The built-in launch targets in the order ``fusion-ray cluster --help`` and ``fusion-ray list``
+show them; plug-ins follow by name."""
+for _name, _target in BUILT_IN_TARGETS:
+    LAUNCHERS.register(_name)(_target)
 
 __all__ = [
     "LAUNCHERS",

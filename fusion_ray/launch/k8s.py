@@ -34,7 +34,6 @@ from fusion_ray.launch.shell import shell_join, shell_word, sweep_command_proble
 from fusion_ray.launch.target import (
     DRIVER_RESOURCE,
     DRIVER_SLOTS,
-    LAUNCHERS,
     RAY_VERSION,
     LaunchTarget,
     count_problems,
@@ -324,7 +323,6 @@ def _argv(job: KubeJob) -> list[str]:
     return args
 
 
-@LAUNCHERS.register("k8s")
 class KubeTarget(LaunchTarget):
     """A KubeRay RayJob: KubeRay makes a Ray cluster for the sweep and deletes it after
     (kubectl apply -f it)."""

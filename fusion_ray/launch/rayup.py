@@ -43,7 +43,6 @@ from fusion_ray.launch.shell import in_double_quotes, shell_join, shell_word
 from fusion_ray.launch.target import (
     DRIVER_RESOURCE,
     DRIVER_SLOTS,
-    LAUNCHERS,
     PYTHON_VERSION,
     RAY_VERSION,
     LaunchTarget,
@@ -643,7 +642,6 @@ RAY_UP_SHELL_KEYS = (
 """The keys of a ``ray up`` file whose commands a shell runs on the nodes."""
 
 
-@LAUNCHERS.register("aws")
 class AwsTarget(LaunchTarget):
     """cluster.yaml: an autoscaling AWS cluster (a CPU head, spot single-GPU and 4-GPU nodes)
     for ``ray up``; sweeps then run on its head."""
@@ -657,7 +655,6 @@ class AwsTarget(LaunchTarget):
         return render_aws()
 
 
-@LAUNCHERS.register("onprem")
 class OnpremTarget(LaunchTarget):
     """A cluster file for a lab's own machines (Ray's ``local`` provider over SSH) for
     ``ray up``; sweeps then run on its head."""

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from fusion_ray.launch.batch import BATCH_FLAGS, BatchJob, BatchTarget
 from fusion_ray.launch.shell import node_tmp_problem
-from fusion_ray.launch.target import LAUNCHERS, run
+from fusion_ray.launch.target import run
 
 __all__ = [
     "SlurmJob",
@@ -178,7 +178,6 @@ def render_slurm(job: SlurmJob) -> str:
     return job.script()
 
 
-@LAUNCHERS.register("slurm")
 class SlurmTarget(BatchTarget):
     """A SLURM batch script: a Ray cluster of the job's nodes runs the sweep (sbatch it from the
     checkout)."""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.load import read_run_artifacts, unreadable_artifacts
+from analysis.load import read_run_artifacts, recorded_order, unreadable_artifacts
 from analysis.render import drawing
 from analysis.render.escape import md
 from analysis.render.tables import dataset_order, describe_setting, fmt_p, operator_order, select
@@ -307,8 +307,11 @@ class LengthSection(Section):
         )
         if not lengths.stats.empty:
             runs = pairing.runs
-            datasets = dataset_order(runs["dataset"], lengths.median_length)
-            operators = operator_order(runs["operator"], o.baseline)
+            known = recorded_order(ctx.experiment.parent_tags)
+            datasets = dataset_order(
+                runs["dataset"], lengths.median_length, known.get("dataset", ())
+            )
+            operators = operator_order(runs["operator"], o.baseline, known.get("operator", ()))
             lengths.stats = display_order(lengths.stats, datasets, operators, ctx.axis_levels)
         warnings += lengths.warnings
         return lengths

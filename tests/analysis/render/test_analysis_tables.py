@@ -66,15 +66,23 @@ def comparisons():
 
 
 def test_orders():
-    assert operator_order(["mlp", "gate_scalar", "zeta", "add", "gate_cnn(k=3)"], "add") == [
+    """The baseline first, then the order the sweep recorded (the fusion registry's for
+    operators, options ignored; the sweep file's for datasets), then by name; datasets by
+    median length first where it is known."""
+    ops = ["mlp", "gate_scalar", "zeta", "add", "gate_cnn(k=3)"]
+    registry = ["add", "concat", "gate_scalar", "gate_cnn", "mlp"]
+    assert operator_order(ops, "add", registry) == [
         "add",
         "gate_scalar",
-        "mlp",
         "gate_cnn(k=3)",
+        "mlp",
         "zeta",
     ]
-    assert dataset_order(["arxiv", "imdb", "ag_news"]) == ["ag_news", "imdb", "arxiv"]
-    assert dataset_order(["a", "b"], {"a": 900.0, "b": 40.0}) == ["b", "a"]
+    assert operator_order(ops, "mlp") == ["mlp", "add", "gate_cnn(k=3)", "gate_scalar", "zeta"]
+    sweep_file = ["ag_news", "imdb", "arxiv"]
+    assert dataset_order(["arxiv", "imdb", "ag_news"], known=sweep_file) == sweep_file
+    assert dataset_order(["arxiv", "imdb", "ag_news"]) == ["ag_news", "arxiv", "imdb"]
+    assert dataset_order(["a", "b"], {"a": 900.0, "b": 40.0}, ["a", "b"]) == ["b", "a"]
 
 
 def test_table1_marks_only_significant_cells_and_footnotes_the_test():

@@ -195,3 +195,22 @@ def test_a_run_naming_a_checkpoint_outside_storage_starts_again(tmp_path, caplog
     inside.mkdir(parents=True)
     existing = {cell.cell_id: CellRun("run", "KILLED", str(inside))}
     assert resume_point(spec, cell, existing) == str(inside)
+
+
+@pytest.mark.unit
+def test_the_parent_run_records_the_order_the_report_lists_the_sweep_in(tmp_path):
+    """Operators in the fusion registry's order whatever order the file lists them in;
+    datasets in the sweep file's order."""
+    from fusion_ray.config.grid import expand
+    from fusion_ray.driver.runner import display_order
+    from fusion_ray.model.fusion import FUSIONS
+
+    path = tiny_sweep(tmp_path, grid={"datasets": ["long", "short"], "fusions": ["mlp", "add"]})
+    spec = yaml.safe_load(path.read_text())
+    spec["datasets"]["long"] = spec["datasets"]["short"]
+    spec["grid"]["fusions"] = ["mlp", "gate_cnn", "add"]
+    path.write_text(yaml.safe_dump(spec))
+    order = display_order(expand(load_sweep(path)))
+    registered = [n for n in FUSIONS.names() if n in {"mlp", "gate_cnn", "add"}]
+    assert order == {"operator": registered, "dataset": ["long", "short"]}
+    assert registered.index("add") < registered.index("gate_cnn") < registered.index("mlp")
