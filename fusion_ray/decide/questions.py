@@ -395,7 +395,9 @@ def quarter_accuracy(metrics: Mapping[str, object]) -> dict[str, float]:
     return out
 
 
-def quarter_metrics(lengths: Sequence[int], correct: Sequence[bool]) -> dict[str, int]:
+def quarter_metrics(
+    lengths: Sequence[int] | np.ndarray, correct: Sequence[bool] | np.ndarray
+) -> dict[str, int]:
     """``QUARTER_METRICS`` of one run: correct and total documents in the shortest and the
     longest length quarter of its test split (``bucket_edges``)."""
     length = np.asarray(lengths, dtype=np.int64)
