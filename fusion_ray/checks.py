@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import numbers
 import re
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -52,7 +53,7 @@ def _too_long_number(value: object) -> bool:
     return isinstance(value, str) and len(value) > 100 and bool(_NUMBER_TEXT.fullmatch(value))
 
 
-def error_text(err: dict[str, Any], nullable: bool = False) -> str:
+def error_text(err: Mapping[str, Any], nullable: bool = False) -> str:
     """One pydantic error's problem, without its location: what the value must be and what it
     was. ``nullable``: the field also accepts null (said in the message)."""
     kind, ctx = err["type"], err.get("ctx") or {}
@@ -140,7 +141,7 @@ def field_problems(settings: Any, prefix: str = "") -> list[str]:
     fields' types and constraints, as ``<prefix><field>: problem`` messages."""
     from pydantic import ValidationError
 
-    cls = type(settings)
+    cls: type = type(settings)
     try:
         _adapter(cls).validate_python(dataclasses.asdict(settings))
     except ValidationError as exc:

@@ -187,11 +187,12 @@ def list_entries() -> str:
         lines.append(f"  {stat.name:<20} [{origin(stat.name)}]  columns: {', '.join(stat.columns)}")
     lines += _broken_lines(STATISTICS)
     # lazy: the launch targets load yaml and their entry points (~0.04 s, --help takes ~0.07 s)
-    from fusion_ray.launch import LAUNCHERS, options
+    from fusion_ray.launch import LAUNCHERS
+    from fusion_ray.launch import options as launch_options
 
     lines.append(f"launch targets (entry-point group {LAUNCHERS.group}; fusion-ray cluster NAME):")
     for name in LAUNCHERS.names():
-        flags = ", ".join(action.option_strings[0] for action in options(name))
+        flags = ", ".join(action.option_strings[0] for action in launch_options(name))
         lines.append(f"  {name:<20} [{LAUNCHERS.origin(name)}]  {LAUNCHERS.get(name).summary}")
         lines.append(f"  {'':<20} options: {flags or 'none'}")
     lines += _broken_lines(LAUNCHERS)

@@ -87,7 +87,7 @@ def summary_table(spec: SweepSpec) -> str:
         cell = cells.get(run.data.tags.get("cell_id", ""))
         if cell is None or run.info.status != "FINISHED" or "test_acc" not in run.data.metrics:
             continue
-        key = (cell.dataset, cell.position, cell.attention_position, cell.fusion)
+        key: tuple[str, ...] = (cell.dataset, cell.position, cell.attention_position, cell.fusion)
         accuracies[key + tuple(text for _, text in cell.axes)].append(run.data.metrics["test_acc"])
     axes = [key.rsplit(".", 1)[-1] for key in spec.grid.settings]
     head = f"{'dataset':<12} {'position':<16} {'attention':<12} {'fusion':<22} "

@@ -24,7 +24,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from fusion_ray.checks import error_text
 
@@ -137,6 +137,8 @@ class Registry(Generic[T]):
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
+        if self.group is None:  # a registry without a group has no plug-ins
+            return
         for point in sorted(metadata.entry_points(group=self.group), key=lambda p: p.name):
             origin = point.dist.name if point.dist is not None else point.value
             loaded = self._load(point, origin)
@@ -226,7 +228,9 @@ class Registry(Generic[T]):
         problems = self.check(name, kwargs)
         if problems:
             raise ValueError("; ".join(problems))
-        return self.get(name)(*args, **kwargs)
+        # build is only called on registries of classes and factories
+        factory = cast("Callable[..., Any]", self.get(name))
+        return factory(*args, **kwargs)
 
     def user_kwargs(self, name: str) -> dict[str, inspect.Parameter]:
         """The keyword-only parameters of an entry: the ones a sweep file may set."""

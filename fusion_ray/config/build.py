@@ -24,10 +24,11 @@ from fusion_ray.config.combinations import (
     matches,
     set_dotted,
 )
-from fusion_ray.config.spec import SweepSpec, pydantic_problems, resources_for
+from fusion_ray.config.spec import Named, SweepSpec, pydantic_problems, resources_for
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS, model_rules
 from fusion_ray.model.spec import ModelSpec
+from fusion_ray.registry import Registry
 from fusion_ray.schema import axis_text
 from fusion_ray.train.spec import TrainSpec, TrialConfig, train_rules
 
@@ -95,9 +96,10 @@ def _read_as(trial: TrialConfig, axis: str) -> str:
     """How the trial holds a setting axis's value (``model.scale_embeddings = True``)."""
     dotted = axis.removeprefix("grid.")
     section, _, rest = dotted.partition(".")
-    value: Any = dataclasses.asdict(getattr(trial, section, None) or {}) if rest else None
-    if not isinstance(value, dict):
+    settings = getattr(trial, section, None)
+    if not rest or settings is None:
         return ""
+    value: Any = dataclasses.asdict(settings)
     for part in rest.split("."):
         if not isinstance(value, dict) or part not in value:
             return ""
@@ -108,7 +110,10 @@ def _read_as(trial: TrialConfig, axis: str) -> str:
 def _buildable(spec: SweepSpec, combo: Combination) -> bool:
     """Whether a grid point can be built: its dataset has a preset and its registry entries
     exist with valid options (otherwise the file-level checks said why)."""
-    entries = ((FUSIONS, combo.fusion), (POSITIONS, combo.position))
+    entries: tuple[tuple[Registry[Any], Named], ...] = (
+        (FUSIONS, combo.fusion),
+        (POSITIONS, combo.position),
+    )
     entries += ((ATTENTION_POSITIONS, combo.attention),)
     return combo.dataset in spec.datasets and not any(
         registry.check(entry.name, entry.kwargs) for registry, entry in entries

@@ -96,7 +96,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 seen[key] = line
         return super().construct_mapping(node, deep=deep)
 
-    def construct_yaml_int(self, node: yaml.ScalarNode) -> int | str:
+    # Not overrides of construct_yaml_int/float (which return numbers only): registered for
+    # the int and float tags below in their place.
+    def _construct_int(self, node: yaml.ScalarNode) -> int | str:
         text = self.construct_scalar(node)
         if len(text) > MAX_INT_CHARS:
             return text  # no setting takes such a number: its field refuses the text, named
@@ -104,15 +106,15 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             return text  # YAML 1.1's base 60 (1:30 is 90): kept as written, refused by name
         return super().construct_yaml_int(node)
 
-    def construct_yaml_float(self, node: yaml.ScalarNode) -> float | str:
+    def _construct_float(self, node: yaml.ScalarNode) -> float | str:
         text = self.construct_scalar(node)
         if ":" in text:
             return text  # YAML 1.1's base 60 (1:30.5 is 90.5)
         return super().construct_yaml_float(node)
 
 
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader.construct_yaml_float)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader._construct_int)
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:float", _UniqueKeyLoader._construct_float)
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
@@ -139,7 +141,10 @@ def _not_a_file(path: Path) -> str | None:
             f"sweep file {shorten(str(path))} does not exist; see sweeps/ for examples"
         ) from None
     except OSError as exc:  # ELOOP, ENAMETOOLONG, EACCES, ENOTDIR ...
-        what = {errno.ELOOP: "a loop of symbolic links", errno.ENAMETOOLONG: "a name too long"}
+        what: dict[int | None, str] = {
+            errno.ELOOP: "a loop of symbolic links",
+            errno.ENAMETOOLONG: "a name too long",
+        }
         return f"cannot be read: {what.get(exc.errno, exc.strerror or str(exc))}; give a sweep file's path"
     if stat.S_ISDIR(mode):
         return "is a folder, not a sweep file; give a .yaml file (see sweeps/ for examples)"

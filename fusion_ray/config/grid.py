@@ -26,7 +26,7 @@ _NOT_IN_ID = ("data.cache_dir", *EXECUTION_PARAMS)
 # Settings added to the schema after cell ids were first issued, with their defaults: while a
 # sweep leaves one at its default it stays out of the id, so growing the schema does not
 # change the ids (and re-run the finished cells) of sweeps that do not use the new setting.
-_ID_DEFAULTS = {
+_ID_DEFAULTS: dict[str, Any] = {
     "train.pad_to_multiple": 1,
     "train.micro_batch_size": None,
     "data.eval_lengths": [],

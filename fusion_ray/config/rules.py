@@ -14,6 +14,7 @@ from fusion_ray.config.combinations import GRID_AXIS_MODEL_FIELDS, AxisNamer, gr
 from fusion_ray.config.spec import AXES, OVERRIDABLE_TRAIN, Grid, Named, Rule, SubGrid, SweepSpec
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model import ATTENTION_POSITIONS, FUSIONS, POSITIONS
+from fusion_ray.registry import Registry
 from fusion_ray.schema import axis_text
 
 
@@ -211,7 +212,7 @@ def _axis_problems(spec: SweepSpec, name_grid: AxisNamer) -> tuple[list[str], di
     """Datasets without a preset, unknown registry entries or options, entries listed twice; and
     every value each axis knows (names and labels), for the exclude rules and the baseline."""
     problems: list[str] = []
-    registries = {
+    registries: dict[str, Registry[Any]] = {
         "fusions": FUSIONS,
         "positions": POSITIONS,
         "attention_positions": ATTENTION_POSITIONS,

@@ -10,6 +10,26 @@ models.
             batch = collate(data.train, indices, pad_id=data.pad_id)
 """
 
+TYPE_CHECKING = False
+"""False at run time, true for type checkers (which read it by name): the same as
+typing.TYPE_CHECKING without importing typing here."""
+if TYPE_CHECKING:
+    # what type checkers see; at run time __getattr__ below imports each name on first use
+    from fusion_ray.data.batching import LengthGroupedSampler, collate
+    from fusion_ray.data.prepare import (
+        PreparedData,
+        TokenizedSplit,
+        cache_settings,
+        check_data_spec,
+        data_rules,
+        prepare_data,
+    )
+    from fusion_ray.data.sources import HUB_DATASETS, SOURCES
+    from fusion_ray.data.spec import DataSpec
+    from fusion_ray.data.stats import format_stats, length_stats
+    from fusion_ray.data.synthetic import REGIMES
+    from fusion_ray.data.tokenizer import PAD_ID, TOKENIZERS, UNK_ID
+
 _EXPORTS = {
     "LengthGroupedSampler": "fusion_ray.data.batching",
     "collate": "fusion_ray.data.batching",

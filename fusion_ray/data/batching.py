@@ -34,7 +34,7 @@ class LengthGroupedSampler:
 
     def __init__(
         self,
-        lengths: Sequence[int],
+        lengths: Sequence[int] | np.ndarray,
         batch_size: int,
         *,
         seed: int,

@@ -182,7 +182,7 @@ def encode_labels(splits: dict[str, RawSplit]) -> tuple[int | None, list[str] | 
     strings = {v for v in values if isinstance(v, str)}
     if strings:
         non_str = [
-            (name, int(s.rows[i]), v)
+            (name, s.row(i), v)
             for name, s in splits.items()
             for i, v in enumerate(s.labels)
             if not isinstance(v, str)

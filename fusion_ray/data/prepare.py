@@ -28,6 +28,7 @@ from fusion_ray.data.sources import (
     LabelWindow,
     RawDataset,
     RawSplit,
+    SyntheticSource,
     source_num_classes,
 )
 from fusion_ray.data.spec import DataSpec
@@ -263,7 +264,7 @@ def _label_index(split_name: str, raw: RawSplit, num_classes: int | None) -> np.
                     "if the dataset really has more classes"
                 )
             raise ValueError(
-                f"{raw.origin}: row {int(raw.rows[i])} of the {split_name} split has label "
+                f"{raw.origin}: row {raw.row(i)} of the {split_name} split has label "
                 f"{value!r}, {what}; {fix}"
             )
         out[i] = value
@@ -283,13 +284,15 @@ def check_labels_seen_in_train(raw: RawDataset) -> None:
     seen = {plain(v) for v in train.labels}
     for name in ("validation", "test"):
         split = raw.splits.get(name)
-        for i, value in enumerate(split.labels if split is not None else []):
+        if split is None:
+            continue
+        for i, value in enumerate(split.labels):
             if plain(value) in seen:
                 continue
             names = raw.label_names
             shown = names[value] if names and is_int(value) and 0 <= value < len(names) else value
             raise ValueError(
-                f"{split.origin}: row {int(split.rows[i])} of the {name} split has label "
+                f"{split.origin}: row {split.row(i)} of the {name} split has label "
                 f"{shown!r}, which no training document has; fix or remove that row (or, if the "
                 "dataset really has a class the training split lacks, set data.num_classes)"
             )
@@ -311,8 +314,9 @@ class _Docs:
 
 def _clean(split_name: str, raw: RawSplit, num_classes: int) -> _Docs:
     labels = _label_index(split_name, raw, num_classes)
-    keep = [i for i, t in enumerate(raw.texts) if isinstance(t, str) and t.strip()]
-    return _Docs([raw.texts[i] for i in keep], labels[keep], len(raw.texts) - len(keep))
+    kept = [(i, t) for i, t in enumerate(raw.texts) if isinstance(t, str) and t.strip()]
+    keep = [i for i, _ in kept]
+    return _Docs([t for _, t in kept], labels[keep], len(raw.texts) - len(keep))
 
 
 def split_documents(raw: RawDataset, spec: DataSpec, num_classes: int) -> dict[str, _Docs]:
@@ -348,7 +352,7 @@ def split_documents(raw: RawDataset, spec: DataSpec, num_classes: int) -> dict[s
 
 
 def _subsample(
-    docs: dict[str, RawSplit], name: str, keep: int | None, split_seed: int, stream: int
+    docs: dict[str, _Docs], name: str, keep: int | None, split_seed: int, stream: int
 ) -> None:
     """Keep a seeded subsample of at most ``keep`` documents of split ``name`` (in order)."""
     split = docs[name]
@@ -398,15 +402,20 @@ def label_window_problem(
             longest = max(longest, *over)
     if not cut:
         return None
-    if source.relative:
+    if isinstance(source, SyntheticSource):
+        task, relative = f"the synthetic {source.regime!r} task", source.relative
+        window_fix = ", or lower data.source_kwargs.window"
+    else:  # a plug-in source's LabelWindow: no regime, relative task or window
+        task, relative, window_fix = f"the {spec.source} source", False, ""
+    if relative:
         where = "every word of a training or validation document of the relative task"
         fix = ""
     else:
         where = f"the first {source.label_words('test')} words of each document"
-        fix = ", or lower data.source_kwargs.window"
+        fix = window_fix
     return (
         f"data.max_length: {spec.max_length} tokens cut into the label-bearing words of "
-        f"{', '.join(cut)} documents of the synthetic {source.regime!r} task ({where}): the "
+        f"{', '.join(cut)} documents of {task} ({where}): the "
         f"{spec.tokenizer!r} tokenizer splits some of their words into several tokens, so "
         "truncation would let word counts reveal the label. Use tokenizer: word (one token "
         f"per word), or raise data.max_length to at least {longest}{fix}"

@@ -4,6 +4,7 @@ splits of a dataset (``RawDataset``), before tokenising.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,8 @@ SPLITS = ("train", "validation", "test")
 class RawSplit:
     """One split as read: texts, raw labels, and where each row came from (for error messages)."""
 
-    texts: list[str | None]
+    texts: Sequence[str | None]
+    """A source may give missing texts (None): they are dropped with the empty ones."""
     labels: list[Any]
     origin: str
     """A file path or a hub id and split, used in error messages."""
@@ -28,6 +30,11 @@ class RawSplit:
             self.rows = np.arange(len(self.texts), dtype=np.int64)
         if not (len(self.texts) == len(self.labels) == len(self.rows)):
             raise AssertionError("texts, labels and rows must have the same length")
+
+    def row(self, i: int) -> int:
+        """Document ``i``'s row in ``origin``."""
+        assert self.rows is not None  # set by __post_init__
+        return int(self.rows[i])
 
 
 @dataclass

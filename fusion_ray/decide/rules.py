@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal, cast
 
 import numpy as np
 from annotated_types import Gt
@@ -188,7 +188,8 @@ class MagnitudeRule(DecisionRule):
             if t == wave_end:  # the first wave: every delta at the wave's scale
                 todo = seen
             else:
-                todo = [row[t]] if row[t] is not None else []
+                delta = row[t]
+                todo = [delta] if delta is not None else []
             for d in todo:
                 step = math.tanh(self.theta * d / scale) if scale > 0 else 0.0
                 up, down = up * (1 + step), down * (1 - step)
@@ -221,7 +222,8 @@ class MagnitudeRule(DecisionRule):
         two_sided = (up + down) / 2
         if last:
             return two_sided[:, -1] >= 1 / level
-        return (two_sided[:, wave_end:] >= 1 / level).any(axis=1)
+        # any over axis 1 of a [shifts, looks] array: an array, one per shift
+        return cast(np.ndarray, (two_sided[:, wave_end:] >= 1 / level).any(axis=1))
 
     def max_log_e(self, n: int) -> float:
         # far from the data the shifted values have one sign and nearly one size, so each seed

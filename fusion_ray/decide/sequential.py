@@ -375,8 +375,8 @@ def _state(family: _Family, name: str, seed: int, look: int, ev: Evidence, p, cs
     if p_h <= s.alpha:
         return _direction(family, name, look, ev)
     if family.rule.family == "holm":
-        inside = s.margin is not None and cs is not None
-        if inside and -s.margin <= cs[0] and cs[1] <= s.margin:
+        margin = s.margin
+        if margin is not None and cs is not None and -margin <= cs[0] and cs[1] <= margin:
             return "equivalent"
     elif p_k <= s.alpha:
         return "equivalent"
@@ -467,7 +467,7 @@ def decision_rows(
     failed: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
     alpha: float = 0.05,
     first: int = FIRST_WAVE,
-) -> list[dict[str, object]]:
+) -> list[dict[str, Any]]:
     """One row per hypothesis (the names of ``fusion_ray.schema.DECISION_COLUMNS``): its kind,
     state and verdict in its kind's words, the rule, its null and margin, seeds used, the seed
     it was decided at, its last e-values, anytime p (raw and family-adjusted), the simultaneous
@@ -550,14 +550,14 @@ def _failure_note(verdict: str, state: str, by_operator: Mapping[str, tuple[int,
     return failed
 
 
-def _interval(low: object, high: object) -> str:
-    lo, hi = float(low), float(high)  # type: ignore[arg-type]
+def _interval(low: float, high: float) -> str:
+    lo, hi = float(low), float(high)
     if math.isnan(lo) or math.isnan(hi):
         return "-"
     return f"({lo:+.2f}, {hi:+.2f})"
 
 
-def decisions_text(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) -> str:
+def decisions_text(rows: Sequence[Mapping[str, Any]], alpha: float = 0.05) -> str:
     """The decisions as a console table: each hypothesis's verdict, the seeds it was decided
     after, its estimates, the e-BY interval of a decided one and the simultaneous sequence."""
     width = max([len(str(r["comparison"])) for r in rows] + [10])
@@ -581,7 +581,7 @@ def decisions_text(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) ->
     return "\n".join(lines)
 
 
-def decisions_footnotes(rows: Sequence[Mapping[str, object]], alpha: float = 0.05) -> list[str]:
+def decisions_footnotes(rows: Sequence[Mapping[str, Any]], alpha: float = 0.05) -> list[str]:
     """What every surface says under a decisions table: the columns, the rule, its null and
     what a verdict means."""
     if not rows:

@@ -210,7 +210,7 @@ class MLflowSweepCallback(TrackingCallback):
         storage_path: str,
         at_most: bool = False,
         lease: SweepLease | None = None,
-        cells_left: Callable[[], tuple[int, int]] | None = None,
+        cells_left: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         super().__init__(tracker, lease)
         self.cells_left = cells_left
@@ -243,8 +243,9 @@ class MLflowSweepCallback(TrackingCallback):
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
         total = f"{'at most ' if self.at_most else ''}{len(self.cells)}"
         pace = (time.monotonic() - self.began) / done
-        if self.cells_left is not None:
-            now, worst = self.cells_left()
+        cells_left = self.cells_left() if self.cells_left is not None else None
+        if cells_left is not None:
+            now, worst = cells_left
             left = time_left(now, pace, worst)
         else:
             left = time_left(len(self.cells) - done, pace)
@@ -486,7 +487,7 @@ class DriverStopper(Stopper):
     def __init__(
         self, callback: TrackingCallback, stopping: Callable[[], bool] | None = None
     ) -> None:
-        self.callback = callback
+        self.callback: TrackingCallback | None = callback
         self.stopping = stopping
 
     def __getstate__(self) -> dict:

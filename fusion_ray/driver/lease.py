@@ -95,7 +95,9 @@ class SweepLease:
         take_over: bool = False,
         what: str = "sweep",
     ) -> None:
-        self.store, self.sweep, self.name = store, sweep, LEASE_PREFIX + sweep
+        self.store: LeaseStore | None = store
+        """None in a copy restored from pickle, which never holds the lease."""
+        self.sweep, self.name = sweep, LEASE_PREFIX + sweep
         self.what = what
         """What the lease is for, in messages ("sweep", "HPO")."""
         self.ttl_s = ttl_s if ttl_s is not None else float(os.environ.get(TTL_ENV, 120.0))
@@ -108,6 +110,12 @@ class SweepLease:
         self.lost = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    @property
+    def _store(self) -> LeaseStore:
+        if self.store is None:
+            raise RuntimeError(f"a restored copy of the lease of {self.what} {self.sweep!r}")
+        return self.store
 
     # --- acquiring
     def acquire(self) -> None:
@@ -137,11 +145,11 @@ class SweepLease:
             "token": self.token,
             "purpose": "fusion-ray: the driver running this sweep (deleted when it ends)",
         }
-        return self.store.create(self.name, tags)
+        return self._store.create(self.name, tags)
 
     def holder(self) -> Holder | None:
         """The current holder, or None when nobody holds the lease."""
-        tags = self.store.tags(self.name)
+        tags = self._store.tags(self.name)
         return None if tags is None else Holder.from_tags(tags)
 
     def _is_dead(self, holder: Holder) -> bool:
@@ -163,7 +171,7 @@ class SweepLease:
         """Delete the lease if it is still the one with ``token`` (never a newer holder's)."""
         holder = self.holder()
         if holder is not None and holder.token == token:
-            self.store.delete(self.name)
+            self._store.delete(self.name)
 
     # --- holding
     def _start_heartbeat(self) -> None:
@@ -180,7 +188,7 @@ class SweepLease:
                     )
                     self.lost.set()
                     return
-                self.store.set_tag(self.name, "heartbeat", repr(time.time()))
+                self._store.set_tag(self.name, "heartbeat", repr(time.time()))
             except Exception as exc:  # noqa: BLE001 - a store hiccup: try again next beat
                 log.warning(
                     "lease heartbeat of %s %s failed (%s); retrying", self.what, self.sweep, exc

@@ -86,11 +86,13 @@ def run_sweep(
             spec, rehearsal = _placed(spec, todo, smoke)
             if rehearsal:  # the policy runs the spec rehearsed on CPUs
                 policy = policy_for(spec, todo)
-        session.open_parent(sweep_file, _parent_params(spec, todo, policy, rehearsal, overrides))
-        session.tracker.log_cells(session.parent_id, [c.cell_id for c in todo.cells])
+        parent_id = session.open_parent(
+            sweep_file, _parent_params(spec, todo, policy, rehearsal, overrides)
+        )
+        session.tracker.log_cells(parent_id, [c.cell_id for c in todo.cells])
         with session.driving():
             outcome = _run_cells(spec, session, todo, policy, verbose)
-            outcome.decisions = policy.finish(session.tracker, session.parent_id)
+            outcome.decisions = policy.finish(session.tracker, parent_id)
             ran = outcome.already_finished + len(outcome.finished)
             outcome.closing = policy.closing_lines(outcome.decisions, ran, outcome.cells)
         return outcome
@@ -145,7 +147,7 @@ def _run_cells(
     # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
     from fusion_ray.driver.callbacks import MLflowSweepCallback
 
-    tracker, parent_id = session.tracker, session.parent_id
+    tracker, parent_id = session.tracker, session.parent
     finish_ended_trials(spec, tracker, todo, lease_token=session.lease.token)
     cells, done = todo.cells, todo.done
     note = todo.other_settings_note(spec.name)

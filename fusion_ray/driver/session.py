@@ -45,6 +45,8 @@ from fusion_ray.redact import redact
 from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from fusion_ray.driver.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -318,8 +320,13 @@ class DriverSession:
             self._held = stack.pop_all()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._held.__exit__(*exc)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._held.__exit__(exc_type, exc, tb)
 
     def start_ray(self, address: str | None) -> None:
         init_ray(address)
@@ -327,6 +334,12 @@ class DriverSession:
     def open_parent(self, source_file: str | None, params: dict[str, str]) -> str:
         """The parent run of this invocation (its params: what was run and how)."""
         self.parent_id = self.tracker.parent_run(source_file, params=params)
+        return self.parent_id
+
+    @property
+    def parent(self) -> str:
+        """The parent run's id, once ``open_parent`` made it."""
+        assert self.parent_id is not None, "open_parent first"
         return self.parent_id
 
     @contextlib.contextmanager
@@ -442,8 +455,7 @@ class DriverSession:
 
     def end(self, summary: dict[str, float]) -> None:
         """The parent run FINISHED with its summary metrics."""
-        assert self.parent_id is not None, "open_parent first"
-        self.tracker.end_parent(self.parent_id, summary)
+        self.tracker.end_parent(self.parent, summary)
 
 
 def exit_code(exc: BaseException) -> int | None:

@@ -114,7 +114,9 @@ def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str |
     and lies under this sweep's storage (a path read from the tracking store is trusted only
     there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""
     prior = existing.get(cell.cell_id)
-    resume_from = prior.checkpoint_path if prior is not None else None
+    if prior is None:
+        return None
+    resume_from = prior.checkpoint_path
     if resume_from:
         resume_from = stored_checkpoint(resume_from, spec.storage_path)
     if resume_from and not within_storage(resume_from, storage_uri(spec.storage_path)):

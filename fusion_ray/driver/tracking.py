@@ -409,7 +409,12 @@ class Tracker:
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
-        names = (*FINAL_METRICS, *LENGTH_QUARTER_METRICS, *INIT_METRICS, LATENCY_RATIO_METRIC)
+        names: tuple[str, ...] = (
+            *FINAL_METRICS,
+            *LENGTH_QUARTER_METRICS,
+            *INIT_METRICS,
+            LATENCY_RATIO_METRIC,
+        )
         names += tuple(
             k
             for k in result

@@ -168,9 +168,14 @@ def _run_trainer(job: TrialJob) -> None:
         run_config=RunConfig(
             name=f"{job.tune_run}-{job.cell_id}",
             storage_path=job.train_storage,
-            failure_config=FailureConfig(max_failures=0, max_preemption_failures=0),
+            # ray.train exports Train V2's configs at run time (V2 is on by default), but
+            # type checkers read its V1 ones (ray.air.config): no max_preemption_failures there,
+            # and callbacks typed as Tune's
+            failure_config=FailureConfig(  # type: ignore[call-arg]
+                max_failures=0, max_preemption_failures=0
+            ),
             checkpoint_config=CheckpointConfig(num_to_keep=2),
-            callbacks=[TuneReportCallback()],
+            callbacks=[TuneReportCallback()],  # type: ignore[list-item]
         ),
     )
     trainer.fit()

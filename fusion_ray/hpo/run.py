@@ -135,7 +135,7 @@ def tune_dataset(
     callback = MLflowTuningCallback(
         session.tracker,
         functools.partial(sample_cell, cells),
-        session.parent_id,
+        session.parent,
         epochs,
         METRIC,
         lease=session.lease,
@@ -146,7 +146,7 @@ def tune_dataset(
         resources=res,
     )
     search: Any = OptunaSearch(seed=settings.seed)
-    scheduler = ASHAScheduler(
+    scheduler: ASHAScheduler | None = ASHAScheduler(
         time_attr="training_iteration",  # one report per epoch
         max_t=epochs,
         grace_period=min(settings.asha.grace_period, epochs),
@@ -292,5 +292,5 @@ def _write_fragment(
     write_fragment_file(plan.output, text, overwrite=overwrite)
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, plan.output.name).write_text(text)
-        log_report_artifacts(session.tracker, session.parent_id, tmp)
+        log_report_artifacts(session.tracker, session.parent, tmp)
     session.end({k: v for d, b in best.items() for k, v in summary(d, b).items()})

@@ -76,28 +76,33 @@ class Distribution(Strict):
             raise ValueError("int takes whole-number low and high")
         return self
 
+    def _bounds(self) -> tuple[float, float]:
+        """low and high, which every type but ``choice`` has (``_consistent``)."""
+        assert self.low is not None and self.high is not None, self.type
+        return self.low, self.high
+
     def extremes(self) -> list[Any]:
         """The values that bound the search: every choice, or low and high."""
         if self.type == "choice":
             return list(self.values or [])
+        low, high = self._bounds()
         if self.type == "int":
-            return [int(self.low), int(self.high)]
-        return [self.low, self.high]
+            return [int(low), int(high)]
+        return [low, high]
 
     def domain(self) -> Any:
         """The Ray Tune search domain (OptunaSearch converts it to an Optuna distribution)."""
         # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
         from ray import tune
 
+        if self.type == "choice":
+            return tune.choice(list(self.values or []))
+        low, high = self._bounds()
         if self.type == "loguniform":
-            return tune.loguniform(self.low, self.high)
+            return tune.loguniform(low, high)
         if self.type == "uniform":
-            return tune.uniform(self.low, self.high)
-        if self.type == "int":
-            return tune.randint(
-                int(self.low), int(self.high) + 1
-            )  # randint excludes its upper bound
-        return tune.choice(list(self.values or []))
+            return tune.uniform(low, high)
+        return tune.randint(int(low), int(high) + 1)  # randint excludes its upper bound
 
 
 class Asha(Strict):
@@ -348,7 +353,7 @@ def _space_value_problems(spec: SweepSpec, tune: TuneSection) -> list[str]:
     """Each bounding value of the space (low, high, every choice), put in each tuned dataset's
     built trial, must build (the grid points were built once, with the presets' values)."""
     problems = []
-    firsts = {}
+    firsts: dict[str, Any] = {}
     for point in spec.kept_points() or []:
         firsts.setdefault(point.combination.dataset, point)
     build = section_builder(spec)  # a bound changes one section: the others are built once

@@ -7,6 +7,7 @@ meant to be run by hand."""
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 import time
@@ -52,7 +53,7 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, pids: Sequence[in
                     f"node joined ({joined} of {nodes}): see its lines above in this log"
                 )
             if not connected and _head_answers(address):
-                ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
                 connected = True
             if connected:
                 joined = sum(1 for node in ray.nodes() if node["Alive"])

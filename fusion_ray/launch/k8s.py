@@ -92,7 +92,10 @@ class KubeJob:
         if out:
             return out
         out = sweep_command_problems(self.sweep_file, self.overrides)
-        names = [("--name", self.name), ("--token-secret", self.token_secret)]
+        names: list[tuple[str, str | None]] = [
+            ("--name", self.name),
+            ("--token-secret", self.token_secret),
+        ]
         names += [("--tracking-secret", self.tracking_secret), ("--namespace", self.namespace)]
         names += [("--s3-secret", self.s3_secret)]
         if self.storage.startswith("pvc:"):

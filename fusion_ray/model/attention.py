@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import torch
@@ -82,7 +82,7 @@ class AttentionPosition(nn.Module):
         return None
 
 
-ATTENTION_POSITIONS: Registry[Callable[..., AttentionPosition]] = Registry(
+ATTENTION_POSITIONS: Registry[type[AttentionPosition]] = Registry(
     "attention_position", group="fusion_ray.attention_positions"
 )
 ATTENTION_POSITIONS.register("none")(AttentionPosition)
@@ -98,6 +98,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 class Rotary(AttentionPosition):
     """RoPE (Su et al.): rotate each (q, k) channel pair (c, c + Dh/2) at position p by angle
     p * base^(-2c/Dh), so q_i . k_j depends on i - j only. No parameters."""
+
+    inv_freq: torch.Tensor  # a buffer (register_buffer in __init__)
 
     def __init__(
         self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1, *, base: float = 10000.0
@@ -139,6 +141,8 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 class ALiBi(AttentionPosition):
     """Score bias -m_h |i - j| with fixed per-head slopes m_h (symmetric, for a bidirectional
     encoder). No parameters. Being symmetric, it tells distance but not direction."""
+
+    slopes: torch.Tensor  # a buffer (register_buffer in __init__)
 
     def __init__(self, n_heads: int, head_dim: int, max_len: int, n_layers: int = 1) -> None:
         super().__init__(n_heads, head_dim, max_len, n_layers)
@@ -318,16 +322,16 @@ class Disentangled(AttentionPosition):
         super().__init__(n_heads, head_dim, max_len, n_layers)
         self.max_distance = positive_int("max_distance", max_distance)
         d_model = n_heads * head_dim
-        self.content_scale = (3 * head_dim) ** -0.5
+        self.content_scale: float = (3 * head_dim) ** -0.5
         self.table = nn.Embedding(2 * self.max_distance, d_model)  # P, N(0, 1)
-        self.query = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(n_layers))  # W_q,r
-        self.key = nn.ModuleList(
-            nn.Linear(d_model, d_model, bias=False) for _ in range(n_layers)
-        )  # W_k,r
-        for layer in range(n_layers):
-            nn.init.xavier_uniform_(self.query[layer].weight)
-            nn.init.zeros_(self.query[layer].bias)
-            nn.init.xavier_uniform_(self.key[layer].weight)
+        queries = [nn.Linear(d_model, d_model) for _ in range(n_layers)]  # W_q,r
+        keys = [nn.Linear(d_model, d_model, bias=False) for _ in range(n_layers)]  # W_k,r
+        for query, key in zip(queries, keys, strict=True):
+            nn.init.xavier_uniform_(query.weight)
+            nn.init.zeros_(query.bias)
+            nn.init.xavier_uniform_(key.weight)
+        self.query = nn.ModuleList(queries)
+        self.key = nn.ModuleList(keys)
 
     def score_terms(self, q: torch.Tensor, k: torch.Tensor, layer: int) -> torch.Tensor:
         dtype = torch.promote_types(q.dtype, torch.float32)
@@ -383,6 +387,8 @@ class XPos(Rotary):
     Positions are not centred (torchscale centres them for range), so a document's scores do
     not depend on its padding. No parameters.
     """
+
+    log_zeta: torch.Tensor  # a buffer (register_buffer in __init__)
 
     RECORDED_OPTIONS = {"direction": "bidirectional"}
     """Written into the config even when a sweep leaves it out: runs made before the option

@@ -94,6 +94,7 @@ class Sinusoidal(PositionSignal):
     """P[p, 2i] = sin(p w_i), P[p, 2i+1] = cos(p w_i), w_i = base^(-2i/d) (Vaswani et al.)."""
 
     needs_even_d_model = True
+    table: torch.Tensor  # a buffer (register_buffer in __init__)
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len)
@@ -126,6 +127,7 @@ class RotaryFeatures(PositionSignal):
     """
 
     needs_even_d_model = True
+    table: torch.Tensor  # a buffer (register_buffer in __init__)
 
     def __init__(self, d_model: int, max_len: int, *, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len)

@@ -154,7 +154,7 @@ def finished_results(
     FINISHED run, None for a cell whose best run FAILED by its own code (it counts as a failure
     and is not run again); a run whose process or node was lost (``infrastructure``) and a
     KILLED one (interrupted) are no result: the cell runs (or continues) again."""
-    out: dict[str, float | None] = {}
+    out: dict[str, float | Mapping[str, float] | None] = {}
     for cell in cells:
         run = runs.get(cell.cell_id)
         status = getattr(run, "status", None)

@@ -33,7 +33,9 @@ class AdaptiveSeedSearcher(Searcher):
                 self.started.add(cell.cell_id)
                 self.running[trial_id] = cell.cell_id
                 return {"cell_id": cell.cell_id}
-        return None if self.running else Searcher.FINISHED
+        # Ray's Searcher.suggest is typed dict | None, but its protocol ends the search with
+        # the string Searcher.FINISHED
+        return None if self.running else Searcher.FINISHED  # type: ignore[return-value]
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False

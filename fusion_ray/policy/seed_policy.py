@@ -59,6 +59,8 @@ class MLflowSweepCallback(Protocol):
     parent_id: str
     lease: Any
     """The driver's lease (its ``lost`` event is set once another driver owns the sweep)."""
+    on_lost: Callable[[str], None] | None
+    """Told each cell whose trial's process or node was lost."""
 
 
 TUNE_RUN_CELLS = 200
@@ -179,9 +181,10 @@ class AdaptiveSeedPolicy:
 
         schedule = self.schedule
         cells = [c for c in self.todo.cells if c.cell_id not in schedule.results]
-        searcher = AdaptiveSeedSearcher(schedule, live_decisions(callback))
+        on_change = live_decisions(callback)
+        searcher = AdaptiveSeedSearcher(schedule, on_change)
         callback.on_lost = searcher.lost  # a lost process or node is not a failure of the cell
-        searcher.on_change(schedule)  # what the finished runs already say
+        on_change(schedule)  # what the finished runs already say
         yield TuneRun(name, cells, searcher)
 
     def cells_left(self) -> tuple[int, int]:

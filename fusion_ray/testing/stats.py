@@ -42,7 +42,7 @@ DELTA_SETS: tuple[tuple[int, ...], ...] = (
 )
 """Integer paired differences of correct counts, out of ``DENOMINATOR`` documents each."""
 DENOMINATOR = 200
-SETTINGS_GRID = (
+SETTINGS_GRID: tuple[dict[str, Any], ...] = (
     {},
     {"alternative": "greater"},
     {"alternative": "less", "zero_method": "pratt"},

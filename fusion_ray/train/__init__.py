@@ -1,5 +1,13 @@
 """One trial's training: the per-worker loop, its reporters and its typed settings."""
 
+TYPE_CHECKING = False
+"""False at run time, true for type checkers (which read it by name): the same as
+typing.TYPE_CHECKING without importing typing here."""
+if TYPE_CHECKING:
+    # what type checkers see; at run time __getattr__ below imports each name on first use
+    from fusion_ray.train.loop import run_local, run_trial, train_worker
+    from fusion_ray.train.spec import TrainSpec, TrialConfig
+
 _EXPORTS = {
     "run_local": "fusion_ray.train.loop",
     "run_trial": "fusion_ray.train.loop",

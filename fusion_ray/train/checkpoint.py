@@ -10,7 +10,7 @@ import dataclasses
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import pandas as pd
 import torch
@@ -21,6 +21,9 @@ from fusion_ray.train.report import CHECKPOINT_FILE, Reporter, UnreadableCheckpo
 from fusion_ray.train.spec import (
     TrialConfig,
 )
+
+if TYPE_CHECKING:
+    from fusion_ray.model.classifier import FusionClassifier
 
 # ----------------------------------------------------------------------------- small helpers
 
@@ -33,8 +36,11 @@ def _lr_on_device(optimizer: torch.optim.Optimizer, device: torch.device) -> Non
             group["lr"] = group["lr"].to(device=device, dtype=torch.float32)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+def unwrap(model: nn.Module) -> FusionClassifier:
+    """The classifier itself, out of its DistributedDataParallel wrapper where it has one."""
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    # every model trained here is built by build_classifier: a FusionClassifier
+    return cast("FusionClassifier", inner)
 
 
 def state_dict_copy(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -93,7 +99,7 @@ def checkpoint_state(
 ) -> dict[str, Any]:
     """Everything a resumed run needs to continue exactly: weights, optimiser, schedule, every
     rank's RNG state, progress, the best weights so far, and the trial's config."""
-    rng = [_rng_state(device)]
+    rng: list[dict[str, Any] | None] = [_rng_state(device)]
     if dist.is_available() and dist.is_initialized():  # every rank's dropout stream
         rng = [None] * dist.get_world_size()
         dist.all_gather_object(rng, _rng_state(device))

@@ -126,7 +126,7 @@ def evaluate(
     loss_sum, correct_f, count = all_reduce_sum(
         [float(loss_sum), float(correct), len(my_indices)], device
     )
-    result = {
+    result: dict[str, Any] = {
         "loss": loss_sum / max(count, 1),
         "correct": int(round(correct_f)),
         "total": int(count),

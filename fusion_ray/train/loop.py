@@ -133,7 +133,9 @@ def run_trial(
     )
 
     # --- model: every parameter outside `fusion` is identical across operators for this seed
-    model = build_classifier(trial.model, data.vocab_size, data.num_classes, trial.seed).to(device)
+    model: nn.Module = build_classifier(
+        trial.model, data.vocab_size, data.num_classes, trial.seed
+    ).to(device)
     num_params, init_scales = count_parameters(model), initial_scales(model, trial.data.max_length)
     if world_size > 1:
         device_ids = [device.index] if device.type == "cuda" else None
@@ -172,7 +174,10 @@ def run_trial(
         save_and_report(reporter, metrics, last_state)
 
     # --- test at the best validation epoch: predictions, gate by position, latency
-    assert best_state is not None, "no epoch ran: train.epochs must be >= 1"
+    # last_state is None only where no epoch ran and none was resumed: best_state is None too
+    assert best_state is not None and last_state is not None, (
+        "no epoch ran: train.epochs must be >= 1"
+    )
     unwrap(model).load_state_dict(best_state)
     final, files = score_best_model(model, data, trial, reporter, pad_to, baseline)
     final.update(
@@ -223,7 +228,8 @@ def _deterministic(device: torch.device) -> None:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         # Deterministic mode would also fill every new tensor with NaN (hundreds of extra kernels
         # per step); the model never reads memory it did not write, so that guard buys nothing.
-        torch.utils.deterministic.fill_uninitialized_memory = False
+        # (a property of the module's class in torch, which its stubs do not declare)
+        torch.utils.deterministic.fill_uninitialized_memory = False  # type: ignore[attr-defined]
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
@@ -267,13 +273,13 @@ def train_epoch(
             optimizer.step()
         scheduler.step()
         docs += len(local_indices)
-    total, docs = all_reduce_sum([float(loss_sum), docs], device)
+    total, all_docs = all_reduce_sum([float(loss_sum), docs], device)
     if not math.isfinite(total):
         raise FloatingPointError(
             f"training loss is {total} in epoch {epoch}; lower train.lr, enable "
             f"train.grad_clip, or use train.precision: fp32"
         )
-    return total / docs, time.perf_counter() - started
+    return total / all_docs, time.perf_counter() - started
 
 
 def micro_batches(indices: Sequence[int], size: int | None) -> list[list[int]]:

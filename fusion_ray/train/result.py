@@ -41,6 +41,7 @@ class SetAside:
 
     @classmethod
     def parse(cls, note: str) -> SetAside:
+        moved_to: str | None
         body, moved, moved_to = note.rpartition(_MOVED)
         if not moved:
             body, moved_to = note.removesuffix(_KEPT), None
