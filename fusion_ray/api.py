@@ -61,12 +61,13 @@ waits out MLflow's retries: minutes)."""
 def dry_run(spec: SweepSpec) -> Plan:
     """The sweep's cells and which of them already have a FINISHED run; starts nothing. A
     tracking server that does not answer within ``DRY_RUN_WAIT_S`` is a
-    ``TrackingAccessError`` ("unreachable"), as one that refuses the credentials ("auth")."""
+    ``fusion_ray.store_errors.StoreAccessError`` ("unreachable"), as one that refuses the
+    credentials ("auth")."""
     check_stores(spec, remote=False)
     if not spec.tracking_uri.startswith(("http://", "https://")):
         return plan(spec, existing_tracker(spec))
-    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-    from fusion_ray.driver.tracking import answer_within
+    # lazy: store_faults imports mlflow (~1.3 s); a dry run of a local store stays fast
+    from fusion_ray.driver.store_faults import answer_within
 
     with answer_within(spec.tracking_uri, DRY_RUN_WAIT_S):
         return plan(spec, existing_tracker(spec))

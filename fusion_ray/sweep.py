@@ -135,13 +135,13 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
     """The analysis report of the sweep's experiment, written to ``out_dir`` and logged to its
     parent run; a report that cannot be made says why and how to run it by hand."""
     # lazy: the report takes ~1.3 s to import; only the end-of-sweep report needs it
-    from analysis.load import AnalysisError
+    from analysis.load import AnalysisError, StoreAccessError
     from analysis.report import print_summary
     from analysis.stats import StatsSettings
 
     try:
         result = api.report(spec, out_dir)
-    except (AnalysisError, ValueError) as err:
+    except (AnalysisError, StoreAccessError, ValueError) as err:
         print(
             f"analysis report did not complete: {err}\nrun it by hand: python -m analysis.report "
             f"--experiment {spec.name} --tracking-uri {redact(spec.tracking_uri)}"

@@ -337,20 +337,23 @@ def test_every_report_section_is_one_module_with_a_known_place():
     assert study == placed
 
 
+MLFLOW_MODULES = {"fusion_ray.driver.tracking", "fusion_ray.driver.store_faults"}
+"""The tracker and the store's faults as the driver meets them: fusion_ray's only MLflow."""
+
+
 @pytest.mark.unit
 def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
     """docs/architecture.md: ``fusion_ray.driver.tracking`` owns MLflow (the lease and the Tune
-    callbacks write through it), at any depth, lazy imports included."""
+    callbacks write through it; ``store_faults`` tells MLflow's errors from others), at any
+    depth, lazy imports included."""
     importers = [
         f"{MODULES[name].relative_to(ROOT)}:{line}: {module}"
         for name in MODULES
-        if name.startswith("fusion_ray") and name != "fusion_ray.driver.tracking"
+        if name.startswith("fusion_ray") and name not in MLFLOW_MODULES
         for module, _, line in _imports(MODULES[name])
         if module.split(".")[0] == "mlflow"
     ]
-    assert not importers, "mlflow imported outside fusion_ray.driver.tracking:\n" + "\n".join(
-        importers
-    )
+    assert not importers, "mlflow imported outside the tracking modules:\n" + "\n".join(importers)
 
 
 APPLICATION = {"fusion_ray.api", "fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
@@ -529,14 +532,20 @@ def test_the_policies_the_decisions_and_the_trial_import_nothing_of_the_driver(r
 @pytest.mark.unit
 def test_tracking_only_talks_to_mlflow():
     """Checkpoint and result paths are ``fusion_ray.driver.storage``'s; the tracking module
-    records what it is given and imports nothing of the driver's other modules but the store
-    checks (``preflight``)."""
+    records what it is given and imports nothing of the driver's other modules but the store's
+    faults (``store_faults``, which imports only the store checks, ``preflight``)."""
     driver = {
         module
         for module, _, _ in _imports(MODULES["fusion_ray.driver.tracking"])
         if module.startswith("fusion_ray.driver.")
     }
-    assert driver <= {"fusion_ray.driver.preflight"}, driver
+    assert driver <= {"fusion_ray.driver.store_faults"}, driver
+    faults = {
+        module
+        for module, _, _ in _imports(MODULES["fusion_ray.driver.store_faults"])
+        if module.startswith("fusion_ray.driver.")
+    }
+    assert faults <= {"fusion_ray.driver.preflight"}, faults
 
 
 def _function_imports(path: Path) -> list[tuple[int, bool]]:

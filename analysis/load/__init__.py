@@ -63,7 +63,6 @@ from analysis.load.frame import (
     Experiment,
     ExperimentNotFoundError,
     ImpossibleMetricsError,
-    StoreAccessError,
     axis_columns,
     axis_key,
     axis_levels,
@@ -80,6 +79,7 @@ from analysis.load.frame import (
 from analysis.load.store import (
     load_experiment,
 )
+from fusion_ray.store_errors import StoreAccessError  # the one type every command raises
 
 __all__ = [
     "ACC_TOLERANCE",

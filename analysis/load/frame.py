@@ -102,15 +102,6 @@ class ImpossibleMetricsError(AnalysisError):
     """FINISHED trial runs whose logged test counts or accuracy cannot be true."""
 
 
-class StoreAccessError(AnalysisError):
-    """The tracking store refused the report, did not answer, or is no store the report can
-    read; ``kind`` ("auth", "locked", "unreachable" or "store") picks the exit code."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
 @dataclass
 class Experiment:
     """The trial runs of one experiment (every status), its sweep parent run, and where from."""

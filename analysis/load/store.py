@@ -31,14 +31,12 @@ from analysis.load.frame import (
     EmptyExperimentError,
     Experiment,
     ExperimentNotFoundError,
-    StoreAccessError,
     axis_key,
     axis_levels,
     eval_length_metrics,
     integer_counts,
     tag_column,
 )
-from fusion_ray.redact import redact
 from fusion_ray.schema import (
     AXIS_TAG_PREFIX,
     EVAL_LENGTH_METRIC_PREFIXES,
@@ -49,7 +47,7 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     TRIAL_TAGS,
 )
-from fusion_ray.store_errors import classify, credentials_fix, each_request_once
+from fusion_ray.store_errors import StoreAccessError, access_error, each_request_once
 
 FIRST_CONTACT_S = 10
 """Seconds the report waits for a tracking server's answer to its first request, sent once:
@@ -361,44 +359,10 @@ def _require_store(uri: str) -> None:
 
 
 def access_problem(exc: BaseException, uri: str) -> StoreAccessError | None:
-    """What an error of MLflow on first contact says about reaching the store
-    (``fusion_ray.store_errors.classify``, as the driver reads it), as one message with the fix
-    (None: something else)."""
-    fault = classify(exc)
-    where = redact(uri)
-    if fault is None:
-        return None
-    if fault.kind == "auth":
-        return StoreAccessError(
-            "auth",
-            f"the MLflow server at {where} refused the report's credentials ({fault.detail}): "
-            f"{credentials_fix(uri, '--tracking-uri')} for a user that may read the experiment, "
-            "then run the report again",
-        )
-    if fault.kind == "unreachable":
-        return StoreAccessError(
-            "unreachable",
-            f"no MLflow server answers at {where} (the report's first request waits "
-            f"{FIRST_CONTACT_S} s): start it or fix --tracking-uri, then run the report again",
-        )
-    if fault.kind == "locked":
-        return StoreAccessError(
-            "locked",
-            f"the tracking store {where} stayed locked by another process beyond MLflow's wait: "
-            "run the report again once that process has finished writing",
-        )
-    if fault.kind == "full":
-        return StoreAccessError(
-            "full",
-            f"no space is left for the tracking store {where} ({fault.detail}): free space on "
-            "its disk, then run the report again",
-        )
-    return StoreAccessError(
-        "store",
-        f"the tracking URI {where} names no MLflow store the report can read "
-        f"({redact(fault.detail)}); pass the store the sweep logged to with --tracking-uri: "
-        "sqlite:///PATH or http(s)://HOST:PORT",
-    )
+    """What an error of MLflow on first contact says about reaching the store, worded for the
+    report by the table every command shares (``fusion_ray.store_errors.FAULTS``); None:
+    something else."""
+    return access_error(exc, uri, "report", FIRST_CONTACT_S)
 
 
 @contextlib.contextmanager

@@ -76,7 +76,6 @@ from fusion_ray.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
 )
-from fusion_ray.store_errors import EXIT_CODES as STORE_FAULT_EXIT_CODES
 
 __all__ = ["STATS_COLUMNS", "ReportOptions", "ReportResult", "build_report", "main"]
 
@@ -414,12 +413,6 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
     )
 
 
-STORE_EXIT_CODES = STORE_FAULT_EXIT_CODES
-"""The report's exit codes for a tracking store that refused, did not answer or has no room:
-those of the commands that drive trials (``fusion_ray.store_errors.EXIT_CODES``); any other
-store problem is 2."""
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics,
     a bad option, a tracking URI that names no store, or a report that cannot be written; 3 when
@@ -437,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = build_report(args.experiment, args.tracking_uri, options)
     except StoreAccessError as err:
         print(f"error: {redact(err)}", file=sys.stderr)
-        return STORE_EXIT_CODES.get(err.kind, 2)
+        return err.exit_code
     except OSError as err:  # the report's folder: no space left, no permission
         where = f" {err.filename}" if err.filename else ""
         print(

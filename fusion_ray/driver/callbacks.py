@@ -20,7 +20,8 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
 from fusion_ray.driver.storage import checkpoint_uri
-from fusion_ray.driver.tracking import CellRun, Tracker, store_gone
+from fusion_ray.driver.store_faults import store_gone
+from fusion_ray.driver.tracking import CellRun, Tracker
 from fusion_ray.redact import redact
 from fusion_ray.train.result import SetAside, TrialResult
 

@@ -42,7 +42,7 @@ from fusion_ray.driver.placement import PlacementError
 from fusion_ray.driver.preflight import RefusedError
 from fusion_ray.driver.storage import StorageFullError, storage_full, storage_full_message
 from fusion_ray.redact import redact
-from fusion_ray.store_errors import EXIT_CODES as STORE_EXIT_CODES
+from fusion_ray.store_errors import FAULTS, StoreAccessError
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -307,7 +307,8 @@ class DriverSession:
 
     def __enter__(self) -> DriverSession:
         # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-        from fusion_ray.driver.tracking import Tracker, access_errors
+        from fusion_ray.driver.store_faults import access_errors
+        from fusion_ray.driver.tracking import Tracker
 
         with contextlib.ExitStack() as stack:  # undone in reverse if any step fails
             stack.enter_context(aws_keys_in_a_file())  # before Ray's, MLflow's, pyarrow's clients
@@ -364,8 +365,8 @@ class DriverSession:
             self._mark(f"the {self.what} driver was stopped by {name}", status="KILLED")
             raise DriverInterrupted(name) from exc
         except BaseException as exc:
-            # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-            from fusion_ray.driver.tracking import (
+            # lazy: store_faults imports mlflow (~1.3 s); kept out of --dry-run and --help
+            from fusion_ray.driver.store_faults import (
                 TrackingStoreLostError,
                 store_gone,
                 store_lost_error,
@@ -441,8 +442,8 @@ class DriverSession:
     def after_tune(self, *, failed: bool, store_lost: str | None, finished_now: int) -> None:
         """After a Tune run: raises what ended it early (a signal, a full storage path behind its
         failed trials, a vanished tracking store, the lease taken over by another driver)."""
-        # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-        from fusion_ray.driver.tracking import store_lost_error
+        # lazy: store_faults imports mlflow (~1.3 s); kept out of --dry-run and --help
+        from fusion_ray.driver.store_faults import store_lost_error
 
         self.stop_if_signalled()
         full = storage_full(self.storage_path) if failed else None
@@ -460,24 +461,20 @@ class DriverSession:
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of a driver stopped by ``exc`` (None: not one of the driver's stops)."""
-    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
-    from fusion_ray.driver.tracking import (
-        TrackingAccessError,
-        TrackingStoreFullError,
-        TrackingStoreLostError,
-    )
+    # lazy: store_faults imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.store_faults import TrackingStoreFullError, TrackingStoreLostError
 
     if isinstance(exc, KeyboardInterrupt):
         name = exc.signal_name if isinstance(exc, DriverInterrupted) else "SIGINT"
         return 128 + getattr(signal, name, signal.SIGINT)
-    if isinstance(exc, TrackingAccessError):
-        return ACCESS_EXIT_CODES[exc.kind]
+    if isinstance(exc, StoreAccessError):
+        return exc.exit_code
     codes = {  # a subclass before its base
         RefusedError: 2,
         PlacementError: 2,
         LeaseHeldError: 3,
         LeaseLostError: 4,
-        TrackingStoreFullError: ACCESS_EXIT_CODES["full"],
+        TrackingStoreFullError: FAULTS["full"].exit_code,
         TrackingStoreLostError: 5,
         StorageFullError: 6,
     }
@@ -499,6 +496,3 @@ EXIT_CODES = {
 }
 """Every command that drives trials stops with these codes (128 + N: stopped by signal N; 11 is
 a SLURM job's, when not every node joined the Ray head)."""
-ACCESS_EXIT_CODES = STORE_EXIT_CODES
-"""Exit codes of a tracking store that refused, did not answer or has no room
-(``TrackingAccessError``, ``TrackingStoreFullError``), shared with the report."""

@@ -1,4 +1,4 @@
-"""The one MLflow writer on the fusion_ray side (the only module that imports mlflow there).
+"""The one MLflow writer on the fusion_ray side.
 
 Workers never talk to MLflow: they report to Tune, and the Tune callbacks on the driver
 (``fusion_ray.driver.callbacks``) write, through the ``Tracker`` here, runs that follow the
@@ -6,9 +6,9 @@ schema of docs/reference/mlflow-schema.md. One run per cell; a resumed or retrie
 its earlier run, so a cell never has two FINISHED runs. The sweep's lease keeps its state in the same store, through
 ``lease_store``.
 
-Why one module of this size: it is the only module of fusion_ray that imports MLflow (an
-architecture test holds that), so every read and write of the tracking store, and every
-translation of the store's errors into the driver's messages, is here.
+Why one module of this size: it and ``fusion_ray.driver.store_faults`` (the store's faults as the
+driver meets them) are the only modules of fusion_ray that import MLflow (an architecture test
+holds that), so every read and write of the tracking store is here.
 """
 
 from __future__ import annotations
@@ -19,12 +19,9 @@ import logging
 import os
 import re
 import shutil
-import sqlite3
 import stat
 import tempfile
 import time
-import weakref
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +31,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from fusion_ray.decide.questions import VERDICTS, quarter_accuracy
-from fusion_ray.driver.preflight import sqlite_wait_ms
+from fusion_ray.driver.store_faults import STORE_ERRORS, access_errors, inode
 from fusion_ray.redact import redact, split_credentials
 from fusion_ray.schema import (
     CELLS_ARTIFACT,
@@ -66,7 +63,7 @@ from fusion_ray.schema import (
     ROLE_TRIAL,
     STATE_CODES,
 )
-from fusion_ray.store_errors import classify, credentials_fix, each_request_once
+from fusion_ray.store_errors import sqlite_file
 from fusion_ray.version import git_sha
 
 if TYPE_CHECKING:
@@ -167,10 +164,10 @@ class Tracker:
             with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
                 self.client = MlflowClient(tracking_uri=self.tracking_uri)
                 experiment = self.client.get_experiment_by_name(sweep)
-            self._store_file = _sqlite_file(tracking_uri)
-            self._store_inode = _inode(self._store_file)
+            self._store_file = sqlite_file(tracking_uri)
+            self._store_inode = inode(self._store_file)
             if self._store_file is not None:
-                _STORE_ERRORS.watch(self)
+                STORE_ERRORS.watch(self)
             if experiment is None:
                 self.experiment_id = self._create_experiment(sweep, tracking_uri)
             else:
@@ -207,11 +204,11 @@ class Tracker:
         if self._store_file is None:
             return None
         if self._store_inode is None:  # not written yet when this tracker opened it
-            self._store_inode = _inode(self._store_file)
+            self._store_inode = inode(self._store_file)
             return None
         if not self._store_file.exists():
             return f"the tracking store {self._store_file} disappeared"
-        if _inode(self._store_file) != self._store_inode:
+        if inode(self._store_file) != self._store_inode:
             return f"the tracking store {self._store_file} was replaced by another file"
         if self._store_file.stat().st_size == 0:
             return f"the tracking store {self._store_file} was emptied (0 bytes)"
@@ -262,7 +259,7 @@ class Tracker:
     ) -> str:
         """The sweep's parent run (reused across invocations); it carries the sweep file (with
         any credential in it blanked out) and reports. A server that refuses the write (a user
-        who may only read) is a ``TrackingAccessError``."""
+        who may only read) is a ``StoreAccessError``."""
         with access_errors(self.tracking_uri):
             return self._parent_run(sweep_file, params)
 
@@ -529,234 +526,6 @@ def decision_metric_key(name: str) -> str:
         digest = hashlib.sha1(name.encode()).hexdigest()[:10]
         key = f"{key[:180]}_{digest}"
     return key
-
-
-class TrackingAccessError(RuntimeError):
-    """The tracking store refused or did not answer before the sweep started; ``kind`` is
-    "auth", "locked", "unreachable" or "full" and picks the CLI's exit code
-    (``fusion_ray.store_errors.EXIT_CODES``)."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-STORE_FULL = "no space is left for the tracking store"
-"""How a full store is named (``store_full``), before the sweep starts or while it runs."""
-
-
-def store_full(tracking_uri: str, detail: str) -> str:
-    """The tracking store has no room for another write: a sqlite file named by its path, a
-    server's store by the server; ``detail``: SQLite's or the system's own words."""
-    db = _sqlite_file(tracking_uri)
-    if db is not None:
-        return f"{STORE_FULL} {db} ({detail})"
-    return f"{STORE_FULL} behind the MLflow server at {redact(tracking_uri)} ({detail})"
-
-
-FULL_FIX = "free space on its disk (or point tracking_uri at a store on a larger disk)"
-"""What to do about a full tracking store (the pre-flight check says the same)."""
-
-
-def access_problem(exc: BaseException, tracking_uri: str) -> TrackingAccessError | None:
-    """What ``exc`` from MLflow says about reaching the store, as one message with the fix
-    (the kinds of ``fusion_ray.store_errors.classify``); None when it is something else."""
-    fault = classify(exc)
-    where = redact(tracking_uri)
-    if fault is None or fault.kind == "store":  # no store: the pre-flight check says so
-        return None
-    if fault.kind == "unreachable":
-        return TrackingAccessError(
-            "unreachable",
-            f"no MLflow server answers at {where}: start it (mlflow server ...) or fix "
-            "tracking_uri, then run the same command again",
-        )
-    if fault.kind == "auth":
-        return TrackingAccessError(
-            "auth",
-            f"the MLflow server at {where} refused this driver's credentials ({fault.detail}): "
-            f"{credentials_fix(tracking_uri, 'tracking_uri')} for a user that may write to the "
-            "experiment, then run the same command again",
-        )
-    if fault.kind == "full":
-        return TrackingAccessError(
-            "full",
-            f"{store_full(tracking_uri, fault.detail)}, so MLflow cannot record the runs: "
-            f"{FULL_FIX}, then run the same command again",
-        )
-    return TrackingAccessError(
-        "locked",
-        f"the tracking store {where} stayed locked by another process beyond MLflow's wait "
-        "(another driver or a script writing to the same sqlite file): wait for it to finish "
-        "and run the same command again; for stores several processes write, use an MLflow "
-        "server (mlflow server --backend-store-uri ...)",
-    )
-
-
-@contextlib.contextmanager
-def access_errors(tracking_uri: str) -> Iterator[None]:
-    """MLflow's errors on first contact with the store, as ``TrackingAccessError`` where they
-    mean that the store refused, did not answer or has no room; anything else as it was."""
-    from sqlalchemy.exc import OperationalError
-
-    try:
-        yield
-    except (mlflow.exceptions.MlflowException, OperationalError) as exc:
-        problem = access_problem(exc, tracking_uri)
-        if problem is None:
-            raise
-        raise problem from None
-
-
-def _sqlite_wait_on_connect(dbapi_connection: Any, _record: Any) -> None:
-    """A new sqlite connection waits ``FUSION_RAY_SQLITE_WAIT_S`` for a lock (MLflow opens the
-    store on connections whose wait is the sqlite3 driver's 5 s)."""
-    wait_ms = sqlite_wait_ms()
-    if wait_ms is not None and isinstance(dbapi_connection, sqlite3.Connection):
-        dbapi_connection.execute(f"PRAGMA busy_timeout = {wait_ms}")
-
-
-def _sqlite_wait_in_sessions(
-    _conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any
-) -> tuple[str, Any]:
-    """MLflow starts every session on a sqlite store with ``PRAGMA busy_timeout = 20000``: with
-    ``FUSION_RAY_SQLITE_WAIT_S`` set, that statement sets its value instead."""
-    if statement.lstrip().upper().startswith("PRAGMA BUSY_TIMEOUT"):
-        wait_ms = sqlite_wait_ms()
-        if wait_ms is not None:
-            return f"PRAGMA busy_timeout = {wait_ms};", parameters
-    return statement, parameters
-
-
-def _listen_for_sqlite_waits() -> None:
-    """Every SQLAlchemy engine of this process (MLflow's sqlite stores among them) takes
-    ``FUSION_RAY_SQLITE_WAIT_S``; the listeners change nothing while it is unset."""
-    from sqlalchemy import event
-    from sqlalchemy.engine import Engine
-
-    if not event.contains(Engine, "connect", _sqlite_wait_on_connect):
-        event.listen(Engine, "connect", _sqlite_wait_on_connect)
-        event.listen(Engine, "before_cursor_execute", _sqlite_wait_in_sessions, retval=True)
-
-
-_listen_for_sqlite_waits()
-
-
-@contextlib.contextmanager
-def answer_within(tracking_uri: str, wait_s: int) -> Iterator[None]:
-    """While the body runs, MLflow's client sends each request once and waits at most ``wait_s``
-    seconds for its answer, instead of retrying for minutes (for a look at the store that can
-    fail fast, as a dry run's); a server that did not answer is a ``TrackingAccessError``
-    ("unreachable") saying it was given ``wait_s``. MLflow reads both from the environment, so
-    they hold for the whole process while the body runs, and are as they were after."""
-    try:
-        with each_request_once(wait_s), access_errors(tracking_uri):
-            yield
-    except TrackingAccessError as exc:
-        if exc.kind != "unreachable":
-            raise
-        raise TrackingAccessError(
-            "unreachable",
-            f"no MLflow server answered at {redact(tracking_uri)} within {wait_s} s (each "
-            "request is sent once and waited for no longer): start it (mlflow server ...) or "
-            "fix tracking_uri, then run the same command again",
-        ) from None
-
-
-class TrackingStoreLostError(RuntimeError):
-    """The sweep's tracking store vanished while it ran; the message says what is safe and how
-    to recover."""
-
-
-class TrackingStoreFullError(TrackingStoreLostError):
-    """The sweep's tracking store had no room for another write while the sweep ran (its disk
-    filled); the message says what is safe and how to recover."""
-
-
-SERVER_GONE = "no MLflow server answered at"
-"""How ``store_gone`` starts for a tracking server that stopped answering mid-sweep."""
-
-
-def store_gone(exc: BaseException, tracking_uri: str) -> str | None:
-    """When ``exc``, an error of the store's client, says the store cannot take the sweep's
-    writes any more: its server did not answer after MLflow's client retried the request for
-    minutes (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``), or its disk is full; that, as the first half
-    of ``store_lost_message``; else None."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    if not isinstance(exc, (mlflow.exceptions.MlflowException, SQLAlchemyError, sqlite3.Error)):
-        return None
-    fault = classify(exc)
-    if fault is not None and fault.kind == "full":
-        return store_full(tracking_uri, fault.detail)
-    if fault is None or fault.kind != "unreachable":
-        return None
-    return (
-        f"{SERVER_GONE} {redact(tracking_uri)} for as long as MLflow's client retries a request "
-        "(about 4 minutes)"
-    )
-
-
-def store_lost_message(problem: str, finished: int, storage_path: str) -> str:
-    if problem.startswith(SERVER_GONE):
-        fix = "Start the server again (or point tracking_uri at the right one)"
-    elif problem.startswith(STORE_FULL):
-        fix = FULL_FIX[0].upper() + FULL_FIX[1:]
-    else:
-        fix = "Restore the store from a backup (or point tracking_uri at the right one)"
-    return (
-        f"{problem} while the sweep ran, so the driver stopped: {finished} trial(s) had "
-        f"finished in this run; their checkpoints and predictions remain under storage_path "
-        f"{storage_path}, which the driver left as it was. {fix} and run the same command "
-        "again: cells whose FINISHED runs are in the store are not run again; the others "
-        "resume from their checkpoints or start again"
-    )
-
-
-def store_lost_error(problem: str, finished: int, storage_path: str) -> TrackingStoreLostError:
-    """The error a driver stops with when its store went away as ``problem`` says
-    (``store_problem``, ``store_gone``): ``TrackingStoreFullError`` for a full store."""
-    full = problem.startswith(STORE_FULL)
-    error = TrackingStoreFullError if full else TrackingStoreLostError
-    return error(store_lost_message(problem, finished, storage_path))
-
-
-class _StoreErrorFilter(logging.Filter):
-    """Drops MLflow's SQLAlchemy error records (each with a traceback) that the driver says in
-    one message instead: every record once a watched tracker's sqlite file is gone, and a full
-    store's at any time (the driver stops on it)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.trackers: weakref.WeakSet[Tracker] = weakref.WeakSet()
-        logging.getLogger("mlflow.store.db.utils").addFilter(self)
-
-    def watch(self, tracker: Tracker) -> None:
-        self.trackers.add(tracker)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        fault = classify(error) if error is not None else None
-        if fault is not None and fault.kind == "full":
-            return False
-        return all(t.store_problem() is None for t in list(self.trackers))
-
-
-_STORE_ERRORS = _StoreErrorFilter()
-
-
-def _sqlite_file(tracking_uri: str) -> Path | None:
-    """The file of a ``sqlite:///`` store (None for any other store)."""
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    return Path(tracking_uri.removeprefix("sqlite:///")).resolve()
-
-
-def _inode(path: Path | None) -> int | None:
-    try:
-        return path.stat().st_ino if path is not None else None
-    except OSError:
-        return None
 
 
 class LeaseStore:

@@ -109,6 +109,21 @@ def initial_scales(model: nn.Module, max_length: int) -> dict[str, float]:
     return dict(zip(INIT_METRICS, unwrap(model).input_rms(max_length), strict=True))
 
 
+def paired_model(
+    trial: TrialConfig, data: PreparedData, device: torch.device, world_size: int
+) -> tuple[nn.Module, int, dict[str, float]]:
+    """The trial's classifier on ``device`` (in DDP with ``world_size > 1``), its parameter
+    count and its initial scales, counted before the DDP wrapper."""
+    model: nn.Module = build_classifier(
+        trial.model, data.vocab_size, data.num_classes, trial.seed
+    ).to(device)
+    num_params, init_scales = count_parameters(model), initial_scales(model, trial.data.max_length)
+    if world_size > 1:
+        device_ids = [device.index] if device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    return model, num_params, init_scales
+
+
 def run_trial(
     trial: TrialConfig, reporter: Reporter, latency_baseline: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -133,13 +148,7 @@ def run_trial(
     )
 
     # --- model: every parameter outside `fusion` is identical across operators for this seed
-    model: nn.Module = build_classifier(
-        trial.model, data.vocab_size, data.num_classes, trial.seed
-    ).to(device)
-    num_params, init_scales = count_parameters(model), initial_scales(model, trial.data.max_length)
-    if world_size > 1:
-        device_ids = [device.index] if device.type == "cuda" else None
-        model = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    model, num_params, init_scales = paired_model(trial, data, device, world_size)
     optimizer = make_optimizer(model, spec)
     total_steps = spec.epochs * len(sampler)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(spec, total_steps))

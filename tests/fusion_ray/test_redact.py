@@ -79,13 +79,13 @@ def test_the_mlflow_client_gets_the_uri_without_its_password_and_the_password_fr
 
 
 def test_refused_credentials_in_the_uri_are_named_as_the_thing_to_fix():
-    from fusion_ray.driver.tracking import access_problem
+    from fusion_ray.store_errors import access_error
 
     refused = Exception("API request failed with error code 401 != 200")
-    in_uri = access_problem(refused, "http://bob:Zz-9-secret@127.0.0.1:5000")
+    in_uri = access_error(refused, "http://bob:Zz-9-secret@127.0.0.1:5000", "driver")
     assert in_uri is not None and in_uri.kind == "auth" and "Zz-9-secret" not in str(in_uri)
     assert "bob:***@127.0.0.1:5000" in str(in_uri) and "in tracking_uri" in str(in_uri)
-    from_env = access_problem(refused, "http://127.0.0.1:5000")
+    from_env = access_error(refused, "http://127.0.0.1:5000", "driver")
     assert from_env is not None and "set MLFLOW_TRACKING_USERNAME" in str(from_env)
 
 
@@ -119,9 +119,11 @@ def test_a_password_with_reserved_characters_is_masked_whole_everywhere(password
     text = f"error: the server at {uri}: refused ('{uri}', 'postgresql://u:{password}@db/x')"
     if " " not in password:  # in running text a URI ends at white space
         assert password not in redact(text) and "admin:***@127.0.0.1:5000" in redact(text)
-    from fusion_ray.driver.tracking import access_problem
+    from fusion_ray.store_errors import access_error
 
-    refused = access_problem(Exception("API request failed with error code 401 != 200"), uri)
+    refused = access_error(
+        Exception("API request failed with error code 401 != 200"), uri, "driver"
+    )
     assert refused is not None and password not in str(refused)
     assert "admin:***@127.0.0.1:5000" in str(refused)
 

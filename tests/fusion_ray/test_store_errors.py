@@ -18,19 +18,23 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from analysis.load.store import access_problem as report_problem
-from analysis.report import STORE_EXIT_CODES
 from fusion_ray import api
 from fusion_ray.config import load_sweep
 from fusion_ray.driver import session as driver_session
-from fusion_ray.driver import tracking
+from fusion_ray.driver import store_faults, tracking
 from fusion_ray.driver.preflight import RefusedError
 from fusion_ray.hpo.fragment import FragmentExistsError, exists_message
 from fusion_ray.store_errors import (
+    AUDIENCES,
     EXIT_CODES,
+    FAULTS,
     HTTP_RETRIES_ENV,
     HTTP_TIMEOUT_ENV,
+    StoreAccessError,
     StoreFault,
+    access_error,
     classify,
+    fault_message,
 )
 from tests.conftest import ROOT, tiny_sweep
 
@@ -86,7 +90,7 @@ def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
     said = [r for r in caplog.records if r.name == "mlflow.store.db.utils"]
     assert not [r for r in said if r.levelno >= logging.ERROR]
 
-    problem = tracking.access_problem(caught.value, uri)
+    problem = access_error(caught.value, uri, "driver")
     assert problem is not None and problem.kind == "full"
     assert str(problem) == (
         f"no space is left for the tracking store {db} (database or disk is full), so MLflow "
@@ -96,9 +100,9 @@ def test_a_full_sqlite_store_is_one_kind_for_the_driver_and_the_report(
     assert driver_session.exit_code(problem) == 12
     refused = report_problem(caught.value, uri)
     assert refused is not None and refused.kind == "full" and str(db) in str(refused)
-    assert STORE_EXIT_CODES[refused.kind] == 12
+    assert refused.exit_code == 12
     # the driver's parent run of an invocation, written into that store: the same one message
-    with pytest.raises(tracking.TrackingAccessError) as parent:
+    with pytest.raises(StoreAccessError) as parent:
         tracker.parent_run(params={f"setting{i}": "v" * 4000 for i in range(20)})
     assert parent.value.kind == "full" and str(parent.value) == str(problem)
     # what was there reads back
@@ -118,7 +122,7 @@ def test_a_driver_write_that_meets_a_full_store_ends_the_session_as_the_callback
     with DriverSession("sweep", "full_session", mlflow_store(db), str(tmp_path)) as session:
         parent_id = session.open_parent(None, {"cells": "1"})
         capped_pages["pages"] = _pages(db)
-        with pytest.raises(tracking.TrackingStoreFullError) as caught, session.driving():
+        with pytest.raises(store_faults.TrackingStoreFullError) as caught, session.driving():
             for i in range(200):
                 session.tracker.client.set_tag(parent_id, f"note{i}", "v" * 4000)
     assert str(caught.value).startswith(
@@ -147,7 +151,7 @@ def test_a_store_held_by_another_connection_is_locked_at_every_layer(tmp_path):
         holder.close()
     for caught in (raw.value, wrapped.value):
         assert classify(caught) == StoreFault("locked", "database is locked")
-    problem = tracking.access_problem(wrapped.value, f"sqlite:///{db}")
+    problem = access_error(wrapped.value, f"sqlite:///{db}", "driver")
     assert problem is not None and driver_session.exit_code(problem) == 9
 
 
@@ -168,9 +172,10 @@ def test_a_port_nothing_listens_on_is_unreachable(monkeypatch):
     with pytest.raises(MlflowException) as caught:
         MlflowClient(uri).get_experiment_by_name("x")
     assert classify(caught.value) == StoreFault("unreachable")
-    problem = tracking.access_problem(caught.value, uri)
+    problem = access_error(caught.value, uri, "driver")
     assert problem is not None and driver_session.exit_code(problem) == 10
-    assert STORE_EXIT_CODES[report_problem(caught.value, uri).kind] == 10
+    reported = report_problem(caught.value, uri)
+    assert reported is not None and reported.exit_code == 10
 
 
 def test_a_dry_run_waits_for_a_server_as_long_as_it_says_and_leaves_mlflows_settings(
@@ -180,7 +185,7 @@ def test_a_dry_run_waits_for_a_server_as_long_as_it_says_and_leaves_mlflows_sett
     monkeypatch.setenv(HTTP_TIMEOUT_ENV, "77")
     uri = f"http://127.0.0.1:{_closed_port()}"
     spec = load_sweep(tiny_sweep(tmp_path, tracking_uri=uri))
-    with pytest.raises(tracking.TrackingAccessError) as caught:
+    with pytest.raises(StoreAccessError) as caught:
         api.dry_run(spec)
     assert caught.value.kind == "unreachable"
     assert f"no MLflow server answered at {uri} within {api.DRY_RUN_WAIT_S} s" in str(caught.value)
@@ -194,12 +199,32 @@ def test_every_stop_of_a_driver_has_its_documented_exit_code(tmp_path):
     assert (
         driver_session.exit_code(FragmentExistsError(exists_message(tmp_path / "tuned.yaml"))) == 2
     )
-    full = tracking.store_lost_error(tracking.store_full("sqlite:///x.db", "d"), 1, "/s")
-    gone = tracking.store_lost_error("the tracking store x.db disappeared", 1, "/s")
-    assert type(full) is tracking.TrackingStoreFullError and driver_session.exit_code(full) == 12
-    assert type(gone) is tracking.TrackingStoreLostError and driver_session.exit_code(gone) == 5
+    full = store_faults.store_lost_error(f"{store_faults.STORE_FULL} x.db (d)", 1, "/s")
+    gone = store_faults.store_lost_error("the tracking store x.db disappeared", 1, "/s")
+    assert (
+        type(full) is store_faults.TrackingStoreFullError and driver_session.exit_code(full) == 12
+    )
+    assert type(gone) is store_faults.TrackingStoreLostError and driver_session.exit_code(gone) == 5
     assert "Free space on its disk" in str(full) and "Restore the store" in str(gone)
-    assert driver_session.ACCESS_EXIT_CODES == EXIT_CODES == STORE_EXIT_CODES
+    assert {kind: FAULTS[kind].exit_code for kind in EXIT_CODES} == EXIT_CODES
     table = (ROOT / "docs" / "reference" / "cli.md").read_text()
     for code in [*driver_session.EXIT_CODES, *EXIT_CODES.values()]:
         assert f"\n| {code} |" in table, f"exit code {code} is not in docs/reference/cli.md"
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+def test_every_fault_kind_has_one_exit_code_and_whole_words_for_each_audience(kind):
+    """One table: each kind's cause and fix, for each audience that meets it, fill every slot
+    (no brace left, the URI's password masked) and end with what to do; the driver leaves a
+    URI that names no store to its pre-flight check."""
+    uri = "http://bob:Zz-9-secret@127.0.0.1:5000"
+    fault = StoreFault(kind, "some detail")
+    worded = {a: fault_message(fault, uri, a, wait_s=7) for a in FAULTS[kind].cause}
+    assert set(worded) == (set(AUDIENCES) if kind != "store" else {"report"})
+    for text in worded.values():
+        assert "{" not in text and "}" not in text and "Zz-9-secret" not in text, text
+        assert text.count(": ") >= 1 and ("again" in text or "--tracking-uri" in text), text
+    if kind == "unreachable":
+        assert "within 7 s" in worded["dry run"] and "waits 7 s" in worded["report"]
+    error = StoreAccessError(kind, "x")
+    assert error.exit_code == FAULTS[kind].exit_code == EXIT_CODES.get(kind, 2)
