@@ -446,8 +446,8 @@ def accuracy_by_eval_length(
                 ax.plot(x, y, ls=ls, marker=mk, ms=4, lw=1.2, color=colors[op], label=label)
                 ax.fill_between(x, y - sd, y + sd, color=colors[op], alpha=0.12, lw=0)
         for i, t in enumerate(sorted(sub["train_length"].dropna().unique())):
-            label = "training length" if i == 0 else None
-            ax.axvline(float(t), color="0.3", ls="--", lw=0.9, label=label)
+            train_label = "training length" if i == 0 else None
+            ax.axvline(float(t), color="0.3", ls="--", lw=0.9, label=train_label)
         lengths = sorted(sub["eval_length"].unique())
         ax.set_xscale("log", base=2)
         ax.set_xticks([float(v) for v in lengths], [str(int(v)) for v in lengths])

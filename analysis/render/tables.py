@@ -21,17 +21,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pandas as pd
 
 from analysis.render.escape import fence, md_cell, md_prose
 from analysis.stats import hl_label, hl_marked, summary_cells
 from fusion_ray.schema import BAG_OF_WORDS_METRIC, LATENCY_RATIO_METRIC, MAJORITY_METRIC
+
+Label = TypeVar("Label", bound=Hashable)
+"""A column label: a setting's names, whether typed as str or as pandas gives them back."""
 
 
 def operator_order(operators: Iterable[str], baseline: str, known: Sequence[str] = ()) -> list[str]:
@@ -121,14 +124,14 @@ def column_label(key: str, axes: Sequence[str] = ()) -> str:
     return key if key in axes else key.replace("_", " ")
 
 
-def select(frame: pd.DataFrame, setting: dict[str, Any]) -> pd.DataFrame:
+def select(frame: pd.DataFrame, setting: Mapping[Label, Any]) -> pd.DataFrame:
     """The rows of ``frame`` in ``setting`` (column -> value)."""
     for k, v in setting.items():
         frame = frame[frame[k] == v]
     return frame
 
 
-def describe_setting(setting: dict[str, Any], sep: str = "=") -> str:
+def describe_setting(setting: Mapping[Label, Any], sep: str = "=") -> str:
     """``position=sinusoidal, attention_position=none`` (``sep`` between name and value)."""
     return ", ".join(f"{k}{sep}{v}" for k, v in setting.items())
 
@@ -404,10 +407,11 @@ def accuracy_table(
         full = dict(zip(row_keys, rkey, strict=True))
         disp = dict(full)
         for op in ops:
-            if (*rkey, op) not in index.index:
+            at = (*rkey, op)
+            if at not in index.index:
                 disp[op] = "–"
                 continue
-            srow = index.loc[(*rkey, op)]
+            srow = index.loc[at]
             # callers filter the summary so that a row and an operator name one group
             assert isinstance(srow, pd.Series), f"several groups for {rkey} {op}"
             mark = inputs.marked(tuple(full[k] if k in full else srow[k] for k in keys), op)
@@ -423,7 +427,7 @@ def accuracy_table(
                     "mark": mark,
                 }
             )
-        if show_reference:
+        if bow is not None:  # show_reference: a bag-of-words column
             mean = bow.get(rkey if len(row_keys) > 1 else rkey[0], math.nan)
             disp[BAG_OF_WORDS_COLUMN] = "–" if pd.isna(mean) else f"{mean:.2f}"
         display_rows.append(disp)
@@ -729,6 +733,6 @@ def interaction_table(
     )
 
 
-def fmt_p(p: float) -> str:
+def fmt_p(p: float | None) -> str:
     """A p-value with four significant digits ('–' when there is none)."""
     return "–" if p is None or (isinstance(p, float) and math.isnan(p)) else f"{p:.4g}"

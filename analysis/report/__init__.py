@@ -172,7 +172,8 @@ def build_context(
                 ctx.results[section.name] = section.compute(ctx, warned[section.name])
     ctx.results = {s.name: ctx.results[s.name] for s in sections}
     decided = ctx.results.get("decisions")
-    if getattr(decided, "primary", False):  # an adaptive sweep: its tables mark its decisions
+    # an adaptive sweep: its tables mark its decisions
+    if decided is not None and getattr(decided, "primary", False):
         mark_decisions(ctx, decided.marks, decided.table_note(str(ctx.options.baseline)))
 
     def placed(where: str) -> list[str]:
@@ -258,7 +259,7 @@ def stats_payload(
     be paired, then every section's record."""
     sections = _sections(sections)
     exp, o, pairing = ctx.experiment, ctx.options, ctx.pairing
-    payload = {
+    payload: dict[str, Any] = {
         "experiment": exp.name,
         "experiment_id": exp.experiment_id,
         "tracking_uri": redact(exp.tracking_uri),
@@ -458,8 +459,10 @@ def print_summary(result: ReportResult, alpha: float) -> None:
     adaptive = ADAPTIVE_TAG in result.experiment.parent_tags
     counted = f"{len(result.pairing.runs)} finished runs, {len(result.pairing.pairs)} seed pairs"
     decided = result.results.get("decisions")
-    if adaptive and getattr(decided, "primary", False):
-        verdicts = Counter(decided.table["verdict"]) if len(decided.table) else Counter()
+    if adaptive and decided is not None and getattr(decided, "primary", False):
+        verdicts: Counter[str] = (
+            Counter(decided.table["verdict"]) if len(decided.table) else Counter()
+        )
         said = ", ".join(f"{n} {v}" for v, n in sorted(verdicts.items(), key=lambda x: -x[1]))
         print(
             f"{counted}; decisions (anytime-valid, one closed test over the "

@@ -194,7 +194,11 @@ def _summary(ctx: ReportContext) -> list[str]:
         return []
     result = ctx.results.get("decisions")
     primary = getattr(result, "primary", False)
-    rows = {r["comparison"]: r for r in result.table.to_dict("records")} if primary else {}
+    rows = (
+        {r["comparison"]: r for r in result.table.to_dict("records")}
+        if primary and result is not None
+        else {}
+    )
     lines = ["## Summary", ""]
     for _, row in table.iterrows():
         where = _where(row, ctx)

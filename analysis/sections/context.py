@@ -311,6 +311,7 @@ def mark_decisions(ctx: ReportContext, decided: dict[tuple, str], note: str) -> 
     """Tables 1-3 again, their cells marked with an adaptive sweep's anytime decisions
     (``decided``: (group..., operator) -> state) and ``note`` as their footnote, instead of the
     fixed-n tests' stars."""
+    assert ctx.table_inputs is not None, "arrange(ctx) makes Tables 1-3 first"
     inputs = replace(ctx.table_inputs, decided=decided, decided_note=note)
     ctx.tables = study_tables(inputs, ctx.pairing, ctx.options.labels)
 
@@ -425,7 +426,8 @@ def loading_warnings(exp: Experiment, pairing: Pairing) -> list[str]:
     """The warnings of loading and pairing: the loader's and the pairing's notes, a partial
     sweep, then one per kind of gap the pairing found."""
     warns = exp.notes + pairing.notes
-    expected = pd.to_numeric(exp.parent_tags.get("cells"), errors="coerce")
+    cells_tag = exp.parent_tags.get("cells")
+    expected = None if cells_tag is None else pd.to_numeric(cells_tag, errors="coerce")
     # an adaptive sweep's `cells` is its worst case: the evidence decides how many run
     adaptive = ADAPTIVE_TAG in exp.parent_tags
     if expected is not None and not pd.isna(expected) and not adaptive:

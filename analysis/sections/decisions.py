@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 
@@ -169,7 +169,9 @@ def _table_lines(table: pd.DataFrame, alpha: float = 0.05) -> list[str]:
             f"{_interval(r['ci_low'], r['ci_high'])} | {_interval(r['cs_low'], r['cs_high'])} | "
             f"{r['failed_runs']} | {md(r['note'] or '')} |"
         )
-    footnotes = decisions_footnotes(table.to_dict(orient="records"), alpha)
+    # the decisions table's columns are named by str (DecisionResult.table)
+    rows = cast("list[dict[str, Any]]", table.to_dict(orient="records"))
+    footnotes = decisions_footnotes(rows, alpha)
     for line in footnotes:  # one paragraph each, under the table
         lines += ["", md(line)]
     return lines

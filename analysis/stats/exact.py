@@ -11,15 +11,19 @@ import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from scipy import stats
 
 from fusion_ray.decide.sequential import holm  # noqa: F401  (one Holm for both families)
 
-ALTERNATIVES = ("two-sided", "greater", "less")
-ZERO_METHODS = ("wilcox", "pratt", "zsplit")
+Alternative = Literal["two-sided", "greater", "less"]
+"""The alternative of the Wilcoxon and sign tests, as scipy names it."""
+ZeroMethod = Literal["wilcox", "pratt", "zsplit"]
+"""The signed-rank test's treatment of zero deltas, as scipy names it."""
+ALTERNATIVES: tuple[Alternative, ...] = ("two-sided", "greater", "less")
+ZERO_METHODS: tuple[ZeroMethod, ...] = ("wilcox", "pratt", "zsplit")
 
 
 @dataclass(frozen=True)
@@ -28,9 +32,9 @@ class StatsSettings:
 
     alpha: float = 0.05
     """Significance level of the tests, after Holm correction."""
-    alternative: str = "two-sided"
+    alternative: Alternative = "two-sided"
     """two-sided, greater (operator better than baseline) or less, for Wilcoxon and sign test."""
-    zero_method: str = "wilcox"
+    zero_method: ZeroMethod = "wilcox"
     """Zero deltas in the signed-rank test: wilcox (drop them, as R does), pratt or zsplit."""
     n_bootstrap: int = 9999
     """Paired-bootstrap resamples of the mean delta."""
@@ -101,8 +105,8 @@ class SignedRankResult:
 
 def wilcoxon_signed_rank(
     d: Sequence[float] | np.ndarray,
-    alternative: str = "two-sided",
-    zero_method: str = "wilcox",
+    alternative: Alternative = "two-sided",
+    zero_method: ZeroMethod = "wilcox",
 ) -> SignedRankResult:
     """Exact Wilcoxon signed-rank test of differences ``d`` (pass integers to keep ties exact).
 
@@ -277,7 +281,7 @@ def holm_min_attainable_p(floors: Sequence[float] | np.ndarray) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def sign_test(
-    wins: int, losses: int, alternative: str = "two-sided", confidence: float = 0.95
+    wins: int, losses: int, alternative: Alternative = "two-sided", confidence: float = 0.95
 ) -> tuple[float, float, float]:
     """Exact sign test (ties dropped) and Clopper-Pearson interval of the win rate.
 

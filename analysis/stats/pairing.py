@@ -524,7 +524,8 @@ def _no_common_seed(pairing: Pairing) -> str:
     runs, keys, base = pairing.runs, list(pairing.keys), pairing.baseline
     lines = []
     for gkey, grp in runs.groupby(keys, sort=True, dropna=False):
-        seeds = grp.groupby("operator")["seed"].agg(lambda s: sorted(int(x) for x in s))
+        # agg keeps a list per group (an object Series); pandas-stubs allow only scalar results
+        seeds = grp.groupby("operator")["seed"].agg(lambda s: sorted(int(x) for x in s))  # type: ignore[type-var]
         parts = [f"{base}: {'seeds ' + _seeds(seeds[base]) if base in seeds else 'no run'}"]
         parts += [f"{op}: seeds {_seeds(v)}" for op, v in seeds.items() if op != base]
         values = gkey if isinstance(gkey, tuple) else (gkey,)

@@ -13,13 +13,13 @@ from analysis.stats.exact import StatsSettings, seeds_needed
 from analysis.stats.registry import statistics
 
 
-def summary_cells(row: pd.Series, record: Mapping[str, Any]) -> dict[str, str]:
+def summary_cells(row: pd.Series, record: Mapping[str, Any]) -> dict[str, Any]:
     """One comparison's cells in report.md's compact table: the effect estimates first, then
     the other statistics, in registry order."""
     ordered = [s for s in statistics() if s.leads_table] + [
         s for s in statistics() if not s.leads_table
     ]
-    cells: dict[str, str] = {}
+    cells: dict[str, Any] = {}
     for stat in ordered:
         if stat.cells is not None:
             cells.update(stat.cells(row, record))

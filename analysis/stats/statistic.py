@@ -61,8 +61,9 @@ class Statistic:
     record: Mapping[str, str] = field(default_factory=dict)
     """Entries of the settings record (stats.json) stating its choices in words; ``{field}`` is
     filled from the settings, ``m`` and ``confidence``."""
-    cells: Callable[[pd.Series, Mapping[str, Any]], dict[str, str]] | None = None
-    """Its cells in report.md's compact table, from a stats row and the settings record."""
+    cells: Callable[[pd.Series, Mapping[str, Any]], Mapping[str, Any]] | None = None
+    """Its cells in report.md's compact table (column title -> value), from a stats row and the
+    settings record."""
     leads_table: bool = False
     """Its cells come before the others' in report.md's table (the effect estimates)."""
     family: Callable[[pd.DataFrame, StatsSettings], None] | None = None

@@ -156,7 +156,7 @@ def _check(deltas: Mapping[str, Sequence[float | None]], s: _Setting) -> None:
             raise ValueError(f"comparison {name!r}: deltas must be finite numbers or None")
 
 
-def holm(p_values: Sequence[float]) -> np.ndarray:
+def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm step-down adjusted p-values: sorted ascending, the k-th (from 1) times m - k + 1, a
     running maximum, capped at 1, in the input's order; a NaN stays NaN (sorted last). The
     anytime family's ``holm`` and the report's fixed-n correction both use it.

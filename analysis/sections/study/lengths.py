@@ -131,8 +131,8 @@ def _bucket_counts(
     count_rows: list[tuple[str, int, int, int]] = []
     medians: dict[str, float] = {}
     inconsistent: list[str] = []
-    for where, druns in runs.groupby(scope, sort=True):
-        where = dict(zip(scope, where if isinstance(where, tuple) else (where,), strict=True))
+    for key, druns in runs.groupby(scope, sort=True):
+        where = dict(zip(scope, key if isinstance(key, tuple) else (key,), strict=True))
         have = [r for r in druns["run_id"] if preds.get(r) is not None]
         if not have:
             continue

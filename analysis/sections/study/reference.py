@@ -40,7 +40,9 @@ def reference_rows(summary: pd.DataFrame, row_keys: list[str]) -> pd.DataFrame:
     rows = []
     for key, group in summary.groupby(row_keys, sort=False):
         key = key if isinstance(key, tuple) else (key,)
-        best = group.loc[group["acc_mean"].idxmax()]
+        # idxmax gives an index label, which .loc takes; pandas-stubs type the label as Hashable,
+        # which no overload of .loc's lists
+        best = group.loc[group["acc_mean"].idxmax()]  # type: ignore[call-overload]
         bow = float(group["bow_acc"].mean())
         majority = float(group["majority_acc"].mean()) if "majority_acc" in group else math.nan
         n = float(group["n_test"].median()) if "n_test" in group else math.nan

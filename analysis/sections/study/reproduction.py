@@ -197,7 +197,9 @@ def _study_runs(runs: pd.DataFrame) -> pd.DataFrame:
 def _setting_is(value: object, wanted: bool) -> bool:
     """Whether a logged boolean setting (True, ``true``, ``True``; missing = the default, which
     is the study's) equals ``wanted``."""
-    if value is None or (not isinstance(value, str) and pd.isna(value)):
+    # pd.isna takes any object (False for one that is no missing marker); pandas-stubs' overloads
+    # list only scalars, arrays and frames
+    if value is None or (not isinstance(value, str) and pd.isna(value)):  # type: ignore[call-overload]
         return True
     if isinstance(value, (bool, np.bool_)):
         return bool(value) == wanted

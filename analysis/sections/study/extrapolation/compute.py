@@ -95,7 +95,9 @@ class Extrapolation:
     @property
     def train_lengths(self) -> list[int]:
         """The training lengths of the analysed runs, ascending."""
-        values = self.accuracy["train_length"].dropna() if len(self.accuracy) else []
+        values: pd.Series | list[float] = (
+            self.accuracy["train_length"].dropna() if len(self.accuracy) else []
+        )
         return sorted({int(v) for v in values})
 
 
@@ -104,7 +106,7 @@ class Extrapolation:
 
 def logged_lengths(runs: pd.DataFrame) -> list[int]:
     """The evaluation lengths L with a per-length metric column in ``runs``, ascending."""
-    parsed = (eval_length_metric(c) for c in eval_length_metrics(runs.columns))
+    parsed = (eval_length_metric(c) for c in eval_length_metrics(list(runs.columns)))
     return sorted({p[1] for p in parsed if p is not None})
 
 
@@ -277,7 +279,7 @@ def length_comparisons(
         num, denom = integer_deltas(correct, base, total)
         acc, base_acc = 100.0 * correct / total, 100.0 * base / total
         n, train = len(grp), grp["train_length"].iloc[0]
-        row = dict(zip([*keys, "operator", "eval_length"], gkey, strict=True))
+        row: dict[str, Any] = dict(zip([*keys, "operator", "eval_length"], gkey, strict=True))
         row.update(
             baseline=baseline,
             train_length=train,
@@ -466,7 +468,9 @@ def ladder_counts(
     preds = read_all(runs, max_workers, warns, tracking_uri)
     logged: dict[str, dict[int, tuple[int, int]]] = {}
     for r in counts.itertuples(index=False):
-        logged.setdefault(r.run_id, {})[int(r.eval_length)] = (int(r.correct), int(r.total))
+        # pandas-stubs type a row's fields as any scalar; these are COUNT_COLUMNS: a str run id
+        # and integer counts
+        logged.setdefault(r.run_id, {})[int(r.eval_length)] = (int(r.correct), int(r.total))  # type: ignore[arg-type]
     rows, inconsistent = [], []
     for run_id, frame in preds.items():
         found = run_ladder(frame, logged.get(run_id, {}))
