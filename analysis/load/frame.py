@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ def eval_length_metric(name: str) -> tuple[str, int] | None:
     return None
 
 
-def eval_length_metrics(columns: Sequence[Any]) -> list[str]:
+def eval_length_metrics(columns: Iterable[Any]) -> list[str]:
     """The per-length metric columns among ``columns``, by length, then in the order of
     ``EVAL_LENGTH_METRIC_PREFIXES`` (accuracy, correct, total)."""
     found = [(eval_length_metric(c), c) for c in columns if isinstance(c, str)]
