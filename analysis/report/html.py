@@ -94,7 +94,8 @@ code { font: .88em/1.4 ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberatio
 table { display: block; max-width: 100%; overflow-x: auto; border-collapse: collapse;
   margin: .8em 0 1.2em; font-size: .88em; font-variant-numeric: tabular-nums; }
 th, td { border: 1px solid #d5dbe2; padding: .35em .65em; text-align: left; vertical-align: top; }
-th { background: #e6ecf3; font-weight: 600; white-space: nowrap; }
+th { background: #e6ecf3; font-weight: 600; }
+td:first-child { min-width: 12em; max-width: 26em; overflow-wrap: anywhere; }
 tbody tr:nth-child(even) { background: #f6f8fa; }
 tbody tr:hover { background: #e9f1fb; }
 img { display: block; max-width: 100%; height: auto; margin: .4em 0 1.6em;
@@ -105,6 +106,7 @@ img { display: block; max-width: 100%; height: auto; margin: .4em 0 1.6em;
 .toc a { color: #2f6db5; text-decoration: none; }
 .toc a:hover { text-decoration: underline; }
 .missing-figure { color: #8a4b00; font-style: italic; }
+@media (max-width: 900px) { main { padding: 14px 12px 32px; } body { font-size: 14px; } }
 @media print { body { background: #fff; } main { box-shadow: none; max-width: none; }
   table { display: table; } .toc { display: none; } }
 """
