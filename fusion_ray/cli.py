@@ -233,9 +233,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command, rest = args[0], args[1:]
     if command == "list":
+        if rest[:1] in (["-h"], ["--help"]):
+            print(f"usage: fusion-ray list\n\n{COMMANDS['list'][1]}, plug-ins included")
+            return 0
         print(list_entries())
         return 0
     module = importlib.import_module(COMMANDS[command][0])
+    if "prog" in inspect.signature(module.main).parameters:  # its usage says `fusion-ray NAME`
+        return int(module.main(rest, prog=f"fusion-ray {command}") or 0)
     return int(module.main(rest) or 0)
 
 

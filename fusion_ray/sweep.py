@@ -14,19 +14,19 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from fusion_ray import api
 from fusion_ray.cli import add_file_arguments, common_options, plain, run_command
-from fusion_ray.config import SweepFileError, SweepSpec
-from fusion_ray.config.grid import expand
-from fusion_ray.console import print_outcome, summary_table
-from fusion_ray.driver.session import quiet_console
+from fusion_ray.config.files import SweepFileError, check_file_shape
 from fusion_ray.redact import redact, split_credentials
 
+if TYPE_CHECKING:
+    from fusion_ray.config import SweepSpec
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser(prog: str = "python -m fusion_ray.sweep") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.sweep",
+        prog=prog,
         description=plain(__doc__.splitlines()[0]),
         parents=[common_options()],
     )
@@ -53,8 +53,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_intermixed_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.sweep") -> int:
+    args = _parser(prog).parse_intermixed_args(argv)
+    try:  # the file's own problems first: said before torch, Ray or MLflow load
+        check_file_shape(args.sweep_file, args.overrides)
+    except (SweepFileError, FileNotFoundError) as exc:
+        print(redact(exc), file=sys.stderr)
+        return 2
+    # lazy: the API, the grid and the driver import torch, Ray and MLflow (~2.5 s)
+    from fusion_ray import api
+    from fusion_ray.config.grid import expand
+    from fusion_ray.console import print_outcome, summary_table
+    from fusion_ray.driver.session import quiet_console
+
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
     _quiet_tune()
@@ -138,6 +149,7 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
     from analysis.load import AnalysisError, StoreAccessError
     from analysis.report import print_summary
     from analysis.stats import StatsSettings
+    from fusion_ray import api
 
     try:
         result = api.report(spec, out_dir)

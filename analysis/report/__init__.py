@@ -309,9 +309,35 @@ def _other_settings_record(other: OtherSettings) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- CLI
 
 
-def _parser() -> argparse.ArgumentParser:
+def _statistics_options(p: argparse.ArgumentParser) -> None:
+    """The fixed-n tests' options: alpha, alternative, zero deltas, the bootstrap."""
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm")
+    p.add_argument(
+        "--alternative",
+        choices=ALTERNATIVES,
+        default="two-sided",
+        help="the fixed-n tests' alternative: operator differs from the baseline (two-sided), "
+        "is better (greater) or worse (less); the anytime-valid decisions are two-sided",
+    )
+    p.add_argument(
+        "--zero-method",
+        choices=ZERO_METHODS,
+        default="wilcox",
+        help="how Wilcoxon's signed-rank test treats seed pairs with a zero delta: wilcox "
+        "drops them, pratt ranks them and then drops them, zsplit splits their ranks",
+    )
+    p.add_argument("--bootstrap", type=int, default=9999, help="bootstrap resamples (9999)")
+    p.add_argument(
+        "--bootstrap-seed",
+        type=int,
+        default=0,
+        help="seed of the bootstrap's resampling (0): the same seed gives the same intervals",
+    )
+
+
+def _parser(prog: str = "python -m analysis.report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m analysis.report",
+        prog=prog,
         description="Paired-seed statistics, the study's tables and figures, from an MLflow "
         "experiment (one sweep).",
     )
@@ -324,11 +350,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--baseline", default="add", help="operator label to compare against (add)")
     p.add_argument("--out", default=None, help="output folder (default reports/<experiment>)")
-    p.add_argument("--alpha", type=float, default=0.05, help="significance level after Holm")
-    p.add_argument("--alternative", choices=ALTERNATIVES, default="two-sided")
-    p.add_argument("--zero-method", choices=ZERO_METHODS, default="wilcox")
-    p.add_argument("--bootstrap", type=int, default=9999, help="bootstrap resamples (9999)")
-    p.add_argument("--bootstrap-seed", type=int, default=0)
+    _statistics_options(p)
     p.add_argument(
         "--by",
         action="append",
@@ -414,12 +436,12 @@ def options_from_args(args: argparse.Namespace) -> ReportOptions:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m analysis.report") -> int:
     """The CLI: 0 on success; 2 for an unknown or empty experiment, impossible logged metrics,
     a bad option, a tracking URI that names no store, or a report that cannot be written; 3 when
     runs cannot be paired or nothing can be compared; 8, 9, 10, 12 as the sweep's for a tracking
     store that refused the credentials, stayed locked, did not answer or has no space left."""
-    args = _parser().parse_args(argv)
+    args = _parser(prog).parse_args(argv)
     problem = (
         credentials_problem(args.tracking_uri, "--tracking-uri") if args.tracking_uri else None
     )

@@ -9,65 +9,127 @@ The package, lowest first: ``spec`` (the typed schema: pydantic models with a do
 field), ``combinations`` (the grid's points and the settings each one gets), ``build`` (every
 grid point built into its trial: the one validation step, kept on the spec), ``rules`` (the
 rules between fields, ``semantic_problems``) and ``files`` (YAML on disk, overrides,
-``load_sweep``, the smoke version). Every public name is importable from ``fusion_ray.config``.
-"""
+``load_sweep``, the smoke version). Every public name is importable from ``fusion_ray.config``, on first use: reading a file
+(``files``, ``spec``) does not import the model registries (torch), which only the checks
+against them need."""
 
-from fusion_ray.config.build import (
-    GridPoint,
-    build_points,
-    build_trial,
-    changed_trial_problems,
-    section_builder,
-    validate_as,
-)
-from fusion_ray.config.combinations import (
-    GRID_AXIS_MODEL_FIELDS,
-    AxisNamer,
-    Combination,
-    combination_settings,
-    combinations,
-    deep_merge,
-    grid_namer,
-    resolve_specs,
-    set_dotted,
-)
-from fusion_ray.config.files import (
-    MAX_FILE_BYTES,
-    MAX_VALUES,
-    PRESET_SECTIONS,
-    SMOKE_DOCUMENTS,
-    SweepFileError,
-    apply_overrides,
-    load_sweep,
-    read_sweep_dict,
-    read_yaml_mapping,
-    smoke_trial,
-    smoke_version,
-    validate_collecting,
-    validate_sweep_dict,
-)
-from fusion_ray.config.rules import (
-    semantic_problems,
-)
-from fusion_ray.config.spec import (
-    AXES,
-    OVERRIDABLE_TRAIN,
-    AdaptiveSeeds,
-    DatasetPreset,
-    Defaults,
-    Grid,
-    Named,
-    Override,
-    Resources,
-    Rule,
-    SharedSettings,
-    Strict,
-    SubGrid,
-    SweepSpec,
-    bare_names,
-    pydantic_problems,
-    resources_for,
-)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fusion_ray.config.build import (
+        GridPoint,
+        build_points,
+        build_trial,
+        changed_trial_problems,
+        section_builder,
+        validate_as,
+    )
+    from fusion_ray.config.combinations import (
+        GRID_AXIS_MODEL_FIELDS,
+        AxisNamer,
+        Combination,
+        combination_settings,
+        combinations,
+        deep_merge,
+        grid_namer,
+        resolve_specs,
+        set_dotted,
+    )
+    from fusion_ray.config.files import (
+        MAX_FILE_BYTES,
+        MAX_VALUES,
+        PRESET_SECTIONS,
+        SMOKE_DOCUMENTS,
+        SweepFileError,
+        apply_overrides,
+        load_sweep,
+        read_sweep_dict,
+        read_yaml_mapping,
+        smoke_trial,
+        smoke_version,
+        validate_collecting,
+        validate_sweep_dict,
+    )
+    from fusion_ray.config.rules import (
+        semantic_problems,
+    )
+    from fusion_ray.config.spec import (
+        AXES,
+        OVERRIDABLE_TRAIN,
+        AdaptiveSeeds,
+        DatasetPreset,
+        Defaults,
+        Grid,
+        Named,
+        Override,
+        Resources,
+        Rule,
+        SharedSettings,
+        Strict,
+        SubGrid,
+        SweepSpec,
+        bare_names,
+        pydantic_problems,
+        resources_for,
+    )
+
+_EXPORTS = {
+    "GridPoint": "fusion_ray.config.build",
+    "build_points": "fusion_ray.config.build",
+    "build_trial": "fusion_ray.config.build",
+    "changed_trial_problems": "fusion_ray.config.build",
+    "section_builder": "fusion_ray.config.build",
+    "validate_as": "fusion_ray.config.build",
+    "AxisNamer": "fusion_ray.config.combinations",
+    "Combination": "fusion_ray.config.combinations",
+    "GRID_AXIS_MODEL_FIELDS": "fusion_ray.config.combinations",
+    "combination_settings": "fusion_ray.config.combinations",
+    "combinations": "fusion_ray.config.combinations",
+    "deep_merge": "fusion_ray.config.combinations",
+    "grid_namer": "fusion_ray.config.combinations",
+    "resolve_specs": "fusion_ray.config.combinations",
+    "set_dotted": "fusion_ray.config.combinations",
+    "MAX_FILE_BYTES": "fusion_ray.config.files",
+    "MAX_VALUES": "fusion_ray.config.files",
+    "PRESET_SECTIONS": "fusion_ray.config.files",
+    "SMOKE_DOCUMENTS": "fusion_ray.config.files",
+    "SweepFileError": "fusion_ray.config.files",
+    "apply_overrides": "fusion_ray.config.files",
+    "load_sweep": "fusion_ray.config.files",
+    "read_sweep_dict": "fusion_ray.config.files",
+    "read_yaml_mapping": "fusion_ray.config.files",
+    "smoke_trial": "fusion_ray.config.files",
+    "smoke_version": "fusion_ray.config.files",
+    "validate_collecting": "fusion_ray.config.files",
+    "validate_sweep_dict": "fusion_ray.config.files",
+    "semantic_problems": "fusion_ray.config.rules",
+    "AXES": "fusion_ray.config.spec",
+    "AdaptiveSeeds": "fusion_ray.config.spec",
+    "DatasetPreset": "fusion_ray.config.spec",
+    "Defaults": "fusion_ray.config.spec",
+    "Grid": "fusion_ray.config.spec",
+    "Named": "fusion_ray.config.spec",
+    "OVERRIDABLE_TRAIN": "fusion_ray.config.spec",
+    "Override": "fusion_ray.config.spec",
+    "Resources": "fusion_ray.config.spec",
+    "Rule": "fusion_ray.config.spec",
+    "SharedSettings": "fusion_ray.config.spec",
+    "Strict": "fusion_ray.config.spec",
+    "SubGrid": "fusion_ray.config.spec",
+    "SweepSpec": "fusion_ray.config.spec",
+    "bare_names": "fusion_ray.config.spec",
+    "pydantic_problems": "fusion_ray.config.spec",
+    "resources_for": "fusion_ray.config.spec",
+}
+"""Where each name of this package lives: imported on first use."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AXES",
@@ -98,7 +160,6 @@ __all__ = [
     "build_points",
     "build_trial",
     "changed_trial_problems",
-    "section_builder",
     "combination_settings",
     "combinations",
     "deep_merge",
@@ -109,6 +170,7 @@ __all__ = [
     "read_yaml_mapping",
     "resolve_specs",
     "resources_for",
+    "section_builder",
     "semantic_problems",
     "set_dotted",
     "smoke_trial",

@@ -281,4 +281,4 @@ def validate_as(cls: Any, raw: Any, where: str) -> tuple[Any, list[str]]:
     try:
         return _adapter(cls).validate_python(raw), []
     except ValidationError as exc:
-        return None, [f"{where}: {p}" for p in pydantic_problems(exc)]
+        return None, [f"{where}: {p}" for p in pydantic_problems(exc, cls)]

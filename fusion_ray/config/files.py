@@ -25,7 +25,7 @@ from pydantic import (
 
 from fusion_ray.checks import shorten, shorten_runs
 from fusion_ray.config.combinations import deep_merge, set_dotted
-from fusion_ray.config.rules import semantic_problems
+from fusion_ray.config.messages import key_lines, line_suffix
 from fusion_ray.config.spec import SweepSpec, error_lines
 from fusion_ray.redact import redact
 from fusion_ray.train.spec import TrialConfig
@@ -53,13 +53,15 @@ def _expand_env(value: Any) -> Any:
 
 
 class SweepFileError(ValueError):
-    """A sweep file with problems; the message lists every one as ``file: field: problem``,
-    with no credential in it (a refused tracking URI's password is shown as ``***``)."""
+    """A sweep file with problems; the message lists every one as ``file:line: field: problem``
+    (the line of the key the problem names, where the file has it), with no credential in it (a
+    refused tracking URI's password is shown as ``***``)."""
 
     def __init__(self, path: str | Path, problems: list[str]) -> None:
         self.path = shorten(redact(str(path)), 200)
         self.problems = [shorten_runs(redact(p)) for p in problems]
-        lines = "\n".join(f"  {self.path}: {p}" for p in self.problems)
+        lines_of = key_lines(path, MAX_FILE_BYTES, MAX_VALUES)
+        lines = "\n".join(f"  {self.path}{line_suffix(p, lines_of)}: {p}" for p in self.problems)
         super().__init__(f"{len(problems)} problem(s) in sweep file {self.path}:\n{lines}")
 
 
@@ -283,7 +285,7 @@ def validate_collecting(model: type[BaseModel], raw: dict[str, Any]) -> tuple[An
         except ValidationError as exc:
             fresh = [e for e in exc.errors() if not _after_a_drop(e, reported)]
             reported |= {e["loc"] for e in exc.errors()}
-            problems += [p for p in error_lines(fresh) if p not in problems]
+            problems += [p for p in error_lines(fresh, model) if p not in problems]
             if not _drop_invalid(attempt, exc):
                 break
     return None, problems
@@ -303,8 +305,28 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
     validates) and every problem found."""
     spec, problems = validate_collecting(SweepSpec, raw)
     if spec is not None:
+        # lazy: the rules check names against the model registries, which import torch (~1.3 s):
+        # reading a file and its schema's problems stay fast
+        from fusion_ray.config.rules import semantic_problems
+
         problems += semantic_problems(spec)
     return spec, problems
+
+
+def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
+    """The file's own problems, which need no registry: it exists and is YAML of the sweep
+    file's keys and types (with ``overrides`` applied). Raises ``SweepFileError`` listing every
+    one; a clean file then gets the full check (``load_sweep``). Imports neither torch, Ray nor
+    MLflow, so a mistyped path or key is said at once."""
+    original = read_sweep_dict(path)
+    raw = apply_overrides(original, overrides, path)
+    _, problems = validate_collecting(SweepSpec, raw)
+    if problems:
+        if overrides:
+            problems = blame_overrides(
+                problems, validate_collecting(SweepSpec, original)[1], overrides
+            )
+        raise SweepFileError(path, problems)
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:

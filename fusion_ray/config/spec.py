@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from fusion_ray.checks import address_problem, error_text, is_int, not_bool
+from fusion_ray.config.messages import keys_at, unknown_key_text
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.redact import credentials_problem
 
@@ -445,19 +446,22 @@ class SweepSpec(SharedSettings):
         return seeds
 
 
-def pydantic_problems(exc: ValidationError) -> list[str]:
-    """Each error of ``exc`` as ``field.path: problem`` for the user."""
-    return error_lines(exc.errors())
+def pydantic_problems(exc: ValidationError, root: Any = None) -> list[str]:
+    """Each error of ``exc`` as ``field.path: problem`` for the user (``root``: the type that
+    was validated, for the keys an unknown one may be a misspelling of)."""
+    return error_lines(exc.errors(), root)
 
 
-def error_lines(errors: list[Any]) -> list[str]:
+def error_lines(errors: list[Any], root: Any = None) -> list[str]:
     problems = []
     for err in errors:
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
         if where.startswith("adaptive"):  # the adaptive block is written under seeds:
             where = "seeds" + where.removeprefix("adaptive")
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-            problems.append(f"{where}: unknown key; remove it or check its spelling")
+            loc = err["loc"]
+            known = keys_at(root, loc) if root is not None and loc else []
+            problems.append(f"{where}: {unknown_key_text(str(loc[-1]) if loc else '', known)}")
         elif err["type"] == "missing":
             problems.append(f"{where}: required field is missing")
         else:

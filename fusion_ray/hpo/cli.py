@@ -59,9 +59,9 @@ def print_plan(plan: HpoPlan) -> None:
         print(f"  for {name} (seeds {seeds}; tuning seed {t.seed} is none of them)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser(prog: str = "python -m fusion_ray.hpo") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.hpo",
+        prog=prog,
         description="Tune the shared settings before the paired grid (Optuna on Ray Tune).",
         parents=[common_options()],
     )
@@ -81,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="two trials of one epoch on 64 documents, experiment NAME-smoke, fragment NAME-smoke.yaml",
     )
-    args = parser.parse_intermixed_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.hpo") -> int:
+    args = _parser(prog).parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
 

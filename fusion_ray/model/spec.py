@@ -7,8 +7,6 @@ from typing import Annotated, Any, Literal
 
 from annotated_types import Interval
 
-from fusion_ray.model.attention import ATTENTION_POSITIONS
-
 
 @dataclass
 class ModelSpec:
@@ -65,6 +63,10 @@ def with_recorded_options(name: Any, kwargs: Any) -> Any:
     """``kwargs`` plus the ``RECORDED_OPTIONS`` of attention position ``name`` that it leaves
     out (a new dict); anything else (an unknown name, kwargs not a mapping) as given, for
     ``check_model_spec`` to report."""
+    # lazy: the attention registry imports torch (~1.3 s); reading a sweep file's schema does
+    # not build a ModelSpec, so its problems are said before torch loads
+    from fusion_ray.model.attention import ATTENTION_POSITIONS
+
     if not isinstance(name, str) or name not in ATTENTION_POSITIONS or not isinstance(kwargs, dict):
         return kwargs
     recorded = getattr(ATTENTION_POSITIONS.get(name), "RECORDED_OPTIONS", {})

@@ -17,9 +17,9 @@ from fusion_ray.train.loop import run_local
 from fusion_ray.train.spec import TrialConfig
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.train") -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m fusion_ray.train", description=__doc__.splitlines()[0].replace("``", "")
+        prog=prog, description=__doc__.splitlines()[0].replace("``", "")
     )
     parser.add_argument("trial_file", help="YAML with dataset, data, model, train and seed")
     parser.add_argument("--out", default="trial_out", help="checkpoints and metrics.jsonl go here")

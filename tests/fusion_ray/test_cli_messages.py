@@ -103,3 +103,33 @@ def test_an_address_that_names_no_cluster_is_refused_by_the_command_line(capsys,
     assert ended.value.code == 2
     err = capsys.readouterr().err
     assert "argument --address: 'head node' is no Ray cluster address" in err
+
+
+def _parsers():
+    from analysis.report import _parser as report_parser
+    from fusion_ray.hpo.cli import _parser as hpo_parser
+    from fusion_ray.sweep import _parser as sweep_parser
+
+    return {"sweep": sweep_parser, "hpo": hpo_parser, "report": report_parser}
+
+
+@pytest.mark.parametrize("command", ["sweep", "hpo", "report"])
+def test_every_option_has_help_and_the_usage_names_the_fusion_ray_command(command, capsys):
+    import argparse
+
+    parser = _parsers()[command](f"fusion-ray {command}")
+    bare = [
+        a.option_strings or [a.dest]
+        for a in parser._actions
+        if not a.help or a.help == argparse.SUPPRESS
+    ]
+    assert not bare, f"options of fusion-ray {command} without help: {bare}"
+    with pytest.raises(SystemExit):
+        cli_main([command, "--help"])
+    assert capsys.readouterr().out.startswith(f"usage: fusion-ray {command} ")
+
+
+def test_list_help_is_its_usage_not_the_list(capsys):
+    assert cli_main(["list", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: fusion-ray list") and "entry-point group" not in out

@@ -1,0 +1,85 @@
+"""What a newcomer's mistakes in a sweep file get, at once: the line of the key a problem names,
+the key a misspelled one is close to, and both before torch, Ray or MLflow are imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from fusion_ray.config.files import MAX_FILE_BYTES, MAX_VALUES, SweepFileError, check_file_shape
+from fusion_ray.config.messages import key_lines
+from tests.conftest import ROOT, tiny_sweep
+
+pytestmark = pytest.mark.unit
+
+
+def _misspelt(tmp_path):
+    path = tiny_sweep(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["seed"] = spec.pop("seeds")
+    spec["datasets"]["short"]["data"]["max_lenght"] = spec["datasets"]["short"]["data"].pop(
+        "max_length"
+    )
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_a_misspelt_key_is_named_with_its_line_and_the_key_it_is_close_to(tmp_path):
+    path = _misspelt(tmp_path)
+    lines = path.read_text().splitlines()
+    with pytest.raises(SweepFileError) as caught:
+        check_file_shape(path)
+    text = str(caught.value)
+    seed_line = next(i for i, line in enumerate(lines, 1) if line.startswith("seed:"))
+    length_line = next(i for i, line in enumerate(lines, 1) if "max_lenght" in line)
+    assert f"{path}:{seed_line}: seed: unknown key; did you mean 'seeds'?" in text
+    assert (
+        f"{path}:{length_line}: datasets.short.data.max_lenght: unknown key; did you mean "
+        "'max_length'?" in text
+    )
+
+
+def test_a_key_close_to_nothing_is_only_unknown(tmp_path):
+    path = tiny_sweep(tmp_path, colour="blue")
+    with pytest.raises(
+        SweepFileError, match="colour: unknown key; remove it or check its spelling"
+    ):
+        check_file_shape(path)
+
+
+def test_the_lines_of_a_file_whose_aliases_repeat_blocks_are_read_once(tmp_path):
+    """An alias is its anchor's node again: walked once, whatever the repetition."""
+    rows = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        rows.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(rows) + "\n")
+    assert key_lines(path, MAX_FILE_BYTES, MAX_VALUES) == {
+        name: i for i, name in enumerate("abcdefghi", 1)
+    }
+    # and the whole command says what is wrong with it (a walk of its 10**9 values would not
+    # end before the limit: the subprocess's timeout turns a hang into a failure)
+    done = subprocess.run(
+        [sys.executable, "-m", "fusion_ray.sweep", str(path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "expands to more than 100,000 values" in done.stderr
+
+
+def test_the_files_problems_are_said_before_torch_ray_or_mlflow_load(tmp_path):
+    path = _misspelt(tmp_path)
+    code = (
+        "import sys\n"
+        "from fusion_ray.sweep import main\n"
+        f"code = main([{str(path)!r}])\n"
+        "loaded = [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]\n"
+        "print(code, loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
+    assert "did you mean 'seeds'?" in done.stderr
