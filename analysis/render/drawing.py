@@ -5,7 +5,8 @@
 - accuracy by length regime per operator (datasets ordered by median document length);
 - accuracy against measured latency;
 - accuracy by length quantile inside each dataset, with paired deltas per bucket;
-- accuracy against evaluation length (train short, test long), the training length marked.
+- accuracy against evaluation length (train short, test long), the training length marked;
+- a forest plot of a family's decisions: each hypothesis's estimate with its interval.
 
 The summary figures take an optional ``style_key``: a column whose values (e.g. the levels of an
 extra grid axis) get a line style and marker each, so the levels share a panel.
@@ -293,6 +294,44 @@ def accuracy_vs_latency(
 LATENCY_BARS = (
     "accuracy: mean ± 1 sd over seeds; latency: mean, bars from the fastest to the slowest run"
 )
+
+
+FOREST_DECIDED = "C0"
+"""The colour of a decided hypothesis in the forest plot; an open one is grey."""
+
+
+def forest(rows: pd.DataFrame, out_dir: Path, stem: str, title: str) -> list[Path]:
+    """One line per hypothesis, top to bottom in the family's order: its Hodges-Lehmann
+    estimate (its mean where it has none) as a point, with its e-BY interval where it is decided
+    and, greyed, its simultaneous confidence sequence where it is still open; the verdict at the
+    right, a zero line. ``rows``: the decisions table (``comparison``, ``state``, ``verdict``,
+    ``hodges_lehmann``, ``mean``, ``ci_*``, ``cs_*``)."""
+    n = len(rows)
+    fig = Figure(figsize=(7.5, 1.0 + 0.32 * n), layout="constrained")
+    ax = fig.subplots()
+    for i, r in enumerate(rows.to_dict(orient="records")):
+        y = n - 1 - i
+        decided = r["state"] != "open"
+        low, high = (r["ci_low"], r["ci_high"]) if decided else (r["cs_low"], r["cs_high"])
+        colour = FOREST_DECIDED if decided else "0.65"
+        point = r["hodges_lehmann"] if not pd.isna(r["hodges_lehmann"]) else r["mean"]
+        if not (pd.isna(low) or pd.isna(high)):
+            low, high = max(float(low), -100.0), min(float(high), 100.0)  # points of accuracy
+            ax.plot([low, high], [y, y], color=colour, linewidth=2, solid_capstyle="butt")
+        if not pd.isna(point):
+            ax.plot([point], [y], marker="o", color=colour, markersize=5)
+        ax.annotate(
+            str(r["verdict"]), (1.01, y), xycoords=("axes fraction", "data"), fontsize=7,
+            va="center", color="black" if decided else "0.45",
+        )  # fmt: skip
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(n), [str(c) for c in rows["comparison"]][::-1], fontsize=7)
+    ax.set_ylim(-0.7, n - 0.3)
+    ax.set_xlabel("effect (accuracy points): Hodges-Lehmann estimate, e-BY interval", fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    ax.grid(axis="x", color="0.9")
+    ax.set_title(title, fontsize=9)
+    return save(fig, out_dir, stem)
 
 
 def latency_bar(row: pd.Series) -> list[list[float]]:

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import pandas as pd
 
+from analysis.render import drawing
 from analysis.render.drawing import Figure, save
 from analysis.render.escape import md, md_code
 from analysis.sections.base import Drawn, Section, records, write_csv
@@ -25,6 +26,7 @@ from fusion_ray.decide.sequential import decisions_footnotes
 from fusion_ray.schema import DECISIONS_FILE
 
 FIGURE = "decisions_e_process"
+FOREST = "decisions_forest"
 
 
 class DecisionsSection(Section):
@@ -57,7 +59,17 @@ class DecisionsSection(Section):
             + (", and for '|effect| >= margin' dash-dotted" if result.margin else "")
             + f") against {how}. A marker shows where the comparison was decided."
         )
-        return [(caption, _draw(result, fig_dir))]
+        level = result.table["ci_level"].dropna()  # alpha R / m: what the intervals may miss
+        at = f"{1 - float(level.iloc[0]):.1%}" if len(level) else "none decided"
+        forest_caption = (
+            f"Every hypothesis of the family, its Hodges-Lehmann estimate (points of accuracy) "
+            f"with its e-BY interval ({at}, valid for the decided ones together) where decided, "
+            "and, greyed, its simultaneous confidence sequence where still open; its verdict at "
+            "the right."
+        )
+        title = "Decisions" + ("" if result.primary else " (a secondary view: fixed seeds)")
+        forest = drawing.forest(result.table, fig_dir, FOREST, title)
+        return [(forest_caption, forest), (caption, _draw(result, fig_dir))]
 
     def data_files(self, result: DecisionResult, ctx: ReportContext) -> list[Path]:
         return [write_csv(result.table, ctx.out_dir / DECISIONS_FILE)]

@@ -97,6 +97,11 @@ def test_an_adaptive_sweep_decides_with_its_own_rule_as_the_primary_analysis(sto
     assert row["p_family"] == pytest.approx(1 / row["e_max"], rel=1e-9)
     assert row["cs_low"] < 6 < row["cs_high"] or math.isinf(row["cs_high"])
     assert (tmp_path / "adaptive" / "figures" / "decisions_e_process.png").is_file()
+    # the forest plot of what was decided comes first, as PNG and PDF, captioned in report.md
+    for ext in ("png", "pdf"):
+        assert (tmp_path / "adaptive" / "figures" / f"decisions_forest.{ext}").is_file()
+    assert text.index("figures/decisions_forest.png") < text.index("decisions_e_process.png")
+    assert "its e-BY interval (95.0%, valid for the decided ones together)" in text
 
 
 def test_compare_given_the_experiment_returns_the_reports_decisions(store, tmp_path):
@@ -185,3 +190,38 @@ def test_each_e_value_panel_is_titled_in_its_width_with_the_tables_verdict():
     assert "/".join(lines[1:-1]) == name.split(": ")[0]  # the whole group, wrapped at "/"
     assert all(len(line) <= PANEL_TITLE_CHARS for line in lines[1:-1])
     assert _panel_title("short: concat vs add", "better") == "concat vs add\nshort\nbetter"
+
+
+def test_the_forest_plot_draws_decided_intervals_and_greys_the_open_ones(tmp_path, monkeypatch):
+    """Each hypothesis is one line: decided in colour with its e-BY interval, open in grey
+    with its confidence sequence (an unbounded one clipped to 100 points), the verdict beside."""
+    from analysis.render import drawing
+
+    rows = pd.DataFrame(
+        {
+            "comparison": ["short: b vs a", "long-short: b vs a", "medium: b vs a"],
+            "state": ["better", "open", "open"],
+            "verdict": ["better", "open", "open"],
+            "hodges_lehmann": [3.0, math.nan, 0.5],
+            "mean": [2.5, 1.0, 0.4],
+            "ci_low": [1.0, math.nan, math.nan],
+            "ci_high": [5.0, math.nan, math.nan],
+            "cs_low": [0.5, -math.inf, math.nan],
+            "cs_high": [6.0, math.inf, math.nan],
+        }
+    )
+    drawn = []
+    real_save = drawing.save
+    monkeypatch.setattr(drawing, "save", lambda fig, *a: drawn.append(fig) or real_save(fig, *a))
+    paths = drawing.forest(rows, tmp_path, "forest", "Decisions")
+    assert [p.suffix for p in paths] == [".png", ".pdf"] and all(p.is_file() for p in paths)
+    (ax,) = drawn[0].axes
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == list(rows["comparison"])[::-1]  # the family's order, top to bottom
+    segments = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 2 and ln.get_linewidth() == 2]
+    spans = {tuple(ln.get_xdata()): ln.get_color() for ln in segments}
+    assert spans == {(1.0, 5.0): drawing.FOREST_DECIDED, (-100.0, 100.0): "0.65"}
+    points = {
+        ln.get_ydata()[0]: ln.get_xdata()[0] for ln in ax.get_lines() if ln.get_marker() == "o"
+    }
+    assert points == {2: 3.0, 1: 1.0, 0: 0.5}  # Hodges-Lehmann, else the mean
