@@ -73,12 +73,16 @@ def dry_run(spec: SweepSpec) -> Plan:
         return plan(spec, existing_tracker(spec))
 
 
-def dry_run_text(spec: SweepSpec, todo: Plan | None = None, *, address: str | None = None) -> str:
+def dry_run_text(
+    spec: SweepSpec, todo: Plan | None = None, *, address: str | None = None, smoke: bool = False
+) -> str:
     """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, what
     the seed policy would run, and whether the pending trials fit (``placement.dry_run_check``
-    against this machine for a local Ray; raises ``PlacementError`` as the real run would)."""
+    against this machine for a local Ray: trials it cannot hold are a warning, after the plan;
+    ``smoke``: GPU trials rehearsed on CPUs, as ``--smoke`` runs them)."""
     todo = todo if todo is not None else dry_run(spec)
-    fits = placement.dry_run_check(spec, {c.dataset for c in todo.pending}, address)
+    pending = list(dict.fromkeys(c.dataset for c in todo.pending))  # in the sweep's order
+    fits = placement.dry_run_check(spec, pending, address, smoke=smoke)
     return _dry_run_text(spec, todo) + "\n" + fits
 
 

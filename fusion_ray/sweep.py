@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.sweep"
         return 2
     if args.dry_run:  # a store that refuses or does not answer: one message, its exit code
         text = run_command(
-            lambda: api.dry_run_text(spec, address=args.address),
+            lambda: api.dry_run_text(spec, address=args.address, smoke=args.smoke),
             stopped=lambda name: f"sweep {spec.name}: dry run stopped by {name}",
         )
         if isinstance(text, int):

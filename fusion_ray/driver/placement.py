@@ -11,6 +11,7 @@ autoscaler, the node types it may add (read from its cluster config).
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import yaml
 
 from fusion_ray.config import Resources, resources_for
-from fusion_ray.driver.trial import trial_bundles
+from fusion_ray.driver.trial import CPU_FALLBACK_ENV, trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
 
 AUTOSCALER_CONFIG_ENV = "FUSION_RAY_AUTOSCALER_CONFIG"
@@ -82,11 +83,14 @@ def local_capacity() -> Capacity:
     return Capacity([{"CPU": float(cpus or 1), "GPU": float(gpus)}], {})
 
 
-def dry_run_check(spec: Any, datasets: set[str] | list[str], address: str | None) -> str:
-    """The placement check of a real run, for a dry run: against this machine when the sweep
-    would start a local Ray (raises ``PlacementError`` as the real run would), else a line
-    saying the remote cluster is checked when the sweep starts. ``--smoke`` rehearses GPU
-    trials on CPUs as the real run does."""
+def dry_run_check(
+    spec: Any, datasets: Sequence[str], address: str | None, smoke: bool = False
+) -> str:
+    """The placement check of a real run, for a dry run, which always prints its plan: against
+    this machine when the sweep would start a local Ray (trials it cannot hold are a warning
+    saying a real run here would be refused, and what to do), else a line saying the remote
+    cluster is checked when the sweep starts. GPU trials are rehearsed on CPUs as the real run
+    would (``--smoke``, ``FUSION_RAY_CPU_FALLBACK=1``)."""
     where = address or getattr(spec, "address", None) or os.environ.get("RAY_ADDRESS")
     if where:
         return (
@@ -94,11 +98,20 @@ def dry_run_check(spec: Any, datasets: set[str] | list[str], address: str | None
             "run connects to nothing)"
         )
     capacity = local_capacity()
-    wanted = {d: resources_for(spec, d) for d in datasets}
-    check = check_placement(wanted, capacity)
+    rehearsed = rehearses_on_cpus(spec, datasets, capacity, smoke)
+    placed = on_cpus(spec) if rehearsed else spec
+    check = check_placement({d: resources_for(placed, d) for d in datasets}, capacity)
     if check.never:
-        raise PlacementError(check.error(capacity))
-    return f"  placement: every trial fits this machine ({capacity.largest_node()})"
+        return "\n".join(
+            [
+                "  placement: WARNING: this machine cannot run these trials (the dry run "
+                "checked this machine; a real run here would stop before any trial starts):",
+                *("  " + line for line in check.lines(capacity)),
+                f"  fix: {PLACEMENT_FIX}",
+            ]
+        )
+    how = f" with its GPU trials on CPUs ({CPU_FALLBACK_ENV}=1 or --smoke)" if rehearsed else ""
+    return f"  placement: every trial fits this machine{how} ({capacity.largest_node()})"
 
 
 def autoscaler_node_types(path: str | None = None) -> dict[str, tuple[dict[str, float], int]]:
@@ -139,18 +152,36 @@ class PlacementCheck:
     later: dict[str, str]
     """dataset -> the request only a node type not started yet can hold."""
 
-    def error(self, capacity: Capacity) -> str:
-        lines = [
+    def lines(self, capacity: Capacity) -> list[str]:
+        """One line per dataset no node can hold, in the sweep's order."""
+        return [
             f"  {dataset}: each trial asks {request}; the largest node has {capacity.largest_node()}"
             for dataset, request in self.never.items()
         ]
+
+    def error(self, capacity: Capacity) -> str:
         return (
             "no node of this Ray cluster can run these trials, and Ray Tune would wait for them "
-            "forever:\n" + "\n".join(lines) + "\nfix: start a cluster that has such nodes (ray up "
-            "cluster.yaml), ask for less under resources: (or datasets.<name>.resources:), or set "
-            "FUSION_RAY_CPU_FALLBACK=1 with resources.use_gpu: false to rehearse GPU trials on CPUs "
-            "(--smoke does this by itself on a Ray without GPUs)"
+            "forever:\n" + "\n".join(self.lines(capacity)) + f"\nfix: {PLACEMENT_FIX}"
         )
+
+
+PLACEMENT_FIX = (
+    "run it on a cluster that has such nodes (ray up cluster.yaml, then --address or the file's "
+    "address:), ask for less under resources: (or datasets.<name>.resources:), or rehearse its "
+    f"GPU trials on this machine's CPUs: {CPU_FALLBACK_ENV}=1 for the whole sweep, --smoke for "
+    "one seed of one epoch"
+)
+"""What to do about trials no node can hold; every part of it works (a test runs them)."""
+
+
+def rehearses_on_cpus(spec: Any, datasets: Sequence[str], capacity: Capacity, smoke: bool) -> bool:
+    """Whether the GPU trials of ``datasets`` run on CPUs here: on a Ray without GPUs, for a
+    smoke run or with ``FUSION_RAY_CPU_FALLBACK=1``."""
+    asked = smoke or os.environ.get(CPU_FALLBACK_ENV) == "1"
+    return (
+        asked and not has_gpus(capacity) and any(resources_for(spec, d).use_gpu for d in datasets)
+    )
 
 
 def check_placement(requests: dict[str, Resources], capacity: Capacity) -> PlacementCheck:
@@ -210,19 +241,18 @@ class Placement:
     """Which datasets wait for the autoscaler to add a node (``check.later``)."""
 
 
-def fit(spec: Any, datasets: set[str] | list[str], *, smoke: bool) -> Placement:
+def fit(spec: Any, datasets: Sequence[str], *, smoke: bool) -> Placement:
     """Where the trials of ``datasets`` run on the connected Ray cluster: the spec as it is, or,
     for a smoke run on a Ray without GPUs, a new one with its GPU trials on CPUs (with a line on
     the console); and which datasets must wait for the autoscaler. Raises ``PlacementError``
     when some trial fits no node and no node type of the autoscaler."""
     capacity = cluster_capacity()
-    rehearse = (
-        smoke and not has_gpus(capacity) and any(resources_for(spec, d).use_gpu for d in datasets)
-    )
+    rehearse = rehearses_on_cpus(spec, datasets, capacity, smoke)
     if rehearse:
         spec = on_cpus(spec)
+        why = "--smoke" if smoke else f"{CPU_FALLBACK_ENV}=1"
         print(
-            f"{spec.name}: --smoke on a Ray without GPUs: the GPU trials are rehearsed on CPUs "
+            f"{spec.name}: {why} on a Ray without GPUs: the GPU trials are rehearsed on CPUs "
             f"(tag {CPU_REHEARSAL_TAG} on the parent run)"
         )
     check = check_placement({d: resources_for(spec, d) for d in datasets}, capacity)

@@ -130,7 +130,8 @@ def display_order(cells: Sequence[Cell]) -> dict[str, list[str]]:
 
 def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
     """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
-    placed = placement.fit(spec, {c.dataset for c in todo.pending}, smoke=smoke)
+    datasets = list(dict.fromkeys(c.dataset for c in todo.pending))  # in the sweep's order
+    placed = placement.fit(spec, datasets, smoke=smoke)
     for dataset, request in placed.check.later.items():
         pending = sum(c.dataset == dataset for c in todo.pending)
         print(

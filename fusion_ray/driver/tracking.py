@@ -160,6 +160,8 @@ class Tracker:
 
     def __init__(self, tracking_uri: str, sweep: str) -> None:
         self.tracking_uri, self.sweep = client_uri(tracking_uri), sweep
+        self._given_uri = tracking_uri
+        self._experiment_id: str | None = None
         with access_errors(tracking_uri):
             with _store_init_lock(tracking_uri):  # the first access creates a sqlite store's tables
                 self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -168,16 +170,23 @@ class Tracker:
             self._store_inode = inode(self._store_file)
             if self._store_file is not None:
                 STORE_ERRORS.watch(self)
-            if experiment is None:
-                self.experiment_id = self._create_experiment(sweep, tracking_uri)
-            else:
+            if experiment is not None:
                 if experiment.lifecycle_stage == "deleted":
                     self.client.restore_experiment(experiment.experiment_id)
-                self.experiment_id = experiment.experiment_id
+                self._experiment_id = experiment.experiment_id
                 if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag existed
                     self.client.set_experiment_tag(
-                        self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
+                        self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND
                     )
+
+    @property
+    def experiment_id(self) -> str:
+        """The sweep's experiment, made on the first write: a sweep refused before it writes
+        (its trials fit no node, another driver holds it) leaves no empty experiment."""
+        if self._experiment_id is None:
+            with access_errors(self._given_uri):
+                self._experiment_id = self._create_experiment(self.sweep, self._given_uri)
+        return self._experiment_id
 
     def _create_experiment(self, sweep: str, tracking_uri: str) -> str:
         """Create the sweep's experiment; when another driver (a second machine, a second
@@ -217,6 +226,8 @@ class Tracker:
     # --- reading
     def trial_runs(self) -> list[Any]:
         """Every trial run of the experiment (MLflow ``Run`` entities), all pages of them."""
+        if self._experiment_id is None:  # not made yet: nothing has run
+            return []
         runs, token = [], None
         while True:
             page = self.client.search_runs(

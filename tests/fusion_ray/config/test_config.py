@@ -40,7 +40,8 @@ def test_every_shipped_sweep_file_validates_and_expands(path: Path, monkeypatch)
 @pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.name)
 def test_every_shipped_sweep_file_has_a_dry_run(path: Path, tmp_path, monkeypatch, capsys):
     """Planned for the cluster it runs on (``--address``), every file dry-runs; run here, a file
-    whose trials this machine cannot hold (GPUs) is refused as the real run would refuse it."""
+    whose trials this machine cannot hold (GPUs) still gets its plan, with a warning that a real
+    run here would be refused and the fix, which works (its GPU trials rehearsed on CPUs)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -52,12 +53,20 @@ def test_every_shipped_sweep_file_has_a_dry_run(path: Path, tmp_path, monkeypatc
     assert "placement: checked against the cluster at 10.0.0.1:6379 when the sweep starts" in out
     spec = load_sweep(path)
     wants_gpus = any(resources_for(spec, d).use_gpu for d in spec.datasets)
+    monkeypatch.delenv("FUSION_RAY_CPU_FALLBACK", raising=False)
     here = sweep_main([str(path), "--dry-run"])
     captured = capsys.readouterr()
+    assert here == 0 and out.count(" pending ") == captured.out.count(" pending ")
     if wants_gpus and not torch.cuda.is_available():
-        assert here == 2 and "no node of this Ray cluster can run these trials" in captured.err
+        assert "placement: WARNING: this machine cannot run these trials" in captured.out
+        assert "FUSION_RAY_CPU_FALLBACK=1 for the whole sweep" in captured.out
+        monkeypatch.setenv("FUSION_RAY_CPU_FALLBACK", "1")
+        assert sweep_main([str(path), "--dry-run"]) == 0
+        assert (
+            "every trial fits this machine with its GPU trials on CPUs" in capsys.readouterr().out
+        )
     else:
-        assert here == 0 and "placement: every trial fits this machine" in captured.out
+        assert "placement: every trial fits this machine" in captured.out
 
 
 def test_every_fragment_is_used_by_a_sweep():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from mlflow import MlflowClient
 
 from fusion_ray.config import Resources, load_sweep
 from fusion_ray.driver.placement import (
@@ -77,17 +78,29 @@ def _gpu_sweep(tmp_path, name, store):
 
 
 def test_a_gpu_sweep_on_a_ray_without_gpus_fails_before_any_trial(
-    tmp_path, ray_session, data_cache, mlflow_store
+    tmp_path, ray_session, data_cache, mlflow_store, monkeypatch
 ):
     from fusion_ray.driver.runner import run_sweep
     from fusion_ray.driver.tracking import Tracker
 
+    monkeypatch.delenv("FUSION_RAY_CPU_FALLBACK", raising=False)
     spec = _gpu_sweep(tmp_path, "gpu_here", mlflow_store)
     with pytest.raises(PlacementError) as info:
         run_sweep(spec)
     assert "short: each trial asks 1 worker(s) x (1 CPU + 1 GPU)" in str(info.value)
     assert "0 GPUs" in str(info.value) and "--smoke" in str(info.value)
     assert Tracker(spec.tracking_uri, spec.name).trial_runs() == []  # nothing was started
+    # and nothing was left in the store: no empty experiment for the refused sweep
+    assert MlflowClient(spec.tracking_uri).get_experiment_by_name(spec.name) is None
+    # the fix it names works: the same sweep with its GPU trials rehearsed on CPUs
+    monkeypatch.setenv("FUSION_RAY_CPU_FALLBACK", "1")
+    outcome = run_sweep(spec)
+    assert len(outcome.finished) == 2 and not outcome.failed
+    parents = MlflowClient(spec.tracking_uri).search_runs(
+        [MlflowClient(spec.tracking_uri).get_experiment_by_name(spec.name).experiment_id],
+        filter_string="tags.role = 'sweep'",
+    )
+    assert parents[0].data.tags.get("smoke_gpu_trials_on_cpu") == "true"
 
 
 def test_waiting_for_a_node_type_gives_up_after_the_timeout(
