@@ -217,10 +217,14 @@ DECISION_COLUMNS = (
 )
 #: Sweep-parent-run tags ``decisions.<state>``: how many comparisons are in each state.
 DECISIONS_TAG_PREFIX = "decisions."
-#: Sweep-parent-run metrics of an adaptive sweep, logged while it runs (step = the comparison's
-#: seeds so far): ``decision.<comparison>.<name>`` for each name of ``DECISION_METRICS``; the
-#: comparison's name with every character MLflow refuses in a key replaced by ``_``.
-DECISION_METRIC_PREFIX = "decision."
-DECISION_METRICS = ("e_value", "e_equivalent", "p_family", "state")
-#: The numbers the ``state`` metric takes, so the MLflow UI can chart a decision as it forms.
-STATE_CODES = {"open": 0, "better": 1, "worse": -1, "equivalent": 2, "futile": 3}
+#: Sweep-parent-run metrics of an adaptive sweep, logged while it runs (step = the hypothesis's
+#: seeds so far): ``decision/<key>.<name>`` for each name of ``DECISION_METRICS``, ``<key>`` the
+#: hypothesis's short key in the family's order (``h01``, ``h02``, ...), so that MLflow's charts
+#: group them in one section, ``decision``, and neither split nor cut a title; and the thresholds
+#: ``decision/log10_threshold_least`` (1/alpha) and ``decision/log10_threshold_enough``
+#: (m/alpha), which the log10 e-values are charted against.
+DECISION_METRIC_PREFIX = "decision/"
+DECISION_METRICS = ("log10_e_value", "log10_e_equivalent", "p_family", "decided")
+#: Sweep-parent-run tags ``decision.<key>``: the hypothesis's full name; ``decision.<key>.state``:
+#: its state at its last look (open, better, worse, equivalent, futile).
+DECISION_TAG_PREFIX = "decision."

@@ -14,6 +14,7 @@ and smaller."""
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import types
@@ -26,10 +27,10 @@ from analysis import compare, load_experiment, pair_runs
 from analysis.report import ReportOptions, build_report, print_summary
 from fusion_ray.config import load_sweep
 from fusion_ray.decide.sequential import decisions_text
-from fusion_ray.driver.tracking import Tracker, decision_metric_key
+from fusion_ray.driver.tracking import Tracker, decision_key
 from fusion_ray.policy.plan import plan
 from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy, live_decisions
-from fusion_ray.schema import DECISION_METRIC_PREFIX, DECISIONS_FILE, STATE_CODES
+from fusion_ray.schema import DECISION_METRIC_PREFIX, DECISION_TAG_PREFIX, DECISIONS_FILE
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.unit
@@ -134,13 +135,23 @@ def test_every_surface_shows_the_same_verdicts(sweep):
         assert other[columns].astype(str).equals(driver[columns].astype(str))
         for col in ("ci_low", "ci_high", "mean", "p_family"):
             assert other[col].to_numpy() == pytest.approx(driver[col].to_numpy(), nan_ok=True)
-    # the parent run's metrics: each hypothesis's last point is its final state
-    metrics = client.get_run(sweep.parent).data.metrics
-    states = {k: v for k, v in metrics.items() if k.startswith(DECISION_METRIC_PREFIX)}
-    states = {k: v for k, v in states.items() if k.endswith(".state")}
-    assert len(states) == len(driver)
-    for name, row in driver.iterrows():
-        assert states[decision_metric_key(name) + ".state"] == STATE_CODES[row["state"]], name
+    # the parent run: each hypothesis under its short key in the family's order, its full name
+    # and final state as tags, 1 as its last "decided" point exactly when it was decided
+    data = client.get_run(sweep.parent).data
+    decided = {
+        k: v
+        for k, v in data.metrics.items()
+        if k.startswith(DECISION_METRIC_PREFIX) and k.endswith(".decided")
+    }
+    assert len(decided) == len(driver)
+    for i, (name, row) in enumerate(driver.iterrows()):
+        key = decision_key(i, len(driver))
+        assert data.tags[f"{DECISION_TAG_PREFIX}{key}"] == name
+        assert data.tags[f"{DECISION_TAG_PREFIX}{key}.state"] == row["state"], name
+        assert decided[f"{DECISION_METRIC_PREFIX}{key}.decided"] == (row["state"] != "open")
+    assert data.metrics[f"{DECISION_METRIC_PREFIX}log10_threshold_least"] == pytest.approx(
+        math.log10(1 / 0.05)
+    )
     # the console's table names every verdict; the report's summary and Decisions say them too
     console = decisions_text(sweep.rows)
     text = (sweep.out / "report.md").read_text()

@@ -50,7 +50,7 @@ import pandas as pd
 from analysis.load import AnalysisError, Experiment, StoreAccessError
 from analysis.load.other_settings import OtherSettings
 from analysis.render.tables import Table
-from analysis.report.html import describe_experiment, write_html
+from analysis.report.html import describe_experiment, describe_parent, write_html
 from analysis.report.markdown import WARNINGS_FILE, render_report, warnings_text
 from analysis.sections.base import Section, jsonable, records
 from analysis.sections.context import (
@@ -136,6 +136,7 @@ def build_report(
         client = MlflowClient(ctx.experiment.tracking_uri)
         client.log_artifacts(ctx.logged_to, str(ctx.out_dir), ARTIFACT_PATH)
         describe_experiment(client, ctx.experiment, ARTIFACT_PATH, ctx.generated_at)
+        describe_parent(client, ctx.experiment, ARTIFACT_PATH)
     return ReportResult(
         out_dir=ctx.out_dir,
         files=files,

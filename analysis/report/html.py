@@ -224,7 +224,7 @@ def write_html(markdown_text: str, folder: Path, title: str) -> Path:
 def experiment_note(experiment: Experiment, artifact_path: str, generated_at: str) -> str:
     """The experiment's description (Markdown, every value escaped): the sweep, its trial runs,
     and where its report is among the parent run's artifacts."""
-    about = experiment.parent_tags.get(NOTE_TAG, "").strip()
+    about = sweep_description(experiment.parent_tags.get(NOTE_TAG, ""))
     head = f"**Sweep {md_code(experiment.name)}**" + (f": {md_prose(about)}" if about else ".")
     runs = experiment.runs
     counts = ", ".join(f"{n} {md(status)}" for status, n in runs["status"].value_counts().items())
@@ -241,6 +241,31 @@ def experiment_note(experiment: Experiment, artifact_path: str, generated_at: st
             f"{NOTE_MARK} at {md(generated_at)}.",
         ]
     )
+
+
+REPORT_LINE = "Report: `"
+"""How the parent run's description names the report, after the sweep's own description."""
+
+
+def sweep_description(note: str) -> str:
+    """The sweep file's ``description`` in a parent run's description (without the report line
+    the report adds)."""
+    return note.split(f"\n\n{REPORT_LINE}", 1)[0].strip() if note else ""
+
+
+def describe_parent(client: Any, experiment: Experiment, artifact_path: str) -> None:
+    """The sweep's parent run's description: the sweep file's ``description``, then where the
+    report is among its artifacts (written again, not added twice, by each report)."""
+    if not experiment.parent_run_id:
+        return
+    about = sweep_description(experiment.parent_tags.get(NOTE_TAG, ""))
+    line = (
+        f"{REPORT_LINE}{artifact_path}/{HTML_FILE}` (one page, figures included; also "
+        f"`{artifact_path}/report.md`) among this run's artifacts."
+    )
+    # the description as the sweep file wrote it (the driver sets it so at each run)
+    text = f"{about}\n\n{line}" if about else f"Sweep {md_code(experiment.name)}.\n\n{line}"
+    client.set_tag(experiment.parent_run_id, NOTE_TAG, text)
 
 
 def describe_experiment(

@@ -95,6 +95,15 @@ class Cell:
         parts = [self.dataset, self.position, self.attention_position, self.fusion]
         return "/".join(parts + [f"{key.rsplit('.', 1)[-1]}={text}" for key, text in self.axes])
 
+    @property
+    def run_name(self) -> str:
+        """The cell's MLflow run name: what tells it from its siblings first (the operator, the
+        setting levels, the seed), then where it ran (dataset/position/attention position), so
+        the part MLflow's run table shows names the row."""
+        levels = " ".join(f"{key.rsplit('.', 1)[-1]}={text}" for key, text in self.axes)
+        lead = " ".join(p for p in (self.fusion, levels, f"seed {self.seed}") if p)
+        return f"{lead} | {self.dataset}/{self.position}/{self.attention_position}"
+
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
         """The MLflow tags of this cell's run (docs/reference/mlflow-schema.md): one per setting
         axis too, and the alias tag when the input position is another registry entry under a

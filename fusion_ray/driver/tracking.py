@@ -14,14 +14,14 @@ holds that), so every read and write of the tracking store is here.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
+import math
 import os
-import re
 import shutil
 import stat
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +39,7 @@ from fusion_ray.schema import (
     CHECKPOINT_TAG,
     DECISION_COLUMNS,
     DECISION_METRIC_PREFIX,
+    DECISION_TAG_PREFIX,
     DECISIONS_FILE,
     DECISIONS_TAG_PREFIX,
     EPOCH_METRICS,
@@ -61,7 +62,6 @@ from fusion_ray.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
-    STATE_CODES,
 )
 from fusion_ray.store_errors import sqlite_file
 from fusion_ray.version import git_sha
@@ -338,27 +338,48 @@ class Tracker:
         tags = [RunTag(f"{DECISIONS_TAG_PREFIX}{v}", str(counts[v])) for v in sorted(every)]
         self.client.log_batch(parent_id, tags=tags)
 
-    def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None:
-        """Each comparison's evidence at the given looks (``fusion_ray.decide.sequential.Look``) as
-        metrics of the parent run, step = seeds so far (``DECISION_METRIC_PREFIX``)."""
+    def log_decision_looks(
+        self, parent_id: str, looks: dict[str, list[Any]], family: Sequence[str], alpha: float
+    ) -> None:
+        """Each hypothesis's evidence at the given looks (``fusion_ray.decide.sequential.Look``)
+        as metrics of the parent run, step = seeds so far, under its short key in the family's
+        order (``decision_key``; its full name and state are tags ``decision.hNN`` and
+        ``decision.hNN.state``): log10 of its e-values, its family p, 1 once decided; and the
+        thresholds the e-value must cross, log10(1/alpha) (the least) and log10(m/alpha)
+        (always enough), beside them."""
         stamp = int(time.time() * 1000)
-        metrics = []
+        index = {name: i for i, name in enumerate(family)}
+        m = max(len(family), 1)
+        metrics, tags, last = [], [], 0
         for name, rows in looks.items():
-            key = decision_metric_key(name)
+            key = decision_key(index[name], m)
+            tags.append(RunTag(f"{DECISION_TAG_PREFIX}{key}", name[:5000]))
             for look in rows:
                 values = {
-                    "e_value": look.e_value,
-                    "e_equivalent": look.e_equivalent,
+                    "log10_e_value": _log10(look.e_value),
+                    "log10_e_equivalent": _log10(look.e_equivalent),
                     "p_family": look.p_family,
-                    "state": STATE_CODES[look.state],
+                    "decided": float(look.state != "open"),
                 }
                 metrics += [
-                    Metric(f"{key}.{k}", float(v), stamp, look.seed + 1)
+                    Metric(f"{DECISION_METRIC_PREFIX}{key}.{k}", float(v), stamp, look.seed + 1)
                     for k, v in values.items()
                     if v == v  # nan (no margin): not logged
                 ]
+                last = max(last, look.seed + 1)
+            if rows:
+                tags.append(RunTag(f"{DECISION_TAG_PREFIX}{key}.state", rows[-1].state))
+        if last:
+            for k, v in (("least", 1 / alpha), ("enough", m / alpha)):
+                metrics.append(
+                    Metric(
+                        f"{DECISION_METRIC_PREFIX}log10_threshold_{k}", math.log10(v), stamp, last
+                    )
+                )
         for start in range(0, len(metrics), 1000):  # MLflow's batch limit
             self.client.log_batch(parent_id, metrics=metrics[start : start + 1000])
+        for start in range(0, len(tags), 100):
+            self.client.log_batch(parent_id, tags=tags[start : start + 100])
 
     def lease_store(self) -> LeaseStore:
         """Where the sweep's lease lives: the same tracking store."""
@@ -398,8 +419,7 @@ class Tracker:
         tags = cell.tags(self.sweep, git_sha())
         if parent_id:
             tags[PARENT_TAG] = parent_id
-        name = f"{cell.label}/seed{cell.seed}"
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=cell.run_name, tags=tags)
         params = [Param(k, redact(v)[:6000]) for k, v in cell.params().items()]
         for chunk in _chunks(params, 100):
             self.client.log_batch(run.info.run_id, params=chunk)
@@ -529,14 +549,17 @@ def own_copy(directory: Path, name: str, into: Path) -> Path | None:
     return None
 
 
-def decision_metric_key(name: str) -> str:
-    """The parent-run metric prefix of a hypothesis (``DECISION_METRIC_PREFIX`` + its name with
-    every character MLflow refuses in a key replaced by ``_``; a long name keeps a hash)."""
-    key = DECISION_METRIC_PREFIX + re.sub(r"[^\w\-. /]", "_", name)
-    if len(key) > 200:  # MLflow's keys hold 250 characters
-        digest = hashlib.sha1(name.encode()).hexdigest()[:10]
-        key = f"{key[:180]}_{digest}"
-    return key
+def decision_key(index: int, m: int) -> str:
+    """A hypothesis's short, stable key: ``h`` and its place in the family (``h01`` ...), as
+    wide as the family needs; MLflow's charts neither split nor cut it."""
+    return f"h{index + 1:0{max(2, len(str(m)))}d}"
+
+
+def _log10(value: float) -> float:
+    """log10 of an e-value for the charts (nan stays nan; 0 is charted at -300)."""
+    if value != value:
+        return value
+    return math.log10(value) if value > 0 else -300.0
 
 
 class LeaseStore:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,7 +48,9 @@ class Tracker(Protocol):
 
     def log_decisions(self, parent_id: str, rows: list[dict[str, Any]]) -> None: ...
 
-    def log_decision_looks(self, parent_id: str, looks: dict[str, list[Any]]) -> None: ...
+    def log_decision_looks(
+        self, parent_id: str, looks: dict[str, list[Any]], family: Sequence[str], alpha: float
+    ) -> None: ...
 
 
 class MLflowSweepCallback(Protocol):
@@ -232,7 +234,9 @@ class AdaptiveSeedPolicy:
         again = AdaptiveSeedPolicy(self.spec, plan(self.spec, tracker))
         rows, evidence = decision_table(again.schedule, with_evidence=True)
         tracker.log_decisions(parent_id, rows)
-        tracker.log_decision_looks(parent_id, {n: looks[-1:] for n, looks in evidence.items()})
+        family, alpha = [h.name for h in again.schedule.family], again.schedule.rule.alpha
+        last = {n: looks[-1:] for n, looks in evidence.items()}
+        tracker.log_decision_looks(parent_id, last, family, alpha)
         return rows
 
     def closing_lines(
@@ -308,7 +312,10 @@ def live_decisions(callback: MLflowSweepCallback) -> Callable[[SeedSchedule], No
                     name, h.verdict(looks[-1].state), looks[-1].seed + 1, looks[-1].p_family,
                 )  # fmt: skip
         try:
-            callback.tracker.log_decision_looks(callback.parent_id, new)
+            family = [h.name for h in schedule.family]
+            callback.tracker.log_decision_looks(
+                callback.parent_id, new, family, schedule.rule.alpha
+            )
         except Exception as exc:  # noqa: BLE001 - a chart is not worth the sweep; said, not raised
             log.warning("could not log the decisions' evidence to the parent run: %s", redact(exc))
             return

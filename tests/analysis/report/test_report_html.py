@@ -176,6 +176,23 @@ def test_the_experiment_description_names_the_sweep_and_the_report(report):
     assert NOTE_MARK in note
 
 
+def test_the_parent_runs_description_says_where_the_report_is_once(report):
+    from mlflow import MlflowClient
+
+    from analysis.load import load_experiment
+    from analysis.report.html import describe_parent
+
+    client = MlflowClient(report["uri"])
+    parent = report["ids"]["parent_run_id"]
+    note = client.get_run(parent).data.tags[NOTE_TAG]
+    assert note.startswith("Two operators <script>alert`3`</script> on one dataset")
+    assert note.endswith(f"Report: `analysis/{HTML_FILE}` (one page, figures included; also "
+                         "`analysis/report.md`) among this run's artifacts.")  # fmt: skip
+    exp = load_experiment(EXPERIMENT, report["uri"])
+    describe_parent(client, exp, "analysis")  # a second report writes it again, not twice
+    assert client.get_run(parent).data.tags[NOTE_TAG] == note
+
+
 def test_a_description_written_by_hand_is_kept(report):
     from mlflow import MlflowClient
 

@@ -57,6 +57,17 @@ def test_a_setting_axis_multiplies_the_cells_and_reaches_the_trial(tmp_path):
     assert axis_counts(cells)["model.scale_embeddings"] == {"true": 4, "false": 4}
 
 
+def test_a_run_name_leads_with_what_tells_the_cell_from_its_siblings(tmp_path):
+    """MLflow's run table shows the start of a name: the operator, the setting levels and the
+    seed come first, where the run ran after them; every cell's name is its own."""
+    cells = expand(load_sweep(_sweep(tmp_path, _scale_axis)))
+    cell = next(c for c in cells if c.axes == (("model.scale_embeddings", "false"),))
+    assert cell.run_name == (
+        f"{cell.fusion} scale_embeddings=false seed {cell.seed} | short/sinusoidal/none"
+    )
+    assert len({c.run_name for c in cells}) == len(cells)
+
+
 def test_setting_axes_are_tags_and_params(tmp_path):
     cells = expand(load_sweep(_sweep(tmp_path, _scale_axis)))
     cell = next(c for c in cells if c.axes == (("model.scale_embeddings", "false"),))

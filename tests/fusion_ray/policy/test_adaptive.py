@@ -10,7 +10,6 @@ from fusion_ray.config import load_sweep
 from fusion_ray.config.grid import expand
 from fusion_ray.decide.questions import FAILURE_SCALE, operator_hypothesis
 from fusion_ray.policy.schedule import SeedSchedule, group_of
-from fusion_ray.schema import STATE_CODES
 from tests.conftest import tiny_sweep
 
 
@@ -169,18 +168,22 @@ def test_an_adaptive_sweep_on_ray_runs_what_the_evidence_needs_once(
     assert (row["kind"], row["verdict"], row["failed_runs"]) == ("operator", "futile", 0)
     assert "decisions.csv" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
     # the evidence as it formed, one step per seed, on the parent run (the MLflow UI charts it)
+    # (short keys in the family's order, h01 first; the full name and the state as tags)
     (key, _) = sorted(
-        k for k in parent.data.metrics if k.startswith("decision.") and k.endswith(".state")
+        k for k in parent.data.metrics if k.startswith("decision/") and k.endswith(".decided")
     )
+    assert key == "decision/h01.decided"
+    assert parent.data.tags["decision.h01.state"] == "futile"
+    assert parent.data.tags["decision.h01"] == row["comparison"]
     history = tracker.client.get_metric_history(parent.info.run_id, key)
     # every look as it came, then the final state logged again at the last step: the metric's
-    # last point is the state decisions.csv has
+    # last point says whether decisions.csv has it decided
     points = sorted((m.step, m.timestamp, m.value) for m in history)
-    assert [(step, value) for step, _, value in points][:3] == [(1, 0), (2, 0), (3, 3)]
+    assert [(step, value) for step, _, value in points][:3] == [(1, 0), (2, 0), (3, 1)]
     assert {step for step, _, _ in points} == {1, 2, 3}
-    assert points[-1][2] == STATE_CODES["futile"] == parent.data.metrics[key]
-    e_key = key.removesuffix(".state") + ".e_value"
-    assert {m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)} == {1}
+    assert points[-1][2] == 1 == parent.data.metrics[key]
+    e_key = "decision/h01.log10_e_value"
+    assert {m.value for m in tracker.client.get_metric_history(parent.info.run_id, e_key)} == {0}
     again = run_sweep(spec)  # a second driver finds nothing left to run
     assert again.ran == 0 and not again.finished
 
