@@ -44,18 +44,37 @@ def duration(seconds: float) -> str:
 def time_left(cells_left: int, seconds_per_cell: float, worst: int | None = None) -> str:
     """``; about 3 min left`` at the pace so far (empty when nothing is left); with ``worst``
     (an adaptive sweep: ``cells_left`` are the cells its open hypotheses need now, ``worst``
-    the cells if every open one ran to the cap), both, said to be estimates."""
+    the cells if every open one ran to the cap), both."""
     if worst is None:
         return f"; about {duration(cells_left * seconds_per_cell)} left" if cells_left > 0 else ""
     if worst <= 0:
         return ""
     now, cap = duration(cells_left * seconds_per_cell), duration(worst * seconds_per_cell)
     if worst <= cells_left:
-        return f"; about {now} left (estimate at the pace so far)"
-    return (
-        f"; about {now} for the cells needed now, at most {cap} if every open hypothesis runs "
-        "to the cap (estimates at the pace so far)"
-    )
+        return f"; about {now} left"
+    return f"; about {now} left, at most {cap}"
+
+
+LINE_WIDTH = 100
+"""The console's progress lines fit in this many columns."""
+STATUS_EVERY = 10
+"""Ended trials between two status lines (and one at least every ``STATUS_SECONDS``)."""
+STATUS_SECONDS = 120.0
+
+
+def fit_line(prefix: str, name: str, suffix: str, width: int = LINE_WIDTH) -> str:
+    """``prefix + name + suffix`` in ``width`` columns: the suffix (an error's text) cut first,
+    down to 40 columns, then the name cut in its middle."""
+    if len(prefix) + len(name) + len(suffix) <= width:
+        return prefix + name + suffix
+    room = width - len(prefix) - len(name)
+    if len(suffix) > max(room, 40):
+        suffix = suffix[: max(room, 40) - 1] + "…"
+    room = width - len(prefix) - len(suffix)
+    if len(name) > room:
+        keep = max(room - 1, 8)
+        name = name[: keep - keep // 2] + "…" + name[len(name) - keep // 2 :]
+    return prefix + name + suffix
 
 
 _LOST = re.compile(
@@ -212,11 +231,15 @@ class MLflowSweepCallback(TrackingCallback):
         at_most: bool = False,
         lease: SweepLease | None = None,
         cells_left: Callable[[], tuple[int, int] | None] | None = None,
+        hypotheses_open: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         super().__init__(tracker, lease)
         self.cells_left = cells_left
         """An adaptive sweep's (cells its open hypotheses need now, cells if they all ran to the
         cap), for the time-left estimate; None: every pending cell runs."""
+        self.hypotheses_open = hypotheses_open
+        """An adaptive sweep's (hypotheses open, hypotheses), for the status line."""
+        self.last_status = time.monotonic()
         self.cells, self.existing = cells, existing
         self.parent_id, self.storage_path = parent_id, storage_path
         self.logged_until: dict[str, int] = {}
@@ -233,27 +256,45 @@ class MLflowSweepCallback(TrackingCallback):
     def __getstate__(self) -> dict:
         """As ``TrackingCallback``'s, and without the time-left estimate (it reads the seed
         policy, whose sweep spec holds the tracking URI)."""
-        return super().__getstate__() | {"cells_left": None, "on_lost": None}
+        return super().__getstate__() | {
+            "cells_left": None,
+            "hypotheses_open": None,
+            "on_lost": None,
+        }
 
     def _progress(self, cid: str, outcome: str) -> None:
-        """One line per ended trial, so a long sweep can be followed without Tune's tables: how
-        many ended of how many (``at_most``: the worst case of an adaptive sweep), and the time
-        left at the pace so far."""
+        """One line per ended trial, in ``LINE_WIDTH`` columns, so a long sweep can be followed
+        without Tune's tables: how many ended of how many (``at_most``: the worst case of an
+        adaptive sweep), the cell as its run is named, what it gave and how long it took; and
+        every ``STATUS_EVERY`` trials (or ``STATUS_SECONDS``) a status line."""
         cell = self.cells[cid]
         done = len(self.finished) + len(self.failed)
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
         total = f"{'at most ' if self.at_most else ''}{len(self.cells)}"
-        pace = (time.monotonic() - self.began) / done
+        line = fit_line(f"[{done}/{total}] ", cell.run_name, f": {outcome} ({seconds:.1f} s)")
+        print(line, flush=True)
+        now = time.monotonic()
+        if done % STATUS_EVERY == 0 or now - self.last_status >= STATUS_SECONDS:
+            self.last_status = now
+            print(self.status_line(done, total), flush=True)
+
+    def status_line(self, done: int, total: str) -> str:
+        """``status 8 min: 52/at most 168 trials (1 failed), 7/11 hypotheses open; about 3 min
+        left, at most 9 min``: the time since the sweep started, and the time left at the pace
+        so far for the cells its open hypotheses need now (it moves as they are decided), at
+        most that for every open one run to the cap."""
+        elapsed = time.monotonic() - self.began
+        pace = elapsed / max(done, 1)
         cells_left = self.cells_left() if self.cells_left is not None else None
         if cells_left is not None:
-            now, worst = cells_left
-            left = time_left(now, pace, worst)
+            left = time_left(cells_left[0], pace, cells_left[1])
         else:
             left = time_left(len(self.cells) - done, pace)
-        print(
-            f"[{done}/{total}] {cell.label} seed {cell.seed}: {outcome} ({seconds:.1f} s){left}",
-            flush=True,
-        )
+        failed = f" ({len(self.failed)} failed)" if self.failed else ""
+        opened = self.hypotheses_open() if self.hypotheses_open is not None else None
+        hypotheses = f", {opened[0]}/{opened[1]} hypotheses open" if opened else ""
+        text = f"status {duration(elapsed)}: {done}/{total} trials{failed}{hypotheses}"
+        return fit_line("", text, left)
 
     def key(self, trial: Any) -> str:
         return trial.config.get("cell_id", "?")

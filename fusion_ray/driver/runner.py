@@ -165,6 +165,7 @@ def _run_cells(
         at_most=policy.at_most,
         lease=session.lease,
         cells_left=policy.cells_left if policy.at_most else None,
+        hypotheses_open=policy.hypotheses_open if policy.at_most else None,
     )
     try:
         with session.tune_run(lambda: len(callback.finished)):

@@ -101,6 +101,10 @@ class SeedPolicy(Protocol):
         """(cells needed now, cells if every open question ran to the cap) for the console's
         time-left estimate; None: every pending cell runs."""
 
+    def hypotheses_open(self) -> tuple[int, int] | None:
+        """(hypotheses still open, hypotheses) for the console's status line; None: no
+        hypotheses decide this sweep's seeds."""
+
     def plan_lines(self) -> list[str]:
         """What ``--dry-run`` says of the policy beyond the cells."""
 
@@ -141,6 +145,9 @@ class FixedSeedPolicy:
         return []
 
     def cells_left(self) -> tuple[int, int] | None:
+        return None
+
+    def hypotheses_open(self) -> tuple[int, int] | None:
         return None
 
     def parent_params(self) -> dict[str, str]:
@@ -188,6 +195,13 @@ class AdaptiveSeedPolicy:
         callback.on_lost = searcher.lost  # a lost process or node is not a failure of the cell
         on_change(schedule)  # what the finished runs already say
         yield TuneRun(name, cells, searcher)
+
+    def hypotheses_open(self) -> tuple[int, int]:
+        states = self.schedule.states()
+        still = sum(
+            1 for h in self.schedule.family if not states[h.name] or states[h.name][-1] == "open"
+        )
+        return still, len(self.schedule.family)
 
     def cells_left(self) -> tuple[int, int]:
         schedule = self.schedule

@@ -236,24 +236,34 @@ def test_a_length_contrast_keeps_running_the_cells_it_needs_and_a_restart_agrees
 
 
 @pytest.mark.unit
-def test_the_time_left_uses_the_open_hypotheses_and_says_it_is_an_estimate(tmp_path):
-    from fusion_ray.driver.callbacks import time_left
+def test_the_time_left_uses_the_open_hypotheses_and_the_status_line_fits(tmp_path):
+    from fusion_ray.driver.callbacks import LINE_WIDTH, MLflowSweepCallback, fit_line, time_left
     from fusion_ray.policy.plan import plan
     from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy
 
     spec = _adaptive_sweep(tmp_path, first=2, most=12)
     policy = AdaptiveSeedPolicy(spec, plan(spec, None))
     assert policy.cells_left() == (6, 36)  # the first wave now; every cell at the cap
+    opened, family = policy.hypotheses_open()
+    assert opened == family == len(policy.schedule.family) > 0  # nothing decided yet
     acc = {"add": 0.5, "gate_scalar": 0.6, "concat": 0.5}
     while policy.schedule.needed():
         _finish(policy.schedule, policy.schedule.needed(), lambda c: acc[c.fusion])
-    assert policy.cells_left() == (0, 0)
+    assert policy.cells_left() == (0, 0) and policy.hypotheses_open()[0] == 0
     text = time_left(3, 20.0, worst=30)
-    assert text == (
-        "; about 60 s for the cells needed now, at most 10 min if every open hypothesis runs "
-        "to the cap (estimates at the pace so far)"
-    )
+    assert text == "; about 60 s left, at most 10 min"
     assert time_left(3, 20.0) == "; about 60 s left" and time_left(0, 5.0, worst=0) == ""
+    # the status line and each trial's line fit the console
+    callback = MLflowSweepCallback(
+        None, {c.cell_id: c for c in policy.schedule.cells}, {}, "parent", str(tmp_path),
+        at_most=True, cells_left=lambda: (4, 30), hypotheses_open=lambda: (3, 5),
+    )  # fmt: skip
+    status = callback.status_line(12, "at most 36")
+    assert status.startswith("status ") and "12/at most 36 trials, 3/5 hypotheses open" in status
+    assert "left, at most" in status and len(status) <= LINE_WIDTH
+    name = "gate_scalar scale_embeddings=false seed 13 | " + "x" * 80
+    line = fit_line("[101/at most 168] ", name, ": FAILED: " + "y" * 200 + " (5.2 s)")
+    assert len(line) == LINE_WIDTH and line.startswith("[101/at most 168] gate_scalar")
 
 
 @pytest.mark.unit
