@@ -6,6 +6,7 @@
     fusion-ray train TRIAL.yaml ...
     fusion-ray cluster TARGET ...          (aws, onprem, slurm, k8s, plug-ins: --help lists them)
     fusion-ray list
+    fusion-ray completion bash|zsh         (eval "$(fusion-ray completion bash)" in ~/.bashrc)
 
 Each subcommand takes the options of the module it runs (``fusion-ray sweep --help`` shows
 them; ``--dry-run``, ``--address`` and ``--verbose`` are one parser, ``common_options``, shared
@@ -44,6 +45,10 @@ COMMANDS = {
         "render the file that runs sweeps on a cluster, for one launch target (see its --help)",
     ),
     "list": ("fusion_ray.cli", "every registry entry with its options and origin"),
+    "completion": (
+        "fusion_ray.completion",
+        "print the shell completion of fusion-ray for bash or zsh (see its --help)",
+    ),
 }
 
 

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from fusion_ray.config import SweepSpec
 
 
-def _parser(prog: str = "python -m fusion_ray.sweep") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m fusion_ray.sweep") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=plain(__doc__.splitlines()[0]),
@@ -54,7 +54,7 @@ def _parser(prog: str = "python -m fusion_ray.sweep") -> argparse.ArgumentParser
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.sweep") -> int:
-    args = _parser(prog).parse_intermixed_args(argv)
+    args = build_parser(prog).parse_intermixed_args(argv)
     try:  # the file's own problems first: said before torch, Ray or MLflow load
         check_file_shape(args.sweep_file, args.overrides)
     except (SweepFileError, FileNotFoundError) as exc:

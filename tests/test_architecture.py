@@ -356,11 +356,17 @@ def test_tracking_is_the_only_module_of_fusion_ray_that_imports_mlflow():
     assert not importers, "mlflow imported outside the tracking modules:\n" + "\n".join(importers)
 
 
-APPLICATION = {"fusion_ray.api", "fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
+APPLICATION = {
+    "fusion_ray.api",
+    "fusion_ray.cli",
+    "fusion_ray.sweep",
+    "fusion_ray.hpo.cli",
+    "fusion_ray.completion",
+}
 """The application layer: the Python API and the commands. Only it joins the engine (trials on
 Ray, MLflow) and the analysis (the report); ``fusion_ray.testing``, the plug-in authors' kit,
 checks both packages' registries."""
-COMMAND_LINE = {"fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli"}
+COMMAND_LINE = {"fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli", "fusion_ray.completion"}
 """The commands; ``python -m`` entry points (``__main__`` modules) run them."""
 
 
@@ -414,6 +420,7 @@ LAYERS = {
     # the application layer: the API, the commands and what they print, the plug-in authors' kit
     "fusion_ray.api": 6,
     "fusion_ray.cli": 6,
+    "fusion_ray.completion": 6,
     "fusion_ray.sweep": 6,
     "fusion_ray.console": 6,
     "fusion_ray.hpo": 6,

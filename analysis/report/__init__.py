@@ -336,7 +336,7 @@ def _statistics_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _parser(prog: str = "python -m analysis.report") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Paired-seed statistics, the study's tables and figures, from an MLflow "
@@ -442,7 +442,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m analysis.repo
     a bad option, a tracking URI that names no store, or a report that cannot be written; 3 when
     runs cannot be paired or nothing can be compared; 8, 9, 10, 12 as the sweep's for a tracking
     store that refused the credentials, stayed locked, did not answer or has no space left."""
-    args = _parser(prog).parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     problem = (
         credentials_problem(args.tracking_uri, "--tracking-uri") if args.tracking_uri else None
     )

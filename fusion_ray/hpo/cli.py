@@ -59,7 +59,7 @@ def print_plan(plan: HpoPlan) -> None:
         print(f"  for {name} (seeds {seeds}; tuning seed {t.seed} is none of them)")
 
 
-def _parser(prog: str = "python -m fusion_ray.hpo") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m fusion_ray.hpo") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Tune the shared settings before the paired grid (Optuna on Ray Tune).",
@@ -85,7 +85,7 @@ def _parser(prog: str = "python -m fusion_ray.hpo") -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.hpo") -> int:
-    args = _parser(prog).parse_intermixed_args(argv)
+    args = build_parser(prog).parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
 

@@ -17,13 +17,17 @@ from fusion_ray.train.loop import run_local
 from fusion_ray.train.spec import TrialConfig
 
 
-def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.train") -> int:
+def build_parser(prog: str = "python -m fusion_ray.train") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description=__doc__.splitlines()[0].replace("``", "")
     )
     parser.add_argument("trial_file", help="YAML with dataset, data, model, train and seed")
     parser.add_argument("--out", default="trial_out", help="checkpoints and metrics.jsonl go here")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.train") -> int:
+    args = build_parser(prog).parse_args(argv)
     with open(args.trial_file) as f:
         raw = yaml.safe_load(f) or {}
     try:

@@ -106,9 +106,9 @@ def test_an_address_that_names_no_cluster_is_refused_by_the_command_line(capsys,
 
 
 def _parsers():
-    from analysis.report import _parser as report_parser
-    from fusion_ray.hpo.cli import _parser as hpo_parser
-    from fusion_ray.sweep import _parser as sweep_parser
+    from analysis.report import build_parser as report_parser
+    from fusion_ray.hpo.cli import build_parser as hpo_parser
+    from fusion_ray.sweep import build_parser as sweep_parser
 
     return {"sweep": sweep_parser, "hpo": hpo_parser, "report": report_parser}
 
@@ -133,3 +133,35 @@ def test_list_help_is_its_usage_not_the_list(capsys):
     assert cli_main(["list", "--help"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("usage: fusion-ray list") and "entry-point group" not in out
+
+
+def _complete(script: str, words: list[str]) -> list[str]:
+    """What the completion function offers after ``words`` (the last one being completed), as
+    bash runs it."""
+    import shlex
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    line = " ".join(shlex.quote(w) for w in words)
+    code = (
+        f"{script}\nCOMP_WORDS=({line}); COMP_CWORD={len(words) - 1}\n"
+        '_fusion_ray_complete; printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    done = subprocess.run(["bash", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_the_bash_completion_offers_commands_options_and_targets(capsys, tmp_path):
+    assert cli_main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    assert script.rstrip().endswith("complete -o filenames -F _fusion_ray_complete fusion-ray")
+    assert _complete(script, ["fusion-ray", "sw"]) == ["sweep"]
+    assert set(_complete(script, ["fusion-ray", "sweep", "x.yaml", "--dr"])) == {"--dry-run"}
+    assert "--zero-method" in _complete(script, ["fusion-ray", "report", "--z"])
+    assert set(_complete(script, ["fusion-ray", "cluster", "sl"])) == {"slurm"}
+    assert cli_main(["completion", "zsh"]) == 0
+    zsh = capsys.readouterr().out
+    assert "bashcompinit" in zsh and script in zsh

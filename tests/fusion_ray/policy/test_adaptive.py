@@ -237,7 +237,8 @@ def test_a_length_contrast_keeps_running_the_cells_it_needs_and_a_restart_agrees
 
 @pytest.mark.unit
 def test_the_time_left_uses_the_open_hypotheses_and_the_status_line_fits(tmp_path):
-    from fusion_ray.driver.callbacks import LINE_WIDTH, MLflowSweepCallback, fit_line, time_left
+    from fusion_ray.driver.callbacks import MLflowSweepCallback
+    from fusion_ray.driver.progress import LINE_WIDTH, fit_line, time_left
     from fusion_ray.policy.plan import plan
     from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy
 
