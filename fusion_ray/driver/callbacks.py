@@ -20,6 +20,7 @@ from ray.tune import Callback
 from ray.tune.stopper import Stopper
 
 from fusion_ray.driver.progress import (
+    LINE_WIDTH,
     STATUS_EVERY,
     STATUS_SECONDS,
     duration,
@@ -233,7 +234,11 @@ class MLflowSweepCallback(TrackingCallback):
         done = len(self.finished) + len(self.failed)
         seconds = time.monotonic() - self.started_at.get(cid, time.monotonic())
         total = f"{'at most ' if self.at_most else ''}{len(self.cells)}"
-        line = fit_line(f"[{done}/{total}] ", cell.run_name, f": {outcome} ({seconds:.1f} s)")
+        prefix, suffix = f"[{done}/{total}] ", f": {outcome} ({seconds:.1f} s)"
+        name = cell.run_name
+        if len(prefix) + len(name) + len(suffix) > LINE_WIDTH:  # the dataset says where enough
+            name = f"{name.rsplit(' | ', 1)[0]} | {cell.dataset}"
+        line = fit_line(prefix, name, suffix)
         print(line, flush=True)
         now = time.monotonic()
         if done % STATUS_EVERY == 0 or now - self.last_status >= STATUS_SECONDS:

@@ -262,6 +262,20 @@ def test_the_time_left_uses_the_open_hypotheses_and_the_status_line_fits(tmp_pat
     status = callback.status_line(12, "at most 36")
     assert status.startswith("status ") and "12/at most 36 trials, 3/5 hypotheses open" in status
     assert "left, at most" in status and len(status) <= LINE_WIDTH
+    # a trial's line: where it ran shortened to its dataset before anything else is cut
+    cell = next(iter(callback.cells.values()))
+    callback.started_at[cell.cell_id] = 0.0
+    callback.finished.add(cell.cell_id)
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        callback._progress(cell.cell_id, "test_acc 91.80% " + "z" * 40)
+    (line,) = printed.getvalue().splitlines()
+    lead = cell.run_name.rsplit(" | ", 1)[0]
+    assert line.startswith(f"[1/at most {len(callback.cells)}] {lead} | {cell.dataset}: test_acc")
+    assert len(line) <= LINE_WIDTH
     name = "gate_scalar scale_embeddings=false seed 13 | " + "x" * 80
     line = fit_line("[101/at most 168] ", name, ": FAILED: " + "y" * 200 + " (5.2 s)")
     assert len(line) == LINE_WIDTH and line.startswith("[101/at most 168] gate_scalar")
