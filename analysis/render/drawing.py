@@ -303,20 +303,20 @@ FOREST_DECIDED = "C0"
 def forest(rows: pd.DataFrame, out_dir: Path, stem: str, title: str) -> list[Path]:
     """One line per hypothesis, top to bottom in the family's order: its Hodges-Lehmann
     estimate (its mean where it has none) as a point, with its e-BY interval where it is decided
-    and, greyed, its simultaneous confidence sequence where it is still open; the verdict at the
-    right, a zero line. ``rows``: the decisions table (``comparison``, ``state``, ``verdict``,
-    ``hodges_lehmann``, ``mean``, ``ci_*``, ``cs_*``)."""
+    and, greyed, its simultaneous confidence sequence where it is not (open, or stopped as
+    futile; an unbounded sequence is not drawn); the verdict at the right, a zero line.
+    ``rows``: the decisions table (``comparison``, ``state``, ``verdict``, ``hodges_lehmann``,
+    ``mean``, ``ci_*``, ``cs_*``)."""
     n = len(rows)
     fig = Figure(figsize=(7.5, 1.0 + 0.32 * n), layout="constrained")
     ax = fig.subplots()
     for i, r in enumerate(rows.to_dict(orient="records")):
         y = n - 1 - i
-        decided = r["state"] != "open"
+        decided = r["state"] not in ("open", "futile")
         low, high = (r["ci_low"], r["ci_high"]) if decided else (r["cs_low"], r["cs_high"])
         colour = FOREST_DECIDED if decided else "0.65"
         point = r["hodges_lehmann"] if not pd.isna(r["hodges_lehmann"]) else r["mean"]
-        if not (pd.isna(low) or pd.isna(high)):
-            low, high = max(float(low), -100.0), min(float(high), 100.0)  # points of accuracy
+        if not (pd.isna(low) or pd.isna(high) or math.isinf(low) or math.isinf(high)):
             ax.plot([low, high], [y, y], color=colour, linewidth=2, solid_capstyle="butt")
         if not pd.isna(point):
             ax.plot([point], [y], marker="o", color=colour, markersize=5)

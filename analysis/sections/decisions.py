@@ -64,8 +64,8 @@ class DecisionsSection(Section):
         forest_caption = (
             f"Every hypothesis of the family, its Hodges-Lehmann estimate (points of accuracy) "
             f"with its e-BY interval ({at}, valid for the decided ones together) where decided, "
-            "and, greyed, its simultaneous confidence sequence where still open; its verdict at "
-            "the right."
+            "and, greyed, its simultaneous confidence sequence where it is open or was stopped "
+            "as futile (not drawn while unbounded); its verdict at the right."
         )
         title = "Decisions" + ("" if result.primary else " (a secondary view: fixed seeds)")
         forest = drawing.forest(result.table, fig_dir, FOREST, title)

@@ -193,21 +193,21 @@ def test_each_e_value_panel_is_titled_in_its_width_with_the_tables_verdict():
 
 
 def test_the_forest_plot_draws_decided_intervals_and_greys_the_open_ones(tmp_path, monkeypatch):
-    """Each hypothesis is one line: decided in colour with its e-BY interval, open in grey
-    with its confidence sequence (an unbounded one clipped to 100 points), the verdict beside."""
+    """Each hypothesis is one line: decided in colour with its e-BY interval, open or futile in
+    grey with its confidence sequence (an unbounded one not drawn), the verdict beside."""
     from analysis.render import drawing
 
     rows = pd.DataFrame(
         {
             "comparison": ["short: b vs a", "long-short: b vs a", "medium: b vs a"],
-            "state": ["better", "open", "open"],
-            "verdict": ["better", "open", "open"],
+            "state": ["better", "open", "futile"],
+            "verdict": ["better", "open", "futile"],
             "hodges_lehmann": [3.0, math.nan, 0.5],
             "mean": [2.5, 1.0, 0.4],
             "ci_low": [1.0, math.nan, math.nan],
             "ci_high": [5.0, math.nan, math.nan],
-            "cs_low": [0.5, -math.inf, math.nan],
-            "cs_high": [6.0, math.inf, math.nan],
+            "cs_low": [0.5, -math.inf, -2.0],
+            "cs_high": [6.0, math.inf, 3.0],
         }
     )
     drawn = []
@@ -220,7 +220,7 @@ def test_the_forest_plot_draws_decided_intervals_and_greys_the_open_ones(tmp_pat
     assert labels == list(rows["comparison"])[::-1]  # the family's order, top to bottom
     segments = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 2 and ln.get_linewidth() == 2]
     spans = {tuple(ln.get_xdata()): ln.get_color() for ln in segments}
-    assert spans == {(1.0, 5.0): drawing.FOREST_DECIDED, (-100.0, 100.0): "0.65"}
+    assert spans == {(1.0, 5.0): drawing.FOREST_DECIDED, (-2.0, 3.0): "0.65"}
     points = {
         ln.get_ydata()[0]: ln.get_xdata()[0] for ln in ax.get_lines() if ln.get_marker() == "o"
     }
