@@ -4,6 +4,7 @@ an interrupted trial continues from its checkpoint in its own run, and no cell g
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -452,7 +453,8 @@ def test_a_tracking_store_locked_mid_sweep_loses_nothing(tmp_path, ray_session, 
             assert time.monotonic() < deadline, "no trial checkpointed while the store was locked"
             time.sleep(0.1)
         time.sleep(LOCKED_AFTER_A_RESULT_S)
-        finished_while_locked = out.read_text().count("] short/")
+        # one progress line per ended trial: "[N/M] held_add seed S | short/...: ..."
+        finished_while_locked = len(re.findall(r"^\[\d+/\d+\] ", out.read_text(), re.M))
     finally:
         lock.execute("COMMIT")
         lock.close()
