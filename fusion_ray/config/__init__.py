@@ -72,6 +72,8 @@ if TYPE_CHECKING:
         resources_for,
     )
 
+from fusion_ray.lazy import module_getattr  # noqa: E402 (after the type-only names)
+
 _EXPORTS = {
     "GridPoint": "fusion_ray.config.build",
     "build_points": "fusion_ray.config.build",
@@ -123,12 +125,7 @@ _EXPORTS = {
 """Where each name of this package lives: imported on first use."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

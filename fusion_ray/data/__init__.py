@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from fusion_ray.data.synthetic import REGIMES
     from fusion_ray.data.tokenizer import PAD_ID, TOKENIZERS, UNK_ID
 
+from fusion_ray.lazy import module_getattr  # noqa: E402 (after the type-only names)
+
 _EXPORTS = {
     "LengthGroupedSampler": "fusion_ray.data.batching",
     "collate": "fusion_ray.data.batching",
@@ -53,12 +55,7 @@ _EXPORTS = {
 submodule (e.g. the settings, for validation) does not import torch, pandas and the rest."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

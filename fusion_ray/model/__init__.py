@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from fusion_ray.model.positions import POSITIONS
     from fusion_ray.model.spec import ModelSpec
 
+from fusion_ray.lazy import module_getattr  # noqa: E402 (after the type-only names)
+
 _EXPORTS = {
     "ATTENTION_POSITIONS": "fusion_ray.model.attention",
     "FusionClassifier": "fusion_ray.model.classifier",
@@ -36,12 +38,7 @@ _EXPORTS = {
 """Where each name of this package lives: imported on first use."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, _EXPORTS)
 
 
 __all__ = [

@@ -8,6 +8,8 @@ if TYPE_CHECKING:
     from fusion_ray.train.loop import run_local, run_trial, train_worker
     from fusion_ray.train.spec import TrainSpec, TrialConfig
 
+from fusion_ray.lazy import module_getattr  # noqa: E402 (after the type-only names)
+
 _EXPORTS = {
     "run_local": "fusion_ray.train.loop",
     "run_trial": "fusion_ray.train.loop",
@@ -19,12 +21,7 @@ _EXPORTS = {
 submodule (e.g. the settings, for validation) does not import torch, pandas and the rest."""
 
 
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, _EXPORTS)
 
 
 __all__ = ["TrainSpec", "TrialConfig", "run_local", "run_trial", "train_worker"]
