@@ -10,6 +10,7 @@ autoscaler, the node types it may add (read from its cluster config).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from fusion_ray.config import Resources, resources_for
+from fusion_ray.driver import head
 from fusion_ray.driver.trial import CPU_FALLBACK_ENV, trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
 
@@ -83,35 +85,54 @@ def local_capacity() -> Capacity:
     return Capacity([{"CPU": float(cpus or 1), "GPU": float(gpus)}], {})
 
 
+def remote_capacity(address: str) -> Capacity:
+    """The capacity of the Ray cluster at ``address``, joined for the question and left (a
+    process already connected to a Ray asks that one)."""
+    import ray
+
+    if ray.is_initialized():
+        return cluster_capacity()
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        return cluster_capacity()
+    finally:
+        ray.shutdown()
+
+
 def dry_run_check(
     spec: Any, datasets: Sequence[str], address: str | None, smoke: bool = False
 ) -> str:
     """The placement check of a real run, for a dry run, which always prints its plan: against
-    this machine when the sweep would start a local Ray (trials it cannot hold are a warning
-    saying a real run here would be refused, and what to do), else a line saying the remote
-    cluster is checked when the sweep starts. GPU trials are rehearsed on CPUs as the real run
-    would (``--smoke``, ``FUSION_RAY_CPU_FALLBACK=1``)."""
-    where = address or getattr(spec, "address", None) or os.environ.get("RAY_ADDRESS")
+    the cluster the sweep would join (``--address``, the file's ``address:``, $RAY_ADDRESS),
+    joined for the question and left, or, when the sweep would start a local Ray, against this
+    machine. Trials the cluster (or machine) cannot hold, or a cluster that does not answer, are
+    a warning saying a real run would be refused, and what to do. GPU trials are rehearsed on
+    CPUs as the real run would (``--smoke``, ``FUSION_RAY_CPU_FALLBACK=1``)."""
+    where = head.named_address(address, getattr(spec, "address", None))
     if where:
-        return (
-            f"  placement: checked against the cluster at {where} when the sweep starts (a dry "
-            "run connects to nothing)"
-        )
-    capacity = local_capacity()
+        why = head.unreachable(where)
+        if why:
+            return f"  placement: WARNING: not checked: {why} (a real run would stop there)"
+        capacity, what = remote_capacity(where), f"the cluster at {where}"
+    else:
+        capacity, what = local_capacity(), "this machine"
     rehearsed = rehearses_on_cpus(spec, datasets, capacity, smoke)
     placed = on_cpus(spec) if rehearsed else spec
     check = check_placement({d: resources_for(placed, d) for d in datasets}, capacity)
     if check.never:
         return "\n".join(
             [
-                "  placement: WARNING: this machine cannot run these trials (the dry run "
-                "checked this machine; a real run here would stop before any trial starts):",
+                f"  placement: WARNING: {what} cannot run these trials (the dry run checked "
+                f"{what}; a real run there would stop before any trial starts):",
                 *("  " + line for line in check.lines(capacity)),
                 f"  fix: {PLACEMENT_FIX}",
             ]
         )
     how = f" with its GPU trials on CPUs ({CPU_FALLBACK_ENV}=1 or --smoke)" if rehearsed else ""
-    return f"  placement: every trial fits this machine{how} ({capacity.largest_node()})"
+    later = (
+        f"; {', '.join(check.later)} only once the autoscaler adds a node" if check.later else ""
+    )
+    return f"  placement: every trial fits {what}{how} ({capacity.largest_node()}){later}"
 
 
 def autoscaler_node_types(path: str | None = None) -> dict[str, tuple[dict[str, float], int]]:

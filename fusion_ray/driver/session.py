@@ -29,13 +29,13 @@ import logging
 import os
 import re
 import signal
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from fusion_ray.driver import head
 from fusion_ray.driver.credentials import aws_keys_in_a_file
 from fusion_ray.driver.lease import LeaseHeldError, LeaseLostError, SweepLease
 from fusion_ray.driver.placement import PlacementError
@@ -57,13 +57,17 @@ def init_ray(address: str | None) -> None:
 
     Our own means ``address="local"``: a new instance even when another Ray runs on the machine
     (never someone else's cluster), on the loopback address, without a dashboard. Ray's token
-    authentication stays as Ray sets it."""
+    authentication stays as Ray sets it. Raises ``RefusedError`` when nothing answers at the
+    address (``ray.init`` would retry for minutes)."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    why = head.unreachable(address) if address else None
+    if why:
+        raise RefusedError(why)
     # lazy: ray takes ~0.5 s to import; kept out of --dry-run and --help
     import ray
 
     if ray.is_initialized():
         return
-    address = address or os.environ.get("RAY_ADDRESS")
     if address:
         log.info("connecting to the Ray cluster at %s", address)
         ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
@@ -242,17 +246,10 @@ def watch_head(on_lost: Callable[[str], None]) -> Iterator[None]:
     timeout_s = float(os.environ.get(HEAD_TIMEOUT_ENV, "30"))
     done = threading.Event()
 
-    def reachable() -> bool:
-        try:
-            with socket.create_connection((host, int(port)), timeout=2):
-                return True
-        except OSError:
-            return False
-
     def watch() -> None:
         since = None
         while not done.wait(2.0):
-            if reachable():
+            if head.answers(host, int(port)):
                 since = None
                 continue
             since = since or time.monotonic()

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 import time
 from collections.abc import Sequence
+
+from fusion_ray.driver import head
 
 #: Exit code of the script when the Ray nodes did not all join (or one stopped) in time.
 JOIN_FAILED_EXIT = 11
@@ -26,12 +27,8 @@ def _alive(pid: int) -> bool:
 
 
 def _head_answers(address: str) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=2):
-            return True
-    except OSError:
-        return False
+    where = head.endpoint(address)
+    return where is None or head.answers(*where)
 
 
 def wait_for_nodes(address: str, nodes: int, timeout_s: float, pids: Sequence[int]) -> str | None:

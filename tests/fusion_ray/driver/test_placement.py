@@ -141,3 +141,37 @@ def test_an_hpo_whose_trials_fit_no_node_fails_before_any_trial(
     assert "no node of this Ray cluster can run these trials" in err
     assert "short: each trial asks 1 worker(s) x (64 CPU)" in err
     assert not (tmp_path / "mlflow.db").exists()  # nothing was created
+
+
+def test_a_dry_run_checks_placement_against_the_cluster_it_names(
+    tmp_path, ray_session, monkeypatch
+):
+    """--address (or the file's address:, or $RAY_ADDRESS) is the cluster the dry run checks:
+    joined for the question (here the session's Ray, 2 CPUs); trials it cannot hold are a warning
+    after the plan, naming that cluster; an address where nothing answers is a warning too."""
+    from fusion_ray import api
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    address = ray_session.get_runtime_context().gcs_address
+    fits = load_sweep(tiny_sweep(tmp_path, tracking_uri=f"sqlite:///{tmp_path / 'a.db'}"))
+    text = api.dry_run_text(fits, address=address)
+    assert f"placement: every trial fits the cluster at {address}" in text
+    big = load_sweep(
+        tiny_sweep(
+            tmp_path,
+            tracking_uri=f"sqlite:///{tmp_path / 'b.db'}",
+            resources={"workers": 1, "cpus_per_worker": 64},
+        )
+    )
+    text = api.dry_run_text(big, address=address)
+    assert f"WARNING: the cluster at {address} cannot run these trials" in text
+    assert "short: each trial asks 1 worker(s) x (64 CPU)" in text
+    assert "cells" in text.split("placement:")[0]  # the plan comes first, in full
+    assert not (tmp_path / "b.db").exists()  # a dry run writes nothing
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    text = api.dry_run_text(fits, address=f"127.0.0.1:{closed}")
+    assert f"WARNING: not checked: no Ray head answers at 127.0.0.1:{closed}" in text
