@@ -17,6 +17,7 @@ where it is selected by name, so one broken package does not stop every command.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
@@ -82,6 +83,14 @@ def _error_text(exc: BaseException) -> str:
     """``Type: first line of the message`` (the type alone for an empty message)."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def unknown_name(family: str, name: str, names: list[str]) -> str:
+    """The message for a name no entry of ``family`` has: the allowed names, and the one it is
+    close to, if any (``gate_scaler`` -> ``gate_scalar``)."""
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.75)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {family} {name!r}; allowed: {', '.join(names)}{hint}"
 
 
 class Registry(Generic[T]):
@@ -219,7 +228,7 @@ class Registry(Generic[T]):
         broken = self._broken.get(name)
         if broken is not None:
             return BrokenEntryError(broken.message())
-        return ValueError(f"unknown {self.family} {name!r}; allowed: {', '.join(self.names())}")
+        return ValueError(unknown_name(self.family, name, self.names()))
 
     def build(self, name: str, /, *args: Any, **kwargs: Any) -> Any:
         """The entry ``name`` called with ``args`` and ``kwargs``, once ``check`` passes."""

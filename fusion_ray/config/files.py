@@ -26,6 +26,7 @@ from pydantic import (
 from fusion_ray.checks import shorten, shorten_runs
 from fusion_ray.config.combinations import deep_merge, set_dotted
 from fusion_ray.config.messages import key_lines, line_suffix
+from fusion_ray.config.names import name_problems
 from fusion_ray.config.spec import SweepSpec, error_lines
 from fusion_ray.redact import redact
 from fusion_ray.train.spec import TrialConfig
@@ -314,19 +315,26 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
 
 
 def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
-    """The file's own problems, which need no registry: it exists and is YAML of the sweep
-    file's keys and types (with ``overrides`` applied). Raises ``SweepFileError`` listing every
-    one; a clean file then gets the full check (``load_sweep``). Imports neither torch, Ray nor
-    MLflow, so a mistyped path or key is said at once."""
+    """The file's own problems, which need no registry's code: it exists and is YAML of the
+    sweep file's keys and types (with ``overrides`` applied), and the registry names it selects
+    exist (``config.names``). Raises ``SweepFileError`` listing every one; a clean file then
+    gets the full check (``load_sweep``). Imports neither torch, Ray nor MLflow, so a mistyped
+    path, key or name is said at once."""
     original = read_sweep_dict(path)
     raw = apply_overrides(original, overrides, path)
-    _, problems = validate_collecting(SweepSpec, raw)
+    spec, problems = validate_collecting(SweepSpec, raw)
+    if spec is not None and not problems:
+        problems = name_problems(spec)
     if problems:
         if overrides:
-            problems = blame_overrides(
-                problems, validate_collecting(SweepSpec, original)[1], overrides
-            )
+            problems = blame_overrides(problems, _shape_problems(original), overrides)
         raise SweepFileError(path, problems)
+
+
+def _shape_problems(raw: dict[str, Any]) -> list[str]:
+    """``check_file_shape``'s problems of a mapping: its schema's, then its registry names'."""
+    spec, problems = validate_collecting(SweepSpec, raw)
+    return name_problems(spec) if spec is not None and not problems else problems
 
 
 def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:

@@ -23,22 +23,14 @@ from pydantic import BaseModel
 def key_lines(path: str | Path, max_bytes: int, max_values: int) -> dict[str, int]:
     """Each dotted key of the YAML file at ``path`` (``datasets.short.data.max_length``) with the
     1-based line it is written on; {} when the file cannot be read as YAML (its problem then
-    says why). List items are stepped over (``grid.include``'s keys are ``grid.include.KEY``)."""
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
-            return {}
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            return {}
-        root = yaml.compose(data.decode("utf-8"), Loader=yaml.SafeLoader)
-    except (OSError, ValueError, yaml.YAMLError, RecursionError):
-        return {}
+    says why). A list's items have their own line (``grid.fusions[1]``), and their keys are
+    stepped over (``include``'s keys are ``include.KEY``)."""
+    root = _compose(path, max_bytes)
     found: dict[str, int] = {}
-    todo: list[tuple[str, Any]] = [("", root)]
+    todo: collections.deque[tuple[str, Any]] = collections.deque([("", root)])  # document order
     seen: set[int] = set()  # an alias is its anchor's node again: each node is walked once
     while todo and len(found) < max_values:
-        prefix, node = todo.pop()
+        prefix, node = todo.popleft()
         if id(node) in seen:
             continue
         seen.add(id(node))
@@ -50,8 +42,25 @@ def key_lines(path: str | Path, max_bytes: int, max_values: int) -> dict[str, in
                 found.setdefault(key, key_node.start_mark.line + 1)
                 todo.append((key, value_node))
         elif isinstance(node, yaml.SequenceNode):
-            todo += [(prefix, item) for item in node.value]
+            for i, item in enumerate(node.value):
+                found.setdefault(f"{prefix}[{i}]", item.start_mark.line + 1)
+            todo.extend((prefix, item) for item in node.value)
     return found
+
+
+def _compose(path: str | Path, max_bytes: int) -> Any:
+    """The YAML node tree of the regular file at ``path``; None when it cannot be read as YAML
+    or is larger than ``max_bytes``."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block the open
+            return None
+        with open(path, "rb") as handle:
+            data = handle.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            return None
+        return yaml.compose(data.decode("utf-8"), Loader=yaml.SafeLoader)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return None
 
 
 def line_suffix(problem: str, lines_of: dict[str, int]) -> str:

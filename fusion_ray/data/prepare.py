@@ -148,7 +148,9 @@ def registry_problems(spec: DataSpec) -> tuple[Any, list[str]]:
     problems of the source's and the tokenizer's options."""
     source, problems = _build(SOURCES, spec.source, spec.source_kwargs)
     source = None if problems else source
-    return source, problems + _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
+    problems = [f"data.source: {p}" for p in problems]
+    tokenizer = _build(TOKENIZERS, spec.tokenizer, spec.tokenizer_kwargs)[1]
+    return source, problems + [f"data.tokenizer: {p}" for p in tokenizer]
 
 
 def data_rules(spec: DataSpec) -> list[str]:

@@ -113,7 +113,15 @@ def dry_run_check(
         why = head.unreachable(where)
         if why:
             return f"  placement: WARNING: not checked: {why} (a real run would stop there)"
-        capacity, what = remote_capacity(where), f"the cluster at {where}"
+        try:
+            capacity = remote_capacity(where)
+        except Exception as exc:  # Ray's ConnectionError, an auth refusal: said, not raised
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            return (
+                f"  placement: WARNING: not checked: joining the Ray cluster at {where} failed "
+                f"({type(exc).__name__}: {first}); a real run would stop there"
+            )
+        what = f"the cluster at {where}"
     else:
         capacity, what = local_capacity(), "this machine"
     rehearsed = rehearses_on_cpus(spec, datasets, capacity, smoke)

@@ -57,9 +57,11 @@ def test_the_lines_of_a_file_whose_aliases_repeat_blocks_are_read_once(tmp_path)
         rows.append(f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]")
     path = tmp_path / "bomb.yaml"
     path.write_text("\n".join(rows) + "\n")
-    assert key_lines(path, MAX_FILE_BYTES, MAX_VALUES) == {
+    lines = key_lines(path, MAX_FILE_BYTES, MAX_VALUES)
+    assert {k: v for k, v in lines.items() if "[" not in k} == {
         name: i for i, name in enumerate("abcdefghi", 1)
     }
+    assert lines["a[9]"] == 1  # each item its line (an alias: its anchor's)
     # and the whole command says what is wrong with it (a walk of its 10**9 values would not
     # end before the limit: the subprocess's timeout turns a hang into a failure)
     done = subprocess.run(
@@ -83,3 +85,84 @@ def test_the_files_problems_are_said_before_torch_ray_or_mlflow_load(tmp_path):
     )
     assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
     assert "did you mean 'seeds'?" in done.stderr
+
+
+def _misnamed(tmp_path):
+    path = tiny_sweep(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["grid"]["fusions"] = ["add", "gate_scaler"]
+    spec["datasets"]["short"]["data"]["source"] = "synthetik"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_a_misspelt_registry_name_is_said_before_torch_ray_or_mlflow_load(tmp_path):
+    """The names a file selects are checked without the registries' code (which imports torch),
+    with the line of the value and the name it is close to."""
+    path = _misnamed(tmp_path)
+    lines = path.read_text().splitlines()
+    code = (
+        "import sys\n"
+        "from fusion_ray.sweep import main\n"
+        f"code = main([{str(path)!r}])\n"
+        "loaded = [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]\n"
+        "print(code, loaded)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
+    gate_line = next(i for i, line in enumerate(lines, 1) if "gate_scaler" in line)
+    source_line = next(i for i, line in enumerate(lines, 1) if "synthetik" in line)
+    assert (
+        f"{path}:{gate_line}: grid.fusions[1]: unknown fusion 'gate_scaler'; allowed: add, "
+        "concat, gate_scalar, gate_cnn, gate_mlp, gate_vector, mlp; did you mean 'gate_scalar'?"
+    ) in done.stderr
+    assert (
+        f"{path}:{source_line}: datasets.short.data.source: unknown data source 'synthetik'; "
+        "allowed: hub, local, synthetic; did you mean 'synthetic'?"
+    ) in done.stderr
+
+
+def test_the_full_check_says_a_misspelt_name_in_the_same_words(tmp_path):
+    from fusion_ray.config import load_sweep
+
+    path = _misnamed(tmp_path)
+    with pytest.raises(SweepFileError) as fast:
+        check_file_shape(path)
+    raw = yaml.safe_load(path.read_text())
+    with pytest.raises(SweepFileError) as full:
+        load_sweep(path)
+    assert str(fast.value) == str(full.value), raw
+
+
+def test_the_names_checked_before_the_registries_are_the_registries_own():
+    """config.names lists this package's entries of each registry, for the check before torch;
+    it must list exactly what each registry registers itself."""
+    import importlib
+
+    from fusion_ray.config.names import FAMILIES
+
+    for family in FAMILIES:
+        registry = getattr(importlib.import_module(family.module), family.attribute)
+        own = [n for n in registry.names() if registry.origin(n) == "fusion-ray"]
+        assert list(family.built_in) == own, family.family
+        assert registry.family == family.family and registry.group == family.group
+
+
+def test_a_name_registered_in_this_process_passes_the_check_before_the_registries(tmp_path):
+    """Code that registers an entry has imported its registry: the check then asks it."""
+    from fusion_ray.config.names import FUSIONS as FAMILY
+    from fusion_ray.model import FUSIONS
+    from fusion_ray.model.fusion import Add
+
+    path = tiny_sweep(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["grid"]["fusions"] = ["add", "add_again"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    FUSIONS.register("add_again")(Add)
+    try:
+        assert "add_again" in FAMILY.names()
+        check_file_shape(path)
+    finally:
+        FUSIONS.unregister("add_again")
