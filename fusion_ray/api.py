@@ -17,20 +17,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, smoke_version
+from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, resources_for, smoke_version
 from fusion_ray.console import dry_run_text as _dry_run_text
 from fusion_ray.driver import placement
 from fusion_ray.driver.preflight import preflight
 from fusion_ray.driver.runner import SweepOutcome, run_sweep
 from fusion_ray.policy.plan import Plan, plan
 
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from fusion_ray.policy.forecast import Forecast
+
 __all__ = [
     "SweepFileError",
     "check_stores",
     "dry_run",
     "dry_run_text",
+    "forecast",
     "load",
     "report",
     "run",
@@ -136,3 +142,126 @@ def existing_tracker(spec: SweepSpec) -> Any:
     from fusion_ray.driver.tracking import Tracker
 
     return Tracker.existing(spec.tracking_uri, spec.name)
+
+
+def forecast(
+    spec: SweepSpec,
+    *,
+    pilot: str | None = None,
+    pilot_seeds: int | None = None,
+    effects: Mapping[str, float] | None = None,
+    spread: float = 3.5,
+    shared: float = 0.0,
+    base: float = 80.0,
+    trial_hours: Mapping[str, float] | None = None,
+    replays: int | None = None,
+    seed: int = 0,
+    smoothing: float = 1.0,
+) -> Forecast:
+    """What an adaptive sweep will take (``fusion-ray plan``): its own schedule and rule run
+    ``replays`` times on results from ``pilot`` (an experiment in the sweep's tracking store
+    holding its first wave: its runs of the first ``pilot_seeds`` seeds, or of every seed, are
+    kept and its seeds drawn again; trial times from its runs) or from stated ``effects``
+    (points against the baseline by ``OPERATOR`` or ``DATASET/OPERATOR``; each run's SD
+    ``spread``, a per-seed part ``shared`` by a group; ``trial_hours``: card-hours of one trial
+    per dataset). Raises ``fusion_ray.policy.forecast.ForecastInputError`` saying what to give
+    instead."""
+    # lazy: the forecast runs the schedule (the decision rules: scipy); kept out of --help
+    from fusion_ray.config.grid import expand
+    from fusion_ray.policy import forecast as fc
+
+    if spec.adaptive is None:
+        raise fc.ForecastInputError(
+            f"sweep {spec.name}: seeds: a fixed list runs exactly its seeds; plan forecasts "
+            "adaptive seeds (seeds: {adaptive: true, first: 6, max: 14})"
+        )
+    if (pilot is None) == (effects is None):
+        raise fc.ForecastInputError("give a pilot experiment or stated effects (one of them)")
+    cells = expand(spec)
+    known: dict[str, Any] = {}
+    source, unit = "", "card-hours"
+    if pilot is not None:
+        world, known, trial_hours, source = _pilot_world(spec, cells, pilot, pilot_seeds, smoothing)
+        if not any(resources_for(spec, d).use_gpu for d in spec.datasets):
+            unit = "trial-hours"
+    else:
+        assert effects is not None
+        problems = _effect_problems(cells, effects)
+        if problems:
+            raise fc.ForecastInputError("\n".join(problems))
+        world = fc.StatedWorld(dict(effects), spread=spread, shared=shared, base=base)
+        source = "the hours of one trial given" if trial_hours else ""
+    return fc.forecast(
+        cells,
+        spec.baseline_label,
+        spec.adaptive,
+        world,
+        regimes=list(spec.grid.datasets),
+        known=known,
+        replays=replays or fc.DEFAULT_REPLAYS,
+        seed=seed,
+        trial_hours=trial_hours,
+        hours_source=source,
+        hours_unit=unit,
+    )
+
+
+def _effect_problems(cells: list[Any], effects: Mapping[str, float]) -> list[str]:
+    """Stated effects that name no operator (or dataset) of the sweep's cells."""
+    fusions = sorted({c.fusion for c in cells})
+    datasets = sorted({c.dataset for c in cells})
+    return [
+        f"effects: {key!r} names no operator of the sweep (OPERATOR or DATASET/OPERATOR; "
+        f"operators: {', '.join(fusions)}; datasets: {', '.join(datasets)})"
+        for key in effects
+        if key.rpartition("/")[2] not in fusions
+        or (key.rpartition("/")[0] and key.rpartition("/")[0] not in datasets)
+    ]
+
+
+def _cards(spec: SweepSpec, dataset: str) -> float:
+    """The GPUs one trial of ``dataset`` holds (1 for a CPU trial: an hour is a trial-hour)."""
+    res = resources_for(spec, dataset)
+    return res.workers * res.gpus_per_worker if res.use_gpu else 1.0
+
+
+def _pilot_world(
+    spec: SweepSpec, cells: list[Any], pilot: str, seeds: int | None, smoothing: float
+) -> tuple[Any, dict[str, Any], dict[str, float] | None, str]:
+    """The pilot's world, its kept results, the card-hours of one trial per dataset from its
+    runs' times, and where those hours come from."""
+    # lazy: tracking imports mlflow (~1.3 s), the forecast the decision rules (scipy); only a
+    # forecast from a pilot needs them
+    from fusion_ray.driver.tracking import Tracker
+    from fusion_ray.policy import forecast as fc
+    from fusion_ray.policy.schedule import finished_results
+
+    tracker = Tracker.existing(spec.tracking_uri, pilot)
+    if tracker is None:
+        first = spec.adaptive.first if spec.adaptive else 6
+        raise fc.ForecastInputError(
+            f"pilot: no experiment {pilot!r} in {spec.tracking_uri}: run the first wave first "
+            f"(fusion-ray sweep FILE seeds.max={first}), or name the experiment that holds it"
+        )
+    runs = tracker.cell_runs()
+    rows, known = fc.pilot_rows(cells, finished_results(cells, runs), seeds)
+    try:
+        world = fc.PilotWorld(rows, smoothing=smoothing)
+    except fc.ForecastInputError as exc:
+        raise fc.ForecastInputError(f"pilot {pilot!r}: {exc}") from None
+    by_dataset: dict[str, list[float]] = {}
+    for cell in cells:
+        run = runs.get(cell.cell_id)
+        if cell.cell_id in known and run is not None and run.seconds and run.status == "FINISHED":
+            by_dataset.setdefault(cell.dataset, []).append(run.seconds)
+    hours: dict[str, float] = {}
+    gpu = False
+    for dataset, seconds in by_dataset.items():
+        gpu = gpu or resources_for(spec, dataset).use_gpu
+        hours[dataset] = sum(seconds) / len(seconds) / 3600 * _cards(spec, dataset)
+    text = (
+        "the pilot's own trial times: "
+        + ", ".join(f"{d} {h * 3600 / max(_cards(spec, d), 1):.0f} s" for d, h in hours.items())
+        + (" per trial, x its cards" if gpu else " per trial")
+    )
+    return world, known, (hours or None), text

@@ -37,6 +37,10 @@ T = TypeVar("T")
 #: subcommand -> (module whose ``main(argv)`` runs it, one line of help)
 COMMANDS = {
     "sweep": ("fusion_ray.sweep", "run a sweep file's cells on Ray (or --dry-run / --smoke)"),
+    "plan": (
+        "fusion_ray.planner",
+        "forecast an adaptive sweep's seeds, trials and card-hours (from a pilot or stated effects)",
+    ),
     "hpo": ("fusion_ray.hpo.cli", "tune a sweep's shared settings with Optuna on Ray Tune"),
     "report": ("analysis.report", "the paired-statistics report of a sweep's MLflow runs"),
     "train": ("fusion_ray.train.__main__", "train one trial config locally (no Ray)"),

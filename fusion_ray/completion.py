@@ -23,11 +23,13 @@ def command_options() -> dict[str, list[str]]:
     from analysis.report import build_parser as report_parser
     from fusion_ray.hpo.cli import build_parser as hpo_parser
     from fusion_ray.launch import LAUNCHERS
+    from fusion_ray.planner import build_parser as plan_parser
     from fusion_ray.sweep import build_parser as sweep_parser
     from fusion_ray.train.__main__ import build_parser as train_parser
 
     parsers = {
         "sweep": sweep_parser(),
+        "plan": plan_parser(),
         "hpo": hpo_parser(),
         "report": report_parser(),
         "train": train_parser(),

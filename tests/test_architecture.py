@@ -368,7 +368,13 @@ APPLICATION = {
 """The application layer: the Python API and the commands. Only it joins the engine (trials on
 Ray, MLflow) and the analysis (the report); ``fusion_ray.testing``, the plug-in authors' kit,
 checks both packages' registries."""
-COMMAND_LINE = {"fusion_ray.cli", "fusion_ray.sweep", "fusion_ray.hpo.cli", "fusion_ray.completion"}
+COMMAND_LINE = {
+    "fusion_ray.cli",
+    "fusion_ray.sweep",
+    "fusion_ray.planner",
+    "fusion_ray.hpo.cli",
+    "fusion_ray.completion",
+}
 """The commands; ``python -m`` entry points (``__main__`` modules) run them."""
 
 
@@ -424,6 +430,7 @@ LAYERS = {
     "fusion_ray.cli": 6,
     "fusion_ray.completion": 6,
     "fusion_ray.sweep": 6,
+    "fusion_ray.planner": 6,
     "fusion_ray.console": 6,
     "fusion_ray.hpo": 6,
     "fusion_ray.testing": 6,

@@ -131,6 +131,15 @@ class CellRun:
     (``fusion_ray.decide.questions.quarter_accuracy``)."""
     infrastructure: bool = False
     """A FAILED run whose process or node was lost (``FAILURE_KIND_TAG``): not scored."""
+    seconds: float | None = None
+    """How long the run ran (its start to its end), when it has ended."""
+
+
+def _seconds(info: Any) -> float | None:
+    """A run's duration from its MLflow run info; None while it has no end."""
+    if not info.end_time or not info.start_time:
+        return None
+    return (info.end_time - info.start_time) / 1000.0
 
 
 def _now_ms() -> int:
@@ -257,6 +266,7 @@ class Tracker:
                     run.data.metrics.get("test_acc"),
                     quarter_accuracy(run.data.metrics),
                     run.data.tags.get(FAILURE_KIND_TAG) == "infrastructure",
+                    _seconds(run.info),
                 )
         return best
 

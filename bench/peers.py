@@ -1,0 +1,233 @@
+"""fusion-ray's adaptive seeds beside what a researcher would reach for instead, on the same
+paired-seed data: fixed n seeds with exact Wilcoxon and Holm, AdaStop (its own package),
+Optuna's WilcoxonPruner used as the stopping rule it is, and Ray Tune's Repeater (the mean of
+repeated seeds, compared at fixed n). Needs the ``bench`` extra (``pip install -e '.[bench]'``:
+adastop).
+
+The family: the quickstart's 6 operator comparisons (3 regimes x 2 settings, one operator
+against the baseline in each group); effects in paired-delta SD: 2 nulls, 2 at 0.5 SD, 2 at 1
+SD (a third of the family null, as the quickstart's unscaled short regime and the rest of the
+study's AG News / IMDB). Noise models (a run = the group's per-seed part + its arm's effect + its
+own noise, scaled so a paired delta has SD 1):
+
+- ``normal``: normal run noise, no per-seed part;
+- ``binomial``: test-set counts of 400 documents at 80 % accuracy (paired-delta SD 2.8 points);
+- ``shared``: as normal plus a per-seed part of SD 2 shared by both arms of a group (data order,
+  initialisation: it cancels in a paired delta, not in a difference of means);
+- ``heavy``: t with 3 degrees of freedom, scaled to the same SD.
+
+The methods (alpha 0.05 for every one that has a level):
+
+- fusion-ray: the default rule (magnitude bets, closed test over the family, futility), first
+  wave 6 seeds, cap 14 (``fusion_ray.decide.sequential.replay_adaptive``, the driver's rule);
+- fixed n in {6, 8, 10, 14} + two-sided exact Wilcoxon signed-rank + Holm over the family;
+- AdaStop 0.1.3 (``adastop.MultipleAgentsComparator``): n = 2 seeds per look, K = 7 looks (cap
+  14, the same as fusion-ray's), B = 10,000 permutations (its default), beta = 0, the 6
+  comparisons given; it compares agents' means, unpaired;
+- Optuna's ``WilcoxonPruner`` (p_threshold 0.1, its default): the baseline's run of each seed
+  reported as a finished trial's steps, the operator's reported step by step and pruned when
+  the pruner says so, which it does only for an operator worse than the best trial: a prune is
+  the decision "worse"; it never says "better"; no error control over steps or comparisons;
+- Ray Tune's ``Repeater`` at n = 10: the mean of the repeats is all the searcher sees, so the
+  higher mean is taken as the better (every comparison "decided", nulls included).
+
+Counted per replication: correct decisions (the right direction on a non-null), the family-wise
+error (any decision on a null, or a wrong direction), trials (runs); and correct decisions per
+100 trials, so designs of different cost compare at matched trials.
+
+    python bench/peers.py [--reps 100] [--processes 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import wilcoxon
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fusion_ray.decide.sequential import replay_adaptive  # noqa: E402
+
+ALPHA, FIRST, CAP = 0.05, 6, 14
+EFFECTS = np.array([0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
+NOISE = ("normal", "binomial", "shared", "heavy")
+FIXED = (6, 8, 10, 14)
+TEST_DOCS, ACCURACY = 400, 0.80
+
+
+def draw(kind: str, rng: np.random.Generator, seeds: int = CAP) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline, operator) runs [group, seed], scaled so a paired delta has SD 1."""
+    shape = (len(EFFECTS), seeds)
+    if kind == "binomial":
+        sd = np.sqrt(2 * ACCURACY * (1 - ACCURACY) / TEST_DOCS)
+        p_op = ACCURACY + EFFECTS[:, None] * sd
+        base = rng.binomial(TEST_DOCS, ACCURACY, shape) / TEST_DOCS / sd
+        op = rng.binomial(TEST_DOCS, np.broadcast_to(p_op, shape)) / TEST_DOCS / sd
+        return base, op
+    if kind == "heavy":
+        e0, e1 = (rng.standard_t(3, shape) / np.sqrt(3) / np.sqrt(2) for _ in range(2))
+    else:
+        e0, e1 = (rng.normal(0, 1 / np.sqrt(2), shape) for _ in range(2))
+    common = rng.normal(0, 2.0, shape) if kind == "shared" else 0.0
+    return common + e0, common + EFFECTS[:, None] + e1
+
+
+def score(decisions: list[int]) -> tuple[int, bool]:
+    """decisions per comparison: +1 better, -1 worse, 0 none -> (correct, family-wise error)."""
+    truth = np.sign(EFFECTS)
+    correct = sum(1 for d, t in zip(decisions, truth, strict=True) if d != 0 and d == t)
+    wrong = any(d != 0 and d != t for d, t in zip(decisions, truth, strict=True))
+    return correct, wrong
+
+
+def fusion_ray(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
+    deltas = {f"c{g}": list(op[g] - base[g]) for g in range(len(EFFECTS))}
+    states = replay_adaptive(deltas, first=FIRST, max_seeds=CAP)
+    sign = {"better": 1, "worse": -1}
+    decisions = [sign.get(states[f"c{g}"][-1], 0) for g in range(len(EFFECTS))]
+    return decisions, 2 * sum(len(s) for s in states.values())
+
+
+def holm(p: np.ndarray) -> np.ndarray:
+    order = np.argsort(p)
+    reject = np.zeros(len(p), bool)
+    for rank, i in enumerate(order):
+        if p[i] > ALPHA / (len(p) - rank):
+            break
+        reject[i] = True
+    return reject
+
+
+def fixed(base: np.ndarray, op: np.ndarray, n: int) -> tuple[list[int], int]:
+    d = op[:, :n] - base[:, :n]
+    p = np.array([wilcoxon(row, method="exact").pvalue if np.any(row) else 1.0 for row in d])
+    reject = holm(p)
+    decisions = [int(np.sign(np.median(row))) if r else 0 for row, r in zip(d, reject, strict=True)]
+    return decisions, 2 * d.size
+
+
+def adastop(base: np.ndarray, op: np.ndarray, seed: int) -> tuple[list[int], int]:
+    from adastop import MultipleAgentsComparator
+
+    n, looks = 2, CAP // 2
+    comparisons = np.array([(2 * g, 2 * g + 1) for g in range(len(EFFECTS))])
+    comparator = MultipleAgentsComparator(
+        n=n, K=looks, B=10_000, comparisons=comparisons, alpha=ALPHA, beta=0, seed=seed
+    )
+    runs = [row for g in range(len(EFFECTS)) for row in (base[g], op[g])]
+    values = {f"agent{j}": np.zeros(0) for j in range(len(runs))}
+    trials = 0
+    for k in range(looks):
+        for j, name in enumerate(values):
+            wanted = k == 0 or any(j in pair for pair in comparator.current_comparisons)
+            block = runs[j][k * n : (k + 1) * n] if wanted else np.full(n, np.nan)
+            trials += n if wanted else 0
+            values[name] = np.concatenate([values[name], block])
+        comparator.partial_compare(values, verbose=False)
+        if comparator.is_finished:
+            break
+    # "smaller": the first agent (the baseline) has the smaller mean: the operator is better
+    sign = {"smaller": 1, "larger": -1}
+    decisions = [sign.get(comparator.decisions[str(pair)], 0) for pair in comparisons]
+    return decisions, trials
+
+
+def wilcoxon_pruner(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    decisions, trials = [], 0
+    for g in range(len(EFFECTS)):
+        study = optuna.create_study(direction="maximize", pruner=optuna.pruners.WilcoxonPruner())
+        reference = study.ask()
+        for step in range(CAP):
+            reference.report(float(base[g, step]), step)
+        study.tell(reference, float(base[g].mean()))
+        trial, decided, steps = study.ask(), 0, CAP
+        for step in range(CAP):
+            trial.report(float(op[g, step]), step)
+            if trial.should_prune():
+                decided, steps = -1, step + 1
+                break
+        study.tell(
+            trial,
+            state=optuna.trial.TrialState.PRUNED if decided else None,
+            values=None if decided else float(op[g, :steps].mean()),
+        )
+        decisions.append(decided)
+        trials += CAP + steps
+    return decisions, trials
+
+
+def repeater(base: np.ndarray, op: np.ndarray, n: int = 10) -> tuple[list[int], int]:
+    means = op[:, :n].mean(axis=1) - base[:, :n].mean(axis=1)
+    return [int(np.sign(m)) for m in means], 2 * op[:, :n].size
+
+
+METHODS = [
+    "fusion-ray",
+    *(f"fixed {n} + Holm" for n in FIXED),
+    "AdaStop n=2 K=7",
+    "WilcoxonPruner",
+    "Repeater n=10",
+]
+
+
+def replicate(args: tuple[str, int, int]) -> dict[str, list[tuple[int, bool, int]]]:
+    kind, reps, seed = args
+    logging.disable(logging.WARNING)
+    rng = np.random.default_rng(seed)
+    out: dict[str, list[tuple[int, bool, int]]] = {m: [] for m in METHODS}
+    for r in range(reps):
+        base, op = draw(kind, rng)
+        runs = {
+            "fusion-ray": fusion_ray(base, op),
+            **{f"fixed {n} + Holm": fixed(base, op, n) for n in FIXED},
+            "AdaStop n=2 K=7": adastop(base, op, seed=r),
+            "WilcoxonPruner": wilcoxon_pruner(base, op),
+            "Repeater n=10": repeater(base, op),
+        }
+        for method, (decisions, trials) in runs.items():
+            correct, wrong = score(decisions)
+            out[method].append((correct, wrong, trials))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=100)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=2026)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    jobs = [(kind, args.reps, args.seed + i) for i, kind in enumerate(NOISE)]
+    with Pool(args.processes) as pool:
+        results = pool.map(replicate, jobs)
+    print(
+        f"peers: 6 operator comparisons (effects {', '.join(f'{e:g}' for e in EFFECTS)} paired "
+        f"SD), {args.reps} replications per noise model, alpha {ALPHA}"
+    )
+    for kind, result in zip(NOISE, results, strict=True):
+        print(f"\nnoise {kind}")
+        print(
+            f"{'method':<18} {'correct of 4':>12} {'FWER':>6} {'trials':>7} {'correct / 100 trials':>21}"
+        )
+        for method in METHODS:
+            rows = np.array(result[method], dtype=float)
+            correct, wrong, trials = rows.mean(axis=0)
+            print(
+                f"{method:<18} {correct:>12.2f} {wrong:>6.3f} {trials:>7.1f} "
+                f"{100 * correct / trials:>21.2f}"
+            )
+    print(f"\n{time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
