@@ -29,7 +29,9 @@ The methods (alpha 0.05 for every one that has a level):
   the pruner says so, which it does only for an operator worse than the best trial: a prune is
   the decision "worse"; it never says "better"; no error control over steps or comparisons;
 - Ray Tune's ``Repeater`` at n = 10: the mean of the repeats is all the searcher sees, so the
-  higher mean is taken as the better (every comparison "decided", nulls included).
+  higher mean is taken as the better (every comparison "decided", nulls included);
+- a paired group-sequential design (``paired_group_sequential``): AdaStop's looks, spending and
+  step-down on paired deltas with sign-flip permutations, the route the pilot pointed at.
 
 Counted per replication: correct decisions (the right direction on a non-null), the family-wise
 error (any decision on a null, or a wrong direction), trials (runs); and correct decisions per
@@ -44,6 +46,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from multiprocessing import Pool
 from pathlib import Path
 
@@ -166,6 +169,56 @@ def wilcoxon_pruner(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
     return decisions, trials
 
 
+def paired_group_sequential(
+    base: np.ndarray, op: np.ndarray, seed: int, n: int = 2, looks: int = CAP // 2, b: int = 4000
+) -> tuple[list[int], int]:
+    """What the pilot pointed at, measured: AdaStop's design (K looks of n seeds, alpha spent
+    linearly over the looks, a max statistic over the open comparisons, step-down within a look)
+    on paired deltas: each comparison's statistic |sum d| over its seeds so far (AdaStop's
+    (k + 1) x |mean difference|), its null distribution from sign flips of whole seeds (the
+    pairing kept), b of them."""
+    d = op - base
+    groups = d.shape[0]
+    flips = np.random.default_rng(seed).choice([-1.0, 1.0], size=(b, 1, looks * n))
+    alive = np.ones(b, bool)  # permutations that crossed no earlier boundary
+    open_, decisions, spent, trials = list(range(groups)), [0] * groups, 0.0, 0
+    for k in range(looks):
+        seen = (k + 1) * n
+        trials += 2 * n * len(open_)
+        x = d[:, :seen]
+        observed = np.abs(x.sum(axis=1))
+        null = np.abs((flips[:, :, :seen] * x[None]).sum(axis=2))  # [b, groups]
+        level = ALPHA * (k + 1) / looks
+        active = list(open_)
+        crossed = np.zeros(b, bool)
+        while active:
+            top = null[:, active].max(axis=1)
+            stats = np.sort(top[alive])[::-1]
+            # the smallest threshold whose surviving exceedances keep the level
+            room = int(np.floor((level - spent) * b)) - int(crossed.sum())
+            if room < 0 or len(stats) <= room:
+                break
+            threshold = stats[room] if room < len(stats) else np.inf
+            winners = [g for g in active if observed[g] > threshold]
+            if not winners:
+                break
+            for g in winners:
+                decisions[g] = int(np.sign(x[g].sum()))
+                active.remove(g)
+        top = null[:, open_].max(axis=1) if open_ else np.zeros(b)
+        if open_:
+            stats = np.sort(top[alive])[::-1]
+            room = int(np.floor((level - spent) * b))
+            threshold = stats[room] if 0 <= room < len(stats) else np.inf
+            newly = alive & (top > threshold)
+            spent += newly.sum() / b
+            alive &= ~newly
+        open_ = active
+        if not open_:
+            break
+    return decisions, trials
+
+
 def repeater(base: np.ndarray, op: np.ndarray, n: int = 10) -> tuple[list[int], int]:
     means = op[:, :n].mean(axis=1) - base[:, :n].mean(axis=1)
     return [int(np.sign(m)) for m in means], 2 * op[:, :n].size
@@ -180,21 +233,32 @@ METHODS = [
 ]
 
 
-def replicate(args: tuple[str, int, int]) -> dict[str, list[tuple[int, bool, int]]]:
-    kind, reps, seed = args
+def _methods(
+    base: np.ndarray, op: np.ndarray, r: int
+) -> dict[str, Callable[[], tuple[list[int], int]]]:
+    """Each method on one family's runs, to be called (only the chosen ones run)."""
+    return {
+        "fusion-ray": lambda: fusion_ray(base, op),
+        **{f"fixed {n} + Holm": (lambda n=n: fixed(base, op, n)) for n in FIXED},
+        "AdaStop n=2 K=7": lambda: adastop(base, op, seed=r),
+        "paired GS n=2 K=7": lambda: paired_group_sequential(base, op, seed=r),
+        "WilcoxonPruner": lambda: wilcoxon_pruner(base, op),
+        "Repeater n=10": lambda: repeater(base, op),
+    }
+
+
+def replicate(args: tuple[str, int, int, list[str]]) -> dict[str, list[tuple[int, bool, int]]]:
+    """``reps`` families of one noise model through the ``methods`` (every method sees the same
+    data: the draws do not depend on which methods run)."""
+    kind, reps, seed, methods = args
     logging.disable(logging.WARNING)
     rng = np.random.default_rng(seed)
-    out: dict[str, list[tuple[int, bool, int]]] = {m: [] for m in METHODS}
+    out: dict[str, list[tuple[int, bool, int]]] = {m: [] for m in methods}
     for r in range(reps):
         base, op = draw(kind, rng)
-        runs = {
-            "fusion-ray": fusion_ray(base, op),
-            **{f"fixed {n} + Holm": fixed(base, op, n) for n in FIXED},
-            "AdaStop n=2 K=7": adastop(base, op, seed=r),
-            "WilcoxonPruner": wilcoxon_pruner(base, op),
-            "Repeater n=10": repeater(base, op),
-        }
-        for method, (decisions, trials) in runs.items():
+        runs = _methods(base, op, r)
+        for method in methods:
+            decisions, trials = runs[method]()
             correct, wrong = score(decisions)
             out[method].append((correct, wrong, trials))
     return out
@@ -205,9 +269,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=100)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument(
+        "--methods", default=",".join(METHODS), help="a comma-separated subset (same data)"
+    )
     args = parser.parse_args()
+    methods = [m.strip() for m in args.methods.split(",")]
     started = time.perf_counter()
-    jobs = [(kind, args.reps, args.seed + i) for i, kind in enumerate(NOISE)]
+    jobs = [(kind, args.reps, args.seed + i, methods) for i, kind in enumerate(NOISE)]
     with Pool(args.processes) as pool:
         results = pool.map(replicate, jobs)
     print(
@@ -219,7 +287,7 @@ def main() -> None:
         print(
             f"{'method':<18} {'correct of 4':>12} {'FWER':>6} {'trials':>7} {'correct / 100 trials':>21}"
         )
-        for method in METHODS:
+        for method in methods:
             rows = np.array(result[method], dtype=float)
             correct, wrong, trials = rows.mean(axis=0)
             print(
