@@ -31,7 +31,10 @@ most), and at any ``--seeds-per-cell`` given, e.g. the mean seeds per comparison
 longest comparison, so that mean is a lower bound for its cells).
 
     python bench/gpu_hours.py [sweeps/full_grid.yaml] [--adaptive 6,20] [--seeds-per-cell 8.3]
-        [--measured bench/results/h200_2026-11-28]
+        [--measured bench/results/h200_2026-11-28] [--export fusion_ray/policy/measured_trials.json]
+
+``--export`` adds the machine's per-dataset epoch and test times to the table ``fusion-ray plan
+--chip`` reads (written from ``h100_2026-11-27`` and ``h200_2026-11-28``, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -118,6 +121,13 @@ def main() -> None:
         help="folder of one machine's epoch_profile.json and loop_arxiv.json "
         f"(default {MEASURED.relative_to(ROOT)})",
     )
+    parser.add_argument(
+        "--export",
+        type=Path,
+        default=None,
+        help="add this machine's per-dataset epoch and test times to a JSON file (the table "
+        "`fusion-ray plan --chip` reads: fusion_ray/policy/measured_trials.json)",
+    )
     args = parser.parse_args()
     overrides = []
     if args.adaptive:
@@ -128,6 +138,7 @@ def main() -> None:
     epochs = measured_epochs(args.measured)
     chip = _chip(epochs)
     total_card_s = 0.0
+    exported: dict[str, dict] = {}
     print(
         f"{spec.name}: {sum(cells.values())} cells; {chip} epoch times from "
         f"{_shown(args.measured / 'epoch_profile.json')} and "
@@ -152,11 +163,21 @@ def main() -> None:
             per_card, speedup = 1, 1.0
         card_s = n * trial_s / speedup
         total_card_s += card_s
+        exported[dataset] = {
+            "cuda_graphs": trial_spec.cuda_graphs,
+            "epoch_seconds": round(run["epoch_seconds"], 3),
+            "test_seconds": round(test_s, 3),
+            "trials_per_card": per_card,
+            "speedup": round(speedup, 4),
+            "step": run["source"],
+        }
         print(
             f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
             f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}"
         )
     hours = total_card_s / 3600
+    if args.export is not None:
+        _export(args.export, chip, args.measured, spec.name, exported)
     if spec.adaptive is None:
         print(f"one {chip}: {hours:.1f} GPU-hours (upper bound: every trial runs all its epochs)")
         _cluster_line(chip, hours)
@@ -175,6 +196,19 @@ def main() -> None:
         at = hours * per_cell / seeds
         print(f"  {per_cell:>5g} seeds per cell ({what}): {at:.1f} {chip}-hours")
     _cluster_line(chip, hours * first / seeds, hours)
+
+
+def _export(path: Path, chip: str, measured: Path, sweep: str, datasets: dict) -> None:
+    """This machine's entry of the planner's table: per dataset, one epoch's seconds (training,
+    validation, checkpoint) and one test pass's, as measured for ``sweep``'s presets."""
+    table = json.loads(path.read_text()) if path.is_file() else {}
+    table[chip] = {
+        "measured": _shown(measured),
+        "presets": sweep,
+        "datasets": datasets,
+    }
+    path.write_text(json.dumps(table, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {chip} to {_shown(path)}")
 
 
 def _chip(epochs: dict[tuple[str, str], dict]) -> str:

@@ -154,6 +154,7 @@ def forecast(
     shared: float = 0.0,
     base: float = 80.0,
     trial_hours: Mapping[str, float] | None = None,
+    chip: str | None = None,
     replays: int | None = None,
     seed: int = 0,
     smoothing: float = 1.0,
@@ -164,8 +165,9 @@ def forecast(
     kept and its seeds drawn again; trial times from its runs) or from stated ``effects``
     (points against the baseline by ``OPERATOR`` or ``DATASET/OPERATOR``; each run's SD
     ``spread``, a per-seed part ``shared`` by a group; ``trial_hours``: card-hours of one trial
-    per dataset). Raises ``fusion_ray.policy.forecast.ForecastInputError`` saying what to give
-    instead."""
+    per dataset; ``chip``: from the epoch times measured on that card for the study's presets,
+    ``fusion_ray.policy.forecast.measured_trial_hours``). Raises
+    ``fusion_ray.policy.forecast.ForecastInputError`` saying what to give instead."""
     # lazy: the forecast runs the schedule (the decision rules: scipy); kept out of --help
     from fusion_ray.config.grid import expand
     from fusion_ray.policy import forecast as fc
@@ -191,6 +193,8 @@ def forecast(
             raise fc.ForecastInputError("\n".join(problems))
         world = fc.StatedWorld(dict(effects), spread=spread, shared=shared, base=base)
         source = "the hours of one trial given" if trial_hours else ""
+    if chip is not None:
+        trial_hours, source = fc.measured_trial_hours(chip, _one_trial_each(spec, cells))
     return fc.forecast(
         cells,
         spec.baseline_label,
@@ -217,6 +221,15 @@ def _effect_problems(cells: list[Any], effects: Mapping[str, float]) -> list[str
         if key.rpartition("/")[2] not in fusions
         or (key.rpartition("/")[0] and key.rpartition("/")[0] not in datasets)
     ]
+
+
+def _one_trial_each(spec: SweepSpec, cells: list[Any]) -> dict[str, tuple[int, Any]]:
+    """Per dataset: its trials' epochs and resources (what measured hours scale with)."""
+    out = {}
+    for cell in cells:
+        if cell.dataset not in out:
+            out[cell.dataset] = (cell.trial.train.epochs, resources_for(spec, cell.dataset))
+    return out
 
 
 def _cards(spec: SweepSpec, dataset: str) -> float:

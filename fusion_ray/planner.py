@@ -107,6 +107,13 @@ def build_parser(prog: str = "python -m fusion_ray.planner") -> argparse.Argumen
         "--effects: no hours)",
     )
     parser.add_argument(
+        "--chip",
+        default=None,
+        metavar="CARD",
+        help="card-hours from the epoch times measured on this card for the study's presets "
+        "(H100, H200; an upper bound: every trial runs all its epochs)",
+    )
+    parser.add_argument(
         "--replays", type=int, default=None, help="replays of the sweep (default 200)"
     )
     parser.add_argument("--seed", type=int, default=0, help="the replays' random seed (default 0)")
@@ -134,6 +141,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fusion_ray.pl
             spread=args.spread,
             shared=args.shared,
             trial_hours=args.trial_hours,
+            chip=args.chip,
             replays=args.replays,
             seed=args.seed,
         )

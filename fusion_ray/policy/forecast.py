@@ -24,10 +24,12 @@ seeds a sweep then used fell inside the band).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -319,3 +321,43 @@ def pilot_rows(
             kept[cell.cell_id] = results[cell.cell_id]
     rows: list[Row] = [row for _, row in sorted(by_seed.items()) if all(a in row for a in arms)]
     return rows, kept
+
+
+MEASURED_TRIALS = Path(__file__).with_name("measured_trials.json")
+"""Per card (``H100``, ``H200``): each study preset's epoch and test times, measured
+(``bench/gpu_hours.py --export``; the folders under ``bench/results/`` it names)."""
+
+
+def measured_trial_hours(
+    chip: str, datasets: Mapping[str, tuple[int, Any]]
+) -> tuple[dict[str, float], str]:
+    """Card-hours of one trial per dataset from ``chip``'s measured epochs: epochs x (training +
+    validation + checkpoint) + one test pass, over the measured packing's speed-up (an upper
+    bound: early stopping only shortens a trial). ``datasets``: name -> (epochs, resources).
+    Only the study's presets, each trial on one card, were measured."""
+    table = json.loads(MEASURED_TRIALS.read_text())
+    if chip.upper() not in table:
+        raise ForecastInputError(
+            f"--chip {chip}: no measured epoch times for it; measured: {', '.join(sorted(table))} "
+            "(or give --trial-hours DATASET=HOURS)"
+        )
+    entry = table[chip.upper()]
+    hours, problems = {}, []
+    for dataset, (epochs, res) in datasets.items():
+        measured = entry["datasets"].get(dataset)
+        if measured is None or res.workers > 1:
+            problems.append(dataset)
+            continue
+        trial_s = epochs * measured["epoch_seconds"] + measured["test_seconds"]
+        hours[dataset] = trial_s / measured["speedup"] / 3600
+    if problems:
+        raise ForecastInputError(
+            f"--chip {chip}: no {chip.upper()} times for {', '.join(problems)} (measured: the "
+            f"study's presets {', '.join(sorted(entry['datasets']))}, one card per trial); give "
+            "--trial-hours DATASET=HOURS for them"
+        )
+    text = (
+        f"{chip.upper()} epoch times measured for the study's presets ({entry['measured']}), x "
+        "each trial's epochs: an upper bound"
+    )
+    return hours, text

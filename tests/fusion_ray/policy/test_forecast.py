@@ -188,3 +188,33 @@ def test_stated_effects_print_the_forecast(tmp_path, capsys):
         == 0
     )
     assert "card-hours still to run: mean" in capsys.readouterr().out
+
+
+def test_measured_epoch_times_give_the_card_hours_of_the_studys_presets():
+    """--chip: an H200 ArXiv trial of 20 epochs is 20 measured epochs and one test pass; AG News
+    trials run two to a card at the measured aggregate speed-up."""
+    import json
+
+    from fusion_ray.config import Resources
+    from fusion_ray.policy.forecast import MEASURED_TRIALS, measured_trial_hours
+
+    table = json.loads(MEASURED_TRIALS.read_text())["H200"]["datasets"]
+    one_card = Resources(workers=1, use_gpu=True, gpus_per_worker=1)
+    hours, text = measured_trial_hours("h200", {"arxiv": (20, one_card), "ag_news": (10, one_card)})
+    arxiv, news = table["arxiv"], table["ag_news"]
+    assert hours["arxiv"] == pytest.approx(
+        (20 * arxiv["epoch_seconds"] + arxiv["test_seconds"]) / 3600
+    )
+    assert hours["ag_news"] == pytest.approx(
+        (10 * news["epoch_seconds"] + news["test_seconds"]) / news["speedup"] / 3600
+    )
+    assert "H200 epoch times measured" in text and "upper bound" in text
+    with pytest.raises(
+        ForecastInputError, match="no measured epoch times for it; measured: H100, H200"
+    ):
+        measured_trial_hours("A10G", {"arxiv": (20, one_card)})
+    with pytest.raises(ForecastInputError, match="no H100 times for short"):
+        measured_trial_hours("H100", {"short": (5, one_card)})
+    ddp = Resources(workers=4, use_gpu=True, gpus_per_worker=1)
+    with pytest.raises(ForecastInputError, match="one card per trial"):
+        measured_trial_hours("H100", {"arxiv": (20, ddp)})
