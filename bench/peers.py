@@ -90,9 +90,9 @@ def score(decisions: list[int]) -> tuple[int, bool]:
     return correct, wrong
 
 
-def fusion_ray(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
+def fusion_ray(base: np.ndarray, op: np.ndarray, first: int = FIRST) -> tuple[list[int], int]:
     deltas = {f"c{g}": list(op[g] - base[g]) for g in range(len(EFFECTS))}
-    states = replay_adaptive(deltas, first=FIRST, max_seeds=CAP)
+    states = replay_adaptive(deltas, first=first, max_seeds=CAP)
     sign = {"better": 1, "worse": -1}
     decisions = [sign.get(states[f"c{g}"][-1], 0) for g in range(len(EFFECTS))]
     return decisions, 2 * sum(len(s) for s in states.values())
@@ -239,6 +239,7 @@ def _methods(
     """Each method on one family's runs, to be called (only the chosen ones run)."""
     return {
         "fusion-ray": lambda: fusion_ray(base, op),
+        **{f"fusion-ray first {k}": (lambda k=k: fusion_ray(base, op, k)) for k in (3, 4, 8)},
         **{f"fixed {n} + Holm": (lambda n=n: fixed(base, op, n)) for n in FIXED},
         "AdaStop n=2 K=7": lambda: adastop(base, op, seed=r),
         "paired GS n=2 K=7": lambda: paired_group_sequential(base, op, seed=r),
