@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -163,15 +164,23 @@ class _PointBuilder:
             self.problems.setdefault((combo.dataset, problem), where)
 
     def _from_defaults(self, dataset: str, problem: str) -> bool:
-        """Whether the problem's key (``train.lr: ...``) comes from ``defaults:`` (the preset
-        does not set it): the file names it there, where the user wrote it."""
-        section, _, rest = problem.partition(".")
-        name = rest.split(":", 1)[0].split(".", 1)[0]
-        if section not in ("model", "train") or not name:
+        """Whether every setting the problem names (``train.lr: ...``, or the two of a rule
+        between fields: ``model: model.n_heads=4 does not divide model.d_model=30``) comes from
+        ``defaults:`` (the preset sets none of them): the file names it there, where the user
+        wrote it, once for every dataset."""
+        names = _SETTING.findall(problem.split(";", 1)[0])
+        if not names:
             return False
         preset = self.spec.datasets.get(dataset)
-        own = getattr(preset, section, {}) if preset is not None else {}
-        return name not in own and name in getattr(self.spec.defaults, section)
+        return all(
+            name not in (getattr(preset, section, {}) if preset is not None else {})
+            and name in getattr(self.spec.defaults, section)
+            for section, name in names
+        )
+
+
+_SETTING = re.compile(r"\b(model|train)\.([A-Za-z_][A-Za-z0-9_]*)")
+"""A model or train setting named in a problem (``model.d_model``)."""
 
 
 def build_trial(

@@ -166,3 +166,32 @@ def test_a_name_registered_in_this_process_passes_the_check_before_the_registrie
         check_file_shape(path)
     finally:
         FUSIONS.unregister("add_again")
+
+
+def test_a_rule_between_settings_inherited_from_defaults_is_said_once_where_they_are_written(
+    tmp_path,
+):
+    """n_heads and d_model both from defaults.model: one problem at defaults.model's line, not
+    one per dataset at each preset's line."""
+    from fusion_ray.config import load_sweep
+
+    path = tiny_sweep(tmp_path)
+    spec = yaml.safe_load(path.read_text())
+    spec["defaults"]["model"]["d_model"] = 15
+    spec["grid"]["datasets"] = ["short", "long"]
+    spec["datasets"]["long"] = spec["datasets"]["short"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    lines = path.read_text().splitlines()
+    with pytest.raises(SweepFileError) as caught:
+        load_sweep(path)
+    text = str(caught.value)
+    model_line = next(
+        i
+        for i, line in enumerate(lines, 1)
+        if line.strip() == "model:" and lines[i - 2].strip() == "defaults:"
+    )
+    assert text.count("does not divide") == 1, text
+    assert (
+        f"{path}:{model_line}: defaults.model: model.n_heads=2 does not divide model.d_model=15"
+        in text
+    )
