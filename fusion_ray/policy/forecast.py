@@ -13,7 +13,9 @@ Where the results come from (a ``World``):
   the seeds still to come.
 - ``StatedWorld``: effects stated in points (``--effects``): each run's test accuracy is a base
   accuracy, plus its operator's effect on its dataset, plus a part its seed shares with every
-  run of its group (``shared``), plus its own noise (``spread``), both normal.
+  run of its group (``shared``), plus its own noise (``spread``), both normal; its shortest and
+  longest quarters of documents are that accuracy with noise of ``spread`` each (so a length
+  contrast within a dataset is null: both quarters carry the run's effect).
 
 The numbers a forecast gives are those of its replays: a hypothesis's share of replays decided
 within the cap, its seeds' mean and 90th percentile (and the 5-95 % band), the sweep's trials
@@ -147,19 +149,16 @@ class StatedWorld:
         drawn: dict[int, Row] = {}
         groups = list(dict.fromkeys(arm.group for arm in arms))
 
+        def run(arm: Arm, common: float) -> dict[str, float]:
+            whole = self.base + self.effect(arm) + common + rng.normal(0.0, self.spread)
+            # its shortest and longest quarters: the run's accuracy, each with noise of its own
+            parts = {p: whole + rng.normal(0.0, self.spread) for p in ("shortest", "longest")}
+            return {"all": whole / 100.0, **{p: x / 100.0 for p, x in parts.items()}}
+
         def at(seed: int) -> Row:
             if seed not in drawn:
                 common = {g: rng.normal(0.0, self.shared) if self.shared else 0.0 for g in groups}
-                drawn[seed] = {
-                    arm: (
-                        self.base
-                        + self.effect(arm)
-                        + common[arm.group]
-                        + rng.normal(0.0, self.spread)
-                    )
-                    / 100.0
-                    for arm in arms
-                }
+                drawn[seed] = {arm: run(arm, common[arm.group]) for arm in arms}
             return drawn[seed]
 
         return at

@@ -83,7 +83,7 @@ def test_the_band_holds_the_seeds_the_sweep_then_used(tmp_path):
     arms = list(dict.fromkeys(arm_of(c) for c in cells))
     rng = np.random.default_rng(11)
     inside = total = 0
-    for w in range(12):
+    for w in range(40):
         effects = {f"{d}/gate_scalar": float(rng.choice([0, 2, 4, 8])) for d in ("short", "long")}
         truth = StatedWorld(effects, spread=2.5).replay(rng, arms)
         pilot = {c.cell_id: truth(c.seed)[arm_of(c)] for c in cells if c.seed < 4}
@@ -99,7 +99,7 @@ def test_the_band_holds_the_seeds_the_sweep_then_used(tmp_path):
             lo, hi = h.band
             inside += lo <= decided_after(states[h.name], len(deltas[h.name])) <= hi
             total += 1
-    assert total == 36 and inside / total >= 0.85, inside / total
+    assert total == 120 and inside / total >= 0.85, inside / total  # 0.91 at this seed
 
 
 def test_a_pilots_runs_are_kept_and_only_its_complete_seeds_are_drawn_again(tmp_path):
