@@ -44,6 +44,10 @@ def _rank(rank: int, root: str, data_cache: str) -> None:
         Path(root, f"rank{rank}.json").write_text(
             json.dumps({"resumed": resumed is not None, "note": note})
         )
+        # both ranks done before either tears the group down: a rank that destroys it while
+        # the other still talks to it can abort in gloo ("terminate called without an active
+        # exception"), as one did on a loaded 2-core machine
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
