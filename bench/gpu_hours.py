@@ -149,32 +149,8 @@ def main() -> None:
         f"{'per card':>8} {'card h':>7}  step"
     )
     for dataset, n in cells.items():
-        trial_spec = next(c for c in expand(spec) if c.dataset == dataset).trial.train
-        run = epochs[(dataset, "graphs" if trial_spec.cuda_graphs else "lean")]
-        val_docs = run["validation_docs"] / run["scale"]
-        test_s = run["eval_seconds"] / run["scale"] * TEST_DOCS[dataset] / val_docs
-        trial_s = trial_spec.epochs * run["epoch_seconds"] + test_s
-        gpus = (spec.datasets[dataset].resources or spec.resources).gpus_per_worker
-        per_card = round(1 / gpus) if gpus and gpus < 1 else 1
-        speedup = (
-            packing_speedup(dataset, trial_spec.cuda_graphs, per_card) if per_card > 1 else None
-        )
-        if speedup is None:
-            per_card, speedup = 1, 1.0
-        card_s = n * trial_s / speedup
+        card_s, exported[dataset] = _dataset_row(spec, dataset, n, epochs)
         total_card_s += card_s
-        exported[dataset] = {
-            "cuda_graphs": trial_spec.cuda_graphs,
-            "epoch_seconds": round(run["epoch_seconds"], 3),
-            "test_seconds": round(test_s, 3),
-            "trials_per_card": per_card,
-            "speedup": round(speedup, 4),
-            "step": run["source"],
-        }
-        print(
-            f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
-            f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}"
-        )
     hours = total_card_s / 3600
     if args.export is not None:
         _export(args.export, chip, args.measured, spec.name, exported)
@@ -196,6 +172,33 @@ def main() -> None:
         at = hours * per_cell / seeds
         print(f"  {per_cell:>5g} seeds per cell ({what}): {at:.1f} {chip}-hours")
     _cluster_line(chip, hours * first / seeds, hours)
+
+
+def _dataset_row(spec, dataset: str, n: int, epochs: dict) -> tuple[float, dict]:
+    """One dataset's line of the table, printed: its card-seconds and its entry for ``--export``."""
+    trial_spec = next(c for c in expand(spec) if c.dataset == dataset).trial.train
+    run = epochs[(dataset, "graphs" if trial_spec.cuda_graphs else "lean")]
+    val_docs = run["validation_docs"] / run["scale"]
+    test_s = run["eval_seconds"] / run["scale"] * TEST_DOCS[dataset] / val_docs
+    trial_s = trial_spec.epochs * run["epoch_seconds"] + test_s
+    gpus = (spec.datasets[dataset].resources or spec.resources).gpus_per_worker
+    per_card = round(1 / gpus) if gpus and gpus < 1 else 1
+    speedup = packing_speedup(dataset, trial_spec.cuda_graphs, per_card) if per_card > 1 else None
+    if speedup is None:
+        per_card, speedup = 1, 1.0
+    card_s = n * trial_s / speedup
+    print(
+        f"{dataset:<8} {n:>5} {run['epoch_seconds']:>8.1f} {trial_spec.epochs:>6} "
+        f"{trial_s:>8.0f} {per_card:>5} ({speedup:.2f}x) {card_s / 3600:>6.1f}  {run['source']}"
+    )
+    return card_s, {
+        "cuda_graphs": trial_spec.cuda_graphs,
+        "epoch_seconds": round(run["epoch_seconds"], 3),
+        "test_seconds": round(test_s, 3),
+        "trials_per_card": per_card,
+        "speedup": round(speedup, 4),
+        "step": run["source"],
+    }
 
 
 def _export(path: Path, chip: str, measured: Path, sweep: str, datasets: dict) -> None:
