@@ -37,7 +37,7 @@ Counted per replication: correct decisions (the right direction on a non-null), 
 error (any decision on a null, or a wrong direction), trials (runs); and correct decisions per
 100 trials, so designs of different cost compare at matched trials.
 
-    python bench/peers.py [--reps 100] [--processes 2]
+    python bench/peers.py [--reps 100] [--processes 2] [--methods A,B] [--null]
 """
 
 from __future__ import annotations
@@ -273,7 +273,13 @@ def main() -> None:
     parser.add_argument(
         "--methods", default=",".join(METHODS), help="a comma-separated subset (same data)"
     )
+    parser.add_argument(
+        "--null", action="store_true", help="every effect 0: the family-wise error alone"
+    )
     args = parser.parse_args()
+    if args.null:  # before the pool: its workers are forked with it
+        global EFFECTS
+        EFFECTS = np.zeros(len(EFFECTS))
     methods = [m.strip() for m in args.methods.split(",")]
     started = time.perf_counter()
     jobs = [(kind, args.reps, args.seed + i, methods) for i, kind in enumerate(NOISE)]
