@@ -23,7 +23,8 @@ The methods (alpha 0.05 for every one that has a level):
 - fixed n in {6, 8, 10, 14} + two-sided exact Wilcoxon signed-rank + Holm over the family;
 - AdaStop 0.1.3 (``adastop.MultipleAgentsComparator``): n = 2 seeds per look, K = 7 looks (cap
   14, the same as fusion-ray's), B = 10,000 permutations (its default), beta = 0, the 6
-  comparisons given; it compares agents' means, unpaired;
+  comparisons given; it compares agents' means, unpaired; and at its documented n = 5, K = 5
+  (cap 25 seeds);
 - Optuna's ``WilcoxonPruner`` (p_threshold 0.1, its default): the baseline's run of each seed
   reported as a finished trial's steps, the operator's reported step by step and pruned when
   the pruner says so, which it does only for an operator worse than the best trial: a prune is
@@ -33,11 +34,17 @@ The methods (alpha 0.05 for every one that has a level):
 - a paired group-sequential design (``paired_group_sequential``): AdaStop's looks, spending and
   step-down on paired deltas with sign-flip permutations, the route the pilot pointed at.
 
+The oracle ceiling beside each method: an allocator that knows the effects gives no seed to a
+null and splits the method's mean trials between the 0.5-SD and the 1-SD comparisons as best
+it can, tested as fixed n is (exact Wilcoxon, Holm over all 6); the split is chosen on the same
+families it is scored on, so it is an upper bound for fixed-n allocation, not a method.
+
 Counted per replication: correct decisions (the right direction on a non-null), the family-wise
 error (any decision on a null, or a wrong direction), trials (runs); and correct decisions per
 100 trials, so designs of different cost compare at matched trials.
 
     python bench/peers.py [--reps 100] [--processes 2] [--methods A,B] [--null]
+    python bench/peers.py --adastop-level 300
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ sys.path.insert(0, str(ROOT))
 from fusion_ray.decide.sequential import replay_adaptive  # noqa: E402
 
 ALPHA, FIRST, CAP = 0.05, 6, 14
+LONG = 25  # AdaStop's documented n = 5, K = 5 needs 25 seeds
 EFFECTS = np.array([0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
 NOISE = ("normal", "binomial", "shared", "heavy")
 FIXED = (6, 8, 10, 14)
@@ -116,10 +124,11 @@ def fixed(base: np.ndarray, op: np.ndarray, n: int) -> tuple[list[int], int]:
     return decisions, 2 * d.size
 
 
-def adastop(base: np.ndarray, op: np.ndarray, seed: int) -> tuple[list[int], int]:
+def adastop(
+    base: np.ndarray, op: np.ndarray, seed: int, n: int = 2, looks: int = CAP // 2
+) -> tuple[list[int], int]:
     from adastop import MultipleAgentsComparator
 
-    n, looks = 2, CAP // 2
     comparisons = np.array([(2 * g, 2 * g + 1) for g in range(len(EFFECTS))])
     comparator = MultipleAgentsComparator(
         n=n, K=looks, B=10_000, comparisons=comparisons, alpha=ALPHA, beta=0, seed=seed
@@ -140,6 +149,29 @@ def adastop(base: np.ndarray, op: np.ndarray, seed: int) -> tuple[list[int], int
     sign = {"smaller": 1, "larger": -1}
     decisions = [sign.get(comparator.decisions[str(pair)], 0) for pair in comparisons]
     return decisions, trials
+
+
+def adastop_level(reps: int, comparisons: int = 1, n: int = 5, looks: int = 5) -> int:
+    """AdaStop alone, outside this harness: ``comparisons`` pairs of agents with no difference
+    (normal runs), every agent given every look's runs (no agent left out once its comparison
+    ends), at its documented n = 5, K = 5: the number of the ``reps`` families with any
+    decision, where alpha 0.05 would give 0.05 x reps."""
+    from adastop import MultipleAgentsComparator
+
+    pairs = np.array([(2 * g, 2 * g + 1) for g in range(comparisons)])
+    decided = 0
+    for seed in range(reps):
+        runs = np.random.default_rng(seed).normal(size=(2 * comparisons, n * looks))
+        comparator = MultipleAgentsComparator(
+            n=n, K=looks, B=10_000, comparisons=pairs, alpha=ALPHA, beta=0, seed=seed
+        )
+        for k in range(looks):
+            seen = {f"agent{j}": runs[j, : (k + 1) * n] for j in range(len(runs))}
+            comparator.partial_compare(seen, verbose=False)
+            if comparator.is_finished:
+                break
+        decided += any(comparator.decisions[str(pair)] in ("smaller", "larger") for pair in pairs)
+    return decided
 
 
 def wilcoxon_pruner(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
@@ -219,6 +251,52 @@ def paired_group_sequential(
     return decisions, trials
 
 
+# none, or 8-25: an exact Wilcoxon + Holm over 6 decides nothing below 8 seeds
+ORACLE_SEEDS = (0, *range(8, LONG + 1))
+
+
+def oracle_table(base: np.ndarray, op: np.ndarray) -> np.ndarray:
+    """The allocator that knows the effects: no seed to a null, n_half seeds to each 0.5-SD
+    comparison and n_one to each 1-SD one, tested as fixed n is (exact two-sided Wilcoxon, Holm
+    over all 6: the test does not know which are null; 0 seeds, never decided). Correct decisions for every (n_half,
+    n_one) in ORACLE_SEEDS x ORACLE_SEEDS; ``ceiling`` picks the best split within a budget."""
+    d = op - base
+    truth = np.sign(EFFECTS)
+    p = {  # comparison -> n -> (p, sign)
+        g: {
+            n: (wilcoxon(d[g, :n], method="exact").pvalue, np.sign(np.median(d[g, :n])))
+            if n and np.any(d[g, :n])
+            else (1.0, 0.0)
+            for n in ORACLE_SEEDS
+        }
+        for g in range(len(EFFECTS))
+        if EFFECTS[g] != 0
+    }
+    table = np.zeros((len(ORACLE_SEEDS), len(ORACLE_SEEDS)))
+    for i, n_half in enumerate(ORACLE_SEEDS):
+        for j, n_one in enumerate(ORACLE_SEEDS):
+            seeds = {g: n_half if EFFECTS[g] < 1 else n_one for g in p}
+            pvalues = np.ones(len(EFFECTS))
+            for g, n in seeds.items():
+                pvalues[g] = p[g][n][0]
+            reject = holm(pvalues)
+            table[i, j] = sum(1 for g, n in seeds.items() if reject[g] and p[g][n][1] == truth[g])
+    return table
+
+
+def ceiling(tables: np.ndarray, budget: float) -> tuple[float, int, int, int]:
+    """The oracle's best mean correct decisions within ``budget`` trials: (correct, trials,
+    n_half, n_one), the split chosen on the same families it is scored on (a ceiling)."""
+    mean = tables.mean(axis=0)
+    best = (0.0, 0, 0, 0)
+    for i, n_half in enumerate(ORACLE_SEEDS):
+        for j, n_one in enumerate(ORACLE_SEEDS):
+            trials = 2 * 2 * (n_half + n_one)  # two comparisons at each size, two arms each
+            if trials <= budget and mean[i, j] > best[0]:
+                best = (float(mean[i, j]), trials, n_half, n_one)
+    return best
+
+
 def repeater(base: np.ndarray, op: np.ndarray, n: int = 10) -> tuple[list[int], int]:
     means = op[:, :n].mean(axis=1) - base[:, :n].mean(axis=1)
     return [int(np.sign(m)) for m in means], 2 * op[:, :n].size
@@ -228,41 +306,51 @@ METHODS = [
     "fusion-ray",
     *(f"fixed {n} + Holm" for n in FIXED),
     "AdaStop n=2 K=7",
+    "AdaStop n=5 K=5",
     "WilcoxonPruner",
     "Repeater n=10",
 ]
 
 
 def _methods(
-    base: np.ndarray, op: np.ndarray, r: int
+    base: np.ndarray, op: np.ndarray, r: int, long: tuple[np.ndarray, np.ndarray]
 ) -> dict[str, Callable[[], tuple[list[int], int]]]:
-    """Each method on one family's runs, to be called (only the chosen ones run)."""
+    """Each method on one family's runs, to be called (only the chosen ones run); ``long``: the
+    same runs with seeds up to LONG, for AdaStop's documented n = 5, K = 5."""
     return {
         "fusion-ray": lambda: fusion_ray(base, op),
         **{f"fusion-ray first {k}": (lambda k=k: fusion_ray(base, op, k)) for k in (3, 4, 8)},
         **{f"fixed {n} + Holm": (lambda n=n: fixed(base, op, n)) for n in FIXED},
         "AdaStop n=2 K=7": lambda: adastop(base, op, seed=r),
+        "AdaStop n=5 K=5": lambda: adastop(*long, seed=r, n=5, looks=5),
         "paired GS n=2 K=7": lambda: paired_group_sequential(base, op, seed=r),
         "WilcoxonPruner": lambda: wilcoxon_pruner(base, op),
         "Repeater n=10": lambda: repeater(base, op),
     }
 
 
-def replicate(args: tuple[str, int, int, list[str]]) -> dict[str, list[tuple[int, bool, int]]]:
+def replicate(
+    args: tuple[str, int, int, list[str]],
+) -> tuple[dict[str, list[tuple[int, bool, int]]], np.ndarray]:
     """``reps`` families of one noise model through the ``methods`` (every method sees the same
-    data: the draws do not depend on which methods run)."""
+    data: the draws do not depend on which methods run; seeds 15-25 come from a stream of their
+    own, so the first 14 are those of runs without them), and the oracle's table per family."""
     kind, reps, seed, methods = args
     logging.disable(logging.WARNING)
     rng = np.random.default_rng(seed)
     out: dict[str, list[tuple[int, bool, int]]] = {m: [] for m in methods}
+    tables = []
     for r in range(reps):
         base, op = draw(kind, rng)
-        runs = _methods(base, op, r)
+        more = draw(kind, np.random.default_rng([seed, r]), seeds=LONG - CAP)
+        long = (np.hstack([base, more[0]]), np.hstack([op, more[1]]))
+        runs = _methods(base, op, r, long)
         for method in methods:
             decisions, trials = runs[method]()
             correct, wrong = score(decisions)
             out[method].append((correct, wrong, trials))
-    return out
+        tables.append(oracle_table(*long))
+    return out, np.array(tables)
 
 
 def main() -> None:
@@ -276,7 +364,21 @@ def main() -> None:
     parser.add_argument(
         "--null", action="store_true", help="every effect 0: the family-wise error alone"
     )
+    parser.add_argument(
+        "--adastop-level",
+        type=int,
+        metavar="REPS",
+        help="only AdaStop's own level: one null comparison, n = 5, K = 5, REPS families",
+    )
     args = parser.parse_args()
+    if args.adastop_level:
+        logging.disable(logging.WARNING)
+        decided = adastop_level(args.adastop_level)
+        print(
+            f"AdaStop n=5 K=5, one comparison with no difference, normal runs, alpha {ALPHA}: "
+            f"{decided} of {args.adastop_level} families decided ({decided / args.adastop_level:.3f})"
+        )
+        return
     if args.null:  # before the pool: its workers are forked with it
         global EFFECTS
         EFFECTS = np.zeros(len(EFFECTS))
@@ -289,17 +391,20 @@ def main() -> None:
         f"peers: 6 operator comparisons (effects {', '.join(f'{e:g}' for e in EFFECTS)} paired "
         f"SD), {args.reps} replications per noise model, alpha {ALPHA}"
     )
-    for kind, result in zip(NOISE, results, strict=True):
+    for kind, (result, tables) in zip(NOISE, results, strict=True):
         print(f"\nnoise {kind}")
         print(
-            f"{'method':<18} {'correct of 4':>12} {'FWER':>6} {'trials':>7} {'correct / 100 trials':>21}"
+            f"{'method':<18} {'correct of 4':>12} {'FWER':>6} {'trials':>7} "
+            f"{'correct / 100 trials':>21}  oracle within its trials (n 0.5 SD / 1 SD)"
         )
         for method in methods:
             rows = np.array(result[method], dtype=float)
             correct, wrong, trials = rows.mean(axis=0)
+            best, _, n_half, n_one = ceiling(tables, trials)
+            oracle = f"{best:.2f} ({n_half} / {n_one})" if best else "-"
             print(
                 f"{method:<18} {correct:>12.2f} {wrong:>6.3f} {trials:>7.1f} "
-                f"{100 * correct / trials:>21.2f}"
+                f"{100 * correct / trials:>21.2f}  {oracle}"
             )
     print(f"\n{time.perf_counter() - started:.0f} s")
 
