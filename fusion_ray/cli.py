@@ -205,6 +205,15 @@ def list_entries() -> str:
         lines.append(f"  {name:<20} [{LAUNCHERS.origin(name)}]  {LAUNCHERS.get(name).summary}")
         lines.append(f"  {'':<20} options: {flags or 'none'}")
     lines += _broken_lines(LAUNCHERS)
+    # lazy: the trainables' entry points are read only where they are listed
+    from fusion_ray.trainables import TRAINABLES
+
+    lines.append(f"trainables (entry-point group {TRAINABLES.group}; a sweep's trainable: NAME):")
+    for name in TRAINABLES.names():
+        entry = TRAINABLES.get(name)
+        kind = "deterministic" if entry.deterministic else "not declared deterministic"
+        lines.append(f"  {name:<20} [{TRAINABLES.origin(name)}]  {entry.qualname} ({kind})")
+    lines += _broken_lines(TRAINABLES)
     return "\n".join(lines)
 
 

@@ -14,7 +14,9 @@ the check that failed:
 - ``check_statistic(name)``: a report statistic (``fusion_ray.statistics``);
 - ``check_decision_rule(name)``: a decision rule (``fusion_ray.decision_rules``);
 - ``check_launcher(name)``: a launch target (``fusion_ray.launchers``; ``fusion-ray cluster
-  NAME``), which needs ``bash`` on PATH.
+  NAME``), which needs ``bash`` on PATH;
+- ``check_trainable(name, config)``: a training function (``fusion_ray.trainables``): its
+  metric, determinism where declared, seeds that differ, reports, resume from its checkpoint.
 
 ``options`` are the entry's keyword options as a sweep file writes them (``fusion_kwargs``,
 ``source_kwargs``, ...). A plug-in's test file needs a few lines::
@@ -45,6 +47,7 @@ from fusion_ray.testing.rules import (
     check_null_validity,
 )
 from fusion_ray.testing.stats import check_statistic
+from fusion_ray.testing.trainables import check_trainable
 
 __all__ = [
     "check_anytime_crossing",
@@ -61,4 +64,5 @@ __all__ = [
     "check_source",
     "check_statistic",
     "check_tokenizer",
+    "check_trainable",
 ]

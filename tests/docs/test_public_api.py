@@ -42,6 +42,7 @@ def test_every_listed_base_class_exists_and_every_group_is_listed():
     from fusion_ray.cli import registries
     from fusion_ray.decide.rules import RULES
     from fusion_ray.launch import LAUNCHERS
+    from fusion_ray.trainables import TRAINABLES
 
     rows = _table("## Plug-in base classes")
     for row in rows:
@@ -50,5 +51,8 @@ def test_every_listed_base_class_exists_and_every_group_is_listed():
             if module and module.split(".")[0] in ("fusion_ray", "analysis"):
                 assert hasattr(importlib.import_module(module), name), dotted
     listed = {group for row in rows for group in _names(row[1])}
-    groups = {r.group for r in [*registries().values(), RULES, STATISTICS, SECTIONS, LAUNCHERS]}
+    groups = {
+        r.group
+        for r in [*registries().values(), RULES, STATISTICS, SECTIONS, LAUNCHERS, TRAINABLES]
+    }
     assert listed == groups
