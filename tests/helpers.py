@@ -4,6 +4,7 @@ files with settings changed, a miniature local copy of a hub dataset."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import yaml
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.model.spec import ModelSpec
 from fusion_ray.train import TrainSpec, TrialConfig
-from tests.conftest import tiny_sweep
+from tests.conftest import ROOT, tiny_sweep
 
 
 def tiny_trial(data_cache: str, **train) -> TrialConfig:
@@ -299,3 +300,17 @@ def wait_until_lapsed(tracking_uri: str, name: str, ttl_s: float, timeout: float
             return
         assert time.monotonic() < deadline, f"the lease of {name} kept its heartbeat"
         time.sleep(min(left + 0.05, 1.0))
+
+
+def install_example(site: Path, example: str) -> str:
+    """The example package ``examples/<example>`` pip-installed into ``site`` (a folder of its
+    own, put on PYTHONPATH by the tests that use it), as a user would install it."""
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+        + ["--target", str(site), str(ROOT / "examples" / example)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, install.stderr
+    return str(site)

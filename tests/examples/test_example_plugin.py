@@ -12,7 +12,8 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import ROOT, tiny_sweep
+from tests.conftest import ROOT
+from tests.helpers import install_example, tiny_sweep
 
 pytestmark = pytest.mark.process
 
@@ -21,16 +22,7 @@ pytestmark = pytest.mark.process
 def site(tmp_path_factory) -> str:
     """The example package pip-installed, once for the module, into a folder of its own (its
     site directory); the tests only read it."""
-    site = tmp_path_factory.mktemp("example_plugin") / "site"
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
-        + ["--target", str(site), str(ROOT / "examples" / "plugin")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert install.returncode == 0, install.stderr
-    return str(site)
+    return install_example(tmp_path_factory.mktemp("example_plugin") / "site", "plugin")
 
 
 def _pytest(site: str, *paths: str, select: str | None = None) -> subprocess.CompletedProcess:
