@@ -20,36 +20,34 @@ from fusion_ray.config.files import SweepFileError, check_file_shape
 from fusion_ray.redact import redact
 
 
-def _effects(text: str) -> dict[str, float]:
-    """``OP=POINTS,DATASET/OP=POINTS`` as argparse checks it."""
+def _pairs(text: str, form: str, example: str) -> dict[str, float]:
+    """``KEY=NUMBER,KEY=NUMBER`` as argparse checks it: an item without a key, an ``=`` or a
+    number is refused, naming the item, the ``form`` and an ``example``; so is no item at all."""
     out = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         try:
-            out[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
             sep = ""
         if not sep or not key.strip():
-            raise argparse.ArgumentTypeError(
-                f"{item!r}: write OPERATOR=POINTS or DATASET/OPERATOR=POINTS, e.g. "
-                "gate_scalar=2,long/gate_scalar=5"
-            )
+            raise argparse.ArgumentTypeError(f"{item!r}: write {form}, e.g. {example}")
+        out[key.strip()] = number
     if not out:
-        raise argparse.ArgumentTypeError("name at least one OPERATOR=POINTS")
+        raise argparse.ArgumentTypeError(f"name at least one {form.split(' or ')[0]}")
     return out
+
+
+def _effects(text: str) -> dict[str, float]:
+    """``OP=POINTS,DATASET/OP=POINTS`` as argparse checks it."""
+    return _pairs(
+        text, "OPERATOR=POINTS or DATASET/OPERATOR=POINTS", "gate_scalar=2,long/gate_scalar=5"
+    )
 
 
 def _hours(text: str) -> dict[str, float]:
-    out = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, _, value = item.partition("=")
-        try:
-            out[key.strip()] = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{item!r}: write DATASET=HOURS, e.g. ag_news=0.05,arxiv=0.4"
-            ) from None
-    return out
+    """``DATASET=HOURS,...`` as argparse checks it."""
+    return _pairs(text, "DATASET=HOURS", "ag_news=0.05,arxiv=0.4")
 
 
 def build_parser(prog: str = "python -m fusion_ray.planner") -> argparse.ArgumentParser:

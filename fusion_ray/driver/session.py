@@ -59,7 +59,7 @@ def init_ray(address: str | None) -> None:
     (never someone else's cluster), on the loopback address, without a dashboard. Ray's token
     authentication stays as Ray sets it. Raises ``RefusedError`` when nothing answers at the
     address (``ray.init`` would retry for minutes)."""
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = head.named_address(address)
     why = head.unreachable(address) if address else None
     if why:
         raise RefusedError(why)

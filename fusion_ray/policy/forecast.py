@@ -26,6 +26,7 @@ seeds a sweep then used fell inside the band).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -80,8 +81,10 @@ class PilotWorld:
                 f"{len(self.rows)}: run the sweep's first wave first (seeds.max=2 or more)"
             )
 
+    @functools.cached_property
     def _moments(self) -> dict[tuple[Arm, str], tuple[float, float]]:
-        """Per arm and part: the pilot's mean and SD (n - 1) of its numbers."""
+        """Per arm and part: the pilot's mean and SD (n - 1) of its numbers (once per pilot,
+        not once per replay)."""
         values: dict[tuple[Arm, str], list[float]] = {}
         for row in self.rows:
             for arm, result in row.items():
@@ -96,7 +99,7 @@ class PilotWorld:
     def replay(self, rng: np.random.Generator, arms: Sequence[Arm]) -> Callable[[int], Row]:
         n = len(self.rows)
         world = [self.rows[i] for i in rng.integers(n, size=n)]
-        moments, h = self._moments(), self.smoothing
+        moments, h = self._moments, self.smoothing
         drawn: dict[int, Row] = {}
 
         def smooth(arm: Arm, result: Result) -> Result:

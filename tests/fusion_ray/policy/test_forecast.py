@@ -160,6 +160,10 @@ def test_the_planners_mistakes_are_one_message_and_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit):
         plan_main([str(path), "--effects", "gate_scalar"])
     assert "write OPERATOR=POINTS" in capsys.readouterr().err
+    for hours in ("=0.5", "short=half", ","):  # no dataset, no number, nothing
+        with pytest.raises(SystemExit):
+            plan_main([str(path), "--effects", "gate_scalar=2", "--trial-hours", hours])
+        assert "DATASET=HOURS" in capsys.readouterr().err
     fixed = tiny_sweep(tmp_path, name="fixed")
     assert plan_main([str(fixed), "--effects", "gate_scalar=2"]) == 2
     assert "plan forecasts adaptive seeds" in capsys.readouterr().err
