@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT.parent))
 sys.path.insert(0, str(ROOT))
 
 import questions  # noqa: E402  (bench/questions.py)
+from peers import step_down_look  # noqa: E402  (bench/peers.py)
 
 from analysis.stats import signed_rank_null_cdf  # noqa: E402
 
@@ -97,27 +98,12 @@ def group_sequential(
             with np.errstate(divide="ignore", invalid="ignore"):
                 observed = np.where(norm > 0, np.abs(x.sum(axis=1)) / norm, 0.0)
                 null = np.where(norm > 0, np.abs(flips[:, :seen] @ x.T) / norm, 0.0)  # [b, m]
-            level = ALPHA * (k + 1) / looks
-            active = list(open_)
-            while active:
-                stats = np.sort(null[alive][:, active].max(axis=1))[::-1]
-                room = int(np.floor((level - spent) * b))
-                threshold = stats[room] if 0 <= room < len(stats) else np.inf
-                winners = [h for h in active if observed[h] > threshold]
-                if not winners:
-                    break
-                for h in winners:
-                    decided[f, h] = int(np.sign(x[h].sum()))
-                    active.remove(h)
-            if open_:
-                top = null[:, open_].max(axis=1)
-                stats = np.sort(top[alive])[::-1]
-                room = int(np.floor((level - spent) * b))
-                threshold = stats[room] if 0 <= room < len(stats) else np.inf
-                newly = alive & (top > threshold)
-                spent += newly.sum() / b
-                alive &= ~newly
-            open_ = active
+            crossed, spent, alive = step_down_look(
+                observed, null, alive, spent, ALPHA * (k + 1) / looks, open_
+            )
+            for h in crossed:
+                decided[f, h] = int(np.sign(x[h].sum()))
+            open_ = [h for h in open_ if h not in crossed]
             if not open_:
                 break
     return decided, trials

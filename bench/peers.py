@@ -14,7 +14,10 @@ own noise, scaled so a paired delta has SD 1):
 - ``binomial``: test-set counts of 400 documents at 80 % accuracy (paired-delta SD 2.8 points);
 - ``shared``: as normal plus a per-seed part of SD 2 shared by both arms of a group (data order,
   initialisation: it cancels in a paired delta, not in a difference of means);
-- ``heavy``: t with 3 degrees of freedom, scaled to the same SD.
+- ``heavy``: t with 3 degrees of freedom, scaled to the same SD;
+- ``replayed``: the README quickstart's 20 logged seeds (``bench/results/quickstart_20_seeds.csv``)
+  drawn again whole, each seed's arms swapped at random (no effect left), each group divided by
+  its paired-delta SD, the effects added.
 
 The methods (alpha 0.05 for every one that has a level):
 
@@ -50,6 +53,8 @@ error (any decision on a null, or a wrong direction), trials (runs); and correct
 from __future__ import annotations
 
 import argparse
+import csv
+import functools
 import logging
 import sys
 import time
@@ -68,14 +73,46 @@ from fusion_ray.decide.sequential import replay_adaptive  # noqa: E402
 ALPHA, FIRST, CAP = 0.05, 6, 14
 LONG = 25  # AdaStop's documented n = 5, K = 5 needs 25 seeds
 EFFECTS = np.array([0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
-NOISE = ("normal", "binomial", "shared", "heavy")
+NOISE = ("normal", "binomial", "shared", "heavy", "replayed")
+REPLAY_CSV = Path(__file__).resolve().parent / "results" / "quickstart_20_seeds.csv"
 FIXED = (6, 8, 10, 14)
 TEST_DOCS, ACCURACY = 400, 0.80
 
 
+@functools.cache
+def logged() -> tuple[np.ndarray, np.ndarray]:
+    """The quickstart's 20 logged seeds (``REPLAY_CSV``): (baseline, operator) test accuracy
+    [group, seed] of its 6 groups, each divided by its group's paired-delta SD."""
+    runs: dict[tuple[str, str], dict[int, float]] = {}
+    baselines: dict[str, str] = {}
+    with REPLAY_CSV.open() as handle:
+        for row in csv.DictReader(handle):
+            baselines.setdefault(row["group"], row["fusion"])
+            runs.setdefault((row["group"], row["fusion"]), {})[int(row["seed"])] = float(
+                row["test_acc"]
+            )
+    groups = list(baselines)
+    seeds = sorted(runs[groups[0], baselines[groups[0]]])
+    base = np.array([[runs[g, baselines[g]][s] for s in seeds] for g in groups])
+    other = {g: next(f for h, f in runs if h == g and f != baselines[g]) for g in groups}
+    op = np.array([[runs[g, other[g]][s] for s in seeds] for g in groups])
+    sd = (op - base).std(axis=1, ddof=1)[:, None]
+    return base / sd, op / sd
+
+
 def draw(kind: str, rng: np.random.Generator, seeds: int = CAP) -> tuple[np.ndarray, np.ndarray]:
-    """(baseline, operator) runs [group, seed], scaled so a paired delta has SD 1."""
+    """(baseline, operator) runs [group, seed], scaled so a paired delta has SD 1. ``replayed``:
+    the quickstart's logged seeds drawn again whole (the same logged seed for every group of a
+    drawn seed, so what a seed shares across groups stays), each seed's two arms swapped with
+    probability 1/2 (its delta's sign a fair coin: no effect left), the effects then added."""
     shape = (len(EFFECTS), seeds)
+    if kind == "replayed":
+        base_log, op_log = logged()
+        pick = rng.integers(base_log.shape[1], size=seeds)
+        swap = rng.random(seeds) < 0.5
+        base, op = base_log[:, pick], op_log[:, pick]
+        base, op = np.where(swap, op, base), np.where(swap, base, op)
+        return base, op + EFFECTS[:, None]
     if kind == "binomial":
         sd = np.sqrt(2 * ACCURACY * (1 - ACCURACY) / TEST_DOCS)
         p_op = ACCURACY + EFFECTS[:, None] * sd
@@ -201,6 +238,42 @@ def wilcoxon_pruner(base: np.ndarray, op: np.ndarray) -> tuple[list[int], int]:
     return decisions, trials
 
 
+def step_down_look(
+    observed: np.ndarray,
+    null: np.ndarray,
+    alive: np.ndarray,
+    spent: float,
+    level: float,
+    active: list[int],
+) -> tuple[list[int], float, np.ndarray]:
+    """One look of a group-sequential design with a max statistic (AdaStop's): the hypotheses of
+    ``active`` whose ``observed`` statistic crosses the boundary, step-down (the boundary found
+    again over the rest after each crossing), then what the look spends: the permutations
+    (``null`` [b, hypotheses], ``alive``: those across no earlier boundary) newly across the
+    boundary of every active one. The boundary is the smallest value whose exceedances among the
+    live permutations keep the level spent so far at ``level``. Returns (crossed, spent, alive)."""
+    b, rest, crossed = len(alive), list(active), []
+
+    def boundary(top: np.ndarray) -> float:
+        stats = np.sort(top[alive])[::-1]
+        room = int(np.floor((level - spent) * b))
+        return stats[room] if 0 <= room < len(stats) else np.inf
+
+    while rest:
+        threshold = boundary(null[:, rest].max(axis=1))
+        winners = [h for h in rest if observed[h] > threshold]
+        if not winners:
+            break
+        crossed += winners
+        rest = [h for h in rest if h not in winners]
+    if active:
+        top = null[:, active].max(axis=1)
+        newly = alive & (top > boundary(top))
+        spent += newly.sum() / b
+        alive = alive & ~newly
+    return crossed, spent, alive
+
+
 def paired_group_sequential(
     base: np.ndarray, op: np.ndarray, seed: int, n: int = 2, looks: int = CAP // 2, b: int = 4000
 ) -> tuple[list[int], int]:
@@ -218,34 +291,13 @@ def paired_group_sequential(
         seen = (k + 1) * n
         trials += 2 * n * len(open_)
         x = d[:, :seen]
-        observed = np.abs(x.sum(axis=1))
         null = np.abs((flips[:, :, :seen] * x[None]).sum(axis=2))  # [b, groups]
-        level = ALPHA * (k + 1) / looks
-        active = list(open_)
-        crossed = np.zeros(b, bool)
-        while active:
-            top = null[:, active].max(axis=1)
-            stats = np.sort(top[alive])[::-1]
-            # the smallest threshold whose surviving exceedances keep the level
-            room = int(np.floor((level - spent) * b)) - int(crossed.sum())
-            if room < 0 or len(stats) <= room:
-                break
-            threshold = stats[room] if room < len(stats) else np.inf
-            winners = [g for g in active if observed[g] > threshold]
-            if not winners:
-                break
-            for g in winners:
-                decisions[g] = int(np.sign(x[g].sum()))
-                active.remove(g)
-        top = null[:, open_].max(axis=1) if open_ else np.zeros(b)
-        if open_:
-            stats = np.sort(top[alive])[::-1]
-            room = int(np.floor((level - spent) * b))
-            threshold = stats[room] if 0 <= room < len(stats) else np.inf
-            newly = alive & (top > threshold)
-            spent += newly.sum() / b
-            alive &= ~newly
-        open_ = active
+        crossed, spent, alive = step_down_look(
+            np.abs(x.sum(axis=1)), null, alive, spent, ALPHA * (k + 1) / looks, open_
+        )
+        for g in crossed:
+            decisions[g] = int(np.sign(x[g].sum()))
+        open_ = [g for g in open_ if g not in crossed]
         if not open_:
             break
     return decisions, trials
@@ -364,6 +416,7 @@ def main() -> None:
     parser.add_argument(
         "--null", action="store_true", help="every effect 0: the family-wise error alone"
     )
+    parser.add_argument("--noises", default=",".join(NOISE), help="a comma-separated subset")
     parser.add_argument(
         "--adastop-level",
         type=int,
@@ -384,14 +437,17 @@ def main() -> None:
         EFFECTS = np.zeros(len(EFFECTS))
     methods = [m.strip() for m in args.methods.split(",")]
     started = time.perf_counter()
-    jobs = [(kind, args.reps, args.seed + i, methods) for i, kind in enumerate(NOISE)]
+    chosen = [kind.strip() for kind in args.noises.split(",")]
+    jobs = [
+        (kind, args.reps, args.seed + i, methods) for i, kind in enumerate(NOISE) if kind in chosen
+    ]
     with Pool(args.processes) as pool:
         results = pool.map(replicate, jobs)
     print(
         f"peers: 6 operator comparisons (effects {', '.join(f'{e:g}' for e in EFFECTS)} paired "
         f"SD), {args.reps} replications per noise model, alpha {ALPHA}"
     )
-    for kind, (result, tables) in zip(NOISE, results, strict=True):
+    for (kind, *_), (result, tables) in zip(jobs, results, strict=True):
         print(f"\nnoise {kind}")
         print(
             f"{'method':<18} {'correct of 4':>12} {'FWER':>6} {'trials':>7} "
