@@ -212,6 +212,15 @@ class Registry(Generic[T]):
         self.load_plugins()
         return list(self._entries)
 
+    @property
+    def plugins_loaded(self) -> bool:
+        """Whether the entry-point group's plug-ins are registered yet."""
+        return self._plugins_loaded
+
+    def names_so_far(self) -> list[str]:
+        """The names registered so far, without loading the plug-ins (nothing is imported)."""
+        return list(self._entries)
+
     def __contains__(self, name: object) -> bool:
         self.load_plugins()
         return name in self._entries

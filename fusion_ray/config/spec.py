@@ -136,6 +136,14 @@ def _a_tracking_uri(uri: str) -> str:
     return uri
 
 
+SweepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
+"""A sweep's name: letters, digits, ``_``, ``.``, ``-``, from a letter or digit (it names folders)."""
+Description = Annotated[str, AfterValidator(_a_description), Field(max_length=10_000)]
+StoragePath = Annotated[str, AfterValidator(_a_path)]
+TrackingUri = Annotated[str, AfterValidator(_a_tracking_uri)]
+Address = Annotated[str | None, AfterValidator(_an_address)]
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
@@ -427,23 +435,32 @@ class SweepSpec(SharedSettings):
     @model_validator(mode="before")
     @classmethod
     def _adaptive_block(cls, raw: Any) -> Any:
-        """``seeds: {adaptive: true, ...}`` -> the seeds 0 .. max-1 and the ``adaptive`` block."""
-        if not isinstance(raw, dict) or not isinstance(raw.get("seeds"), dict):
-            return raw
-        block = raw["seeds"]
-        most = block.get("max", AdaptiveSeeds.model_fields["max"].default)
-        seeds = list(range(most)) if is_int(most) and 2 <= most <= 10_000 else [0]
-        return {**raw, "seeds": seeds, "adaptive": block}
+        return adaptive_block(raw)
 
     @field_validator("seeds")
     @classmethod
     def _unique_seeds(cls, seeds: list[int]) -> list[int]:
-        dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
-        if dupes:
-            raise ValueError(f"duplicate seeds {dupes}; list each seed once")
-        if any(s < 0 or s > MAX_SEED for s in seeds):
-            raise ValueError(f"each seed must be in 0..{MAX_SEED} (2**63 - 1)")
-        return seeds
+        return unique_seeds(seeds)
+
+
+def adaptive_block(raw: Any) -> Any:
+    """``seeds: {adaptive: true, ...}`` -> the seeds 0 .. max-1 and the ``adaptive`` block."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("seeds"), dict):
+        return raw
+    block = raw["seeds"]
+    most = block.get("max", AdaptiveSeeds.model_fields["max"].default)
+    seeds = list(range(most)) if is_int(most) and 2 <= most <= 10_000 else [0]
+    return {**raw, "seeds": seeds, "adaptive": block}
+
+
+def unique_seeds(seeds: list[int]) -> list[int]:
+    """``seeds`` when each is listed once and within 0 .. MAX_SEED; a ValueError saying which not."""
+    dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
+    if dupes:
+        raise ValueError(f"duplicate seeds {dupes}; list each seed once")
+    if any(s < 0 or s > MAX_SEED for s in seeds):
+        raise ValueError(f"each seed must be in 0..{MAX_SEED} (2**63 - 1)")
+    return seeds
 
 
 def pydantic_problems(exc: ValidationError, root: Any = None) -> list[str]:

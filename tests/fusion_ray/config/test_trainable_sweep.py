@@ -1,0 +1,145 @@
+"""A trainable sweep file (``trainable: NAME``): its schema, the problems it is refused with
+(each naming its key and the fix), and its cells: configs, arms, groups, ids and pairing."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fusion_ray.config.files import SweepFileError
+from fusion_ray.config.trainable import (
+    load_trainable_sweep,
+    trainable_cells,
+    trainable_names,
+    with_levels,
+)
+
+pytestmark = pytest.mark.unit
+
+SWEEP = {
+    "name": "smoothing",
+    "trainable": "study",
+    "defaults": {"epochs": 3, "optim": {"lr": 0.01}},
+    "grid": {"label_smoothing": [0.0, 0.1], "hidden": [16, 64]},
+    "seeds": [0, 1, 2],
+}
+
+
+def _write(tmp_path: Path, **changes) -> Path:
+    raw = {**SWEEP, **changes}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _problems(tmp_path: Path, **changes) -> str:
+    with pytest.raises(SweepFileError) as caught:
+        load_trainable_sweep(_write(tmp_path, **changes))
+    return str(caught.value)
+
+
+def test_a_minimal_file_compares_the_first_axis_against_its_first_level(tmp_path):
+    spec = load_trainable_sweep(_write(tmp_path))
+    assert (spec.axis, spec.baseline_label) == ("label_smoothing", "0.0")
+    assert (spec.metric.name, spec.metric.mode) == (None, "max")
+    assert spec.adaptive is None and spec.seeds == [0, 1, 2]
+
+
+def test_an_adaptive_block_and_a_chosen_axis_baseline_and_metric(tmp_path):
+    spec = load_trainable_sweep(
+        _write(
+            tmp_path,
+            seeds={"adaptive": True, "first": 4, "max": 10},
+            compare={"axis": "hidden", "baseline": 64},
+            metric={"name": "val_loss", "mode": "min"},
+        )
+    )
+    assert spec.seeds == list(range(10)) and spec.adaptive is not None
+    assert spec.adaptive.first == 4
+    assert (spec.axis, spec.baseline_label, spec.metric.mode) == ("hidden", "64", "min")
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        (
+            {"trainable": "stduy"},
+            "trainable: unknown trainable 'stduy'; allowed: .*did you mean 'study'",
+        ),
+        (
+            {"compare": {"axis": "label_smothing"}},
+            "compare.axis: unknown grid axis 'label_smothing'.*did you mean 'label_smoothing'",
+        ),
+        (
+            {"compare": {"baseline": 0.5}},
+            r"compare.baseline: '0.5' is not a level of grid.label_smoothing; its levels: 0.0, 0.1",
+        ),
+        (
+            {"grid": {"label_smoothing": [0.0], "hidden": [16]}},
+            "the compared axis needs two levels or more",
+        ),
+        (
+            {"grid": {"label_smoothing": [0.0, 0.0, 0.1]}},
+            r"grid.label_smoothing: levels \['0.0'\] are given twice",
+        ),
+        (
+            {"grid": {"label_smoothing": [0.0, 0.1], "epochs.n": [1, 2]}},
+            "grid.epochs.n: defaults.epochs is 3, not a mapping",
+        ),
+        ({"grid": {}}, "grid: "),
+        ({"metric": {"mode": "maximise"}}, "metric.mode: "),
+        ({"seeds": [0, 0, 1]}, r"duplicate seeds \[0\]"),
+        ({"trainabel": "study"}, "trainabel: unknown key"),
+        ({"grid": {"label_smoothing": [[0.0], 0.1]}}, "grid.label_smoothing.0"),
+    ],
+)
+def test_a_bad_file_is_refused_naming_the_key_and_the_fix(tmp_path, changes, says):
+    problems = _problems(tmp_path, **changes)
+    assert re.search(says, problems), problems
+
+
+def test_cells_are_seed_major_and_pair_the_compared_arms_within_a_group(tmp_path):
+    spec = load_trainable_sweep(_write(tmp_path))
+    cells = trainable_cells(spec)
+    assert len(cells) == 2 * 2 * 3
+    assert [c.seed for c in cells] == sorted(c.seed for c in cells)
+    first = cells[:4]
+    assert [(c.level, c.group) for c in first] == [
+        ("0.0", (("hidden", "16"),)),
+        ("0.0", (("hidden", "64"),)),
+        ("0.1", (("hidden", "16"),)),
+        ("0.1", (("hidden", "64"),)),
+    ]
+    assert first[2].config == {
+        "epochs": 3,
+        "optim": {"lr": 0.01},
+        "label_smoothing": 0.1,
+        "hidden": 16,
+    }
+    assert first[2].run_name == "label_smoothing=0.1 seed 0 | hidden=16"
+    assert first[2].tags("smoothing", "abc")["axis.label_smoothing"] == "0.1"
+    assert first[2].params()["optim.lr"] == "0.01"
+
+
+def test_cell_ids_are_stable_and_differ_by_seed_and_by_config(tmp_path):
+    spec = load_trainable_sweep(_write(tmp_path))
+    ids = [c.cell_id for c in trainable_cells(spec)]
+    assert len(set(ids)) == len(ids)
+    assert ids == [c.cell_id for c in trainable_cells(load_trainable_sweep(_write(tmp_path)))]
+    other = load_trainable_sweep(_write(tmp_path, defaults={"epochs": 4, "optim": {"lr": 0.01}}))
+    assert not set(ids) & {c.cell_id for c in trainable_cells(other)}
+
+
+def test_dotted_keys_set_nested_settings_without_touching_the_defaults():
+    defaults = {"optim": {"lr": 0.01, "betas": [0.9, 0.99]}}
+    config = with_levels(defaults, {"optim.lr": 0.1, "model.width": 8})
+    assert config == {"optim": {"lr": 0.1, "betas": [0.9, 0.99]}, "model": {"width": 8}}
+    assert defaults == {"optim": {"lr": 0.01, "betas": [0.9, 0.99]}}
+
+
+def test_the_installed_trainables_are_known_by_name():
+    assert "study" in trainable_names()
