@@ -141,7 +141,9 @@ def train(config: dict[str, Any], seed: int, report: Any) -> dict[str, float]:
                 },
                 Path(folder, "state.pt"),
             )
-            report({"train_loss": total / len(y), "val_acc": val_acc}, step=epoch, checkpoint=folder)
+            report(
+                {"train_loss": total / len(y), "val_acc": val_acc}, step=epoch, checkpoint=folder
+            )
     net.load_state_dict(state["best"])
     test_acc, test_loss = evaluate(net, data["test"])
     return {"test_acc": test_acc, "test_loss": test_loss, "best_val_acc": state["best_val"]}
