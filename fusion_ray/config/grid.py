@@ -90,6 +90,31 @@ class Cell:
         return dataclasses.replace(self.point_trial, seed=self.seed)
 
     @property
+    def group(self) -> tuple[tuple[str, str], ...]:
+        """The cells its comparisons pair within: every axis but the operator and the seed."""
+        fixed = (
+            ("dataset", self.dataset),
+            ("position", self.position),
+            ("attention_position", self.attention_position),
+        )
+        return fixed + tuple(self.axes)
+
+    @property
+    def level(self) -> str:
+        """Its arm: the operator, the level the comparisons compare."""
+        return self.fusion
+
+    @property
+    def settings(self) -> tuple[tuple[str, str], ...]:
+        """The setting axes (key, level as text) an interaction varies."""
+        return self.axes
+
+    @property
+    def regime(self) -> str:
+        """Its place on the axis a trend runs along (the length question): its dataset."""
+        return self.dataset
+
+    @property
     def label(self) -> str:
         """How the console and run names show the cell's grid point (without its seed)."""
         parts = [self.dataset, self.position, self.attention_position, self.fusion]

@@ -127,21 +127,47 @@ class TrainableSweep(Strict):
         return self.compare.axis or next(iter(self.grid))
 
     @property
-    def baseline_label(self) -> str:
-        """The compared axis's baseline level, as text (an arm's name)."""
+    def baseline_text(self) -> str:
+        """The compared axis's baseline level, as text."""
         level = self.compare.baseline
         return axis_text(self.grid[self.axis][0] if level is None else level)
+
+    @property
+    def baseline_label(self) -> str:
+        """The baseline arm's name: ``axis=level`` (what the comparisons are against)."""
+        return f"{self.axis}={self.baseline_text}"
+
+    def decided_kinds(self) -> list[str]:
+        """The questions an adaptive sweep decides: each level against the baseline per group
+        (``operator``), and, with another axis of two levels or more, the interactions."""
+        if self.adaptive is not None and self.adaptive.decide is not None:
+            return list(self.adaptive.decide)
+        varied = any(len(v) >= 2 for k, v in self.grid.items() if k != self.axis)
+        return ["operator", "interaction"] if varied else ["operator"]
 
 
 def trainable_sweep_problems(spec: TrainableSweep) -> list[str]:
     """What the schema cannot say: the grid's keys and levels, the compared axis and baseline
-    against the grid, dotted keys against the defaults, and the trainable's name."""
+    against the grid, dotted keys against the defaults, the questions, the trainable's name."""
     return (
         grid_problems(spec.grid)
         + compare_problems(spec)
         + nesting_problems(spec)
+        + question_problems(spec)
         + name_problems(spec)
     )
+
+
+def question_problems(spec: TrainableSweep) -> list[str]:
+    """The length questions need the study's datasets and documents: not a trainable's."""
+    asked = spec.adaptive.decide if spec.adaptive is not None else None
+    wrong = [k for k in asked or [] if k not in ("operator", "interaction")]
+    if not wrong:
+        return []
+    return [
+        f"seeds.decide: {', '.join(wrong)} asks about document length, which a trainable sweep "
+        "has no axis for; decide operator (each level against the baseline) and interaction"
+    ]
 
 
 def load_trainable_sweep(path: str | Path, overrides: Sequence[str] = ()) -> TrainableSweep:
@@ -184,9 +210,9 @@ def compare_problems(spec: TrainableSweep) -> list[str]:
             f"grid.{axis}: the compared axis needs two levels or more (it has {levels}); add "
             "a level, or compare another axis (compare: {axis: KEY})"
         )
-    if spec.baseline_label not in levels:
+    if spec.baseline_text not in levels:
         problems.append(
-            f"compare.baseline: {spec.baseline_label!r} is not a level of grid.{axis}; "
+            f"compare.baseline: {spec.baseline_text!r} is not a level of grid.{axis}; "
             f"its levels: {', '.join(levels)}"
         )
     return problems
@@ -247,7 +273,7 @@ class TrainableCell:
     trainable: str
     seed: int
     level: str
-    """The cell's level of the compared axis, as text: its arm."""
+    """Its arm: ``axis=level`` of the compared axis (``label_smoothing=0.1``)."""
     group: tuple[tuple[str, str], ...]
     """(key, level as text) of every other axis: the cells its comparisons pair within."""
     axes: tuple[tuple[str, str], ...]
@@ -263,10 +289,19 @@ class TrainableCell:
     @property
     def run_name(self) -> str:
         """Its MLflow run name: the compared level and the seed first, then the other levels."""
-        axis = next(key for key, _ in self.axes if key not in dict(self.group))
         rest = " ".join(f"{key}={text}" for key, text in self.group)
-        lead = f"{axis}={self.level} seed {self.seed}"
+        lead = f"{self.level} seed {self.seed}"
         return f"{lead} | {rest}" if rest else lead
+
+    @property
+    def settings(self) -> tuple[tuple[str, str], ...]:
+        """The axes an interaction varies: every axis but the compared one."""
+        return self.group
+
+    @property
+    def regime(self) -> str:
+        """No trend axis: a trainable sweep asks no length question."""
+        return ""
 
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
         """Its MLflow tags: one per grid axis (``axis.<key>``), and what names the cell."""
@@ -316,7 +351,12 @@ def trainable_cells(spec: TrainableSweep) -> list[TrainableCell]:
         axes = tuple((k, axis_text(v)) for k, v in levels.items())
         group = tuple((k, t) for k, t in axes if k != spec.axis)
         points.append(
-            (with_levels(spec.defaults, levels), axes, group, axis_text(levels[spec.axis]))
+            (
+                with_levels(spec.defaults, levels),
+                axes,
+                group,
+                f"{spec.axis}={axis_text(levels[spec.axis])}",
+            )
         )
     return [
         TrainableCell(

@@ -156,7 +156,8 @@ def _with(group: Group, key: str, value: str) -> Group:
 def operator_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:
     """The comparison of ``operator`` with ``baseline`` inside ``group``."""
     terms = ((Arm(group, operator), 1, "all"), (Arm(group, baseline), -1, "all"))
-    return Hypothesis(f"{group_text(group)}: {operator} vs {baseline}", "operator", operator, terms)
+    where = f"{group_text(group)}: " if group else ""  # a grid of the compared axis alone
+    return Hypothesis(f"{where}{operator} vs {baseline}", "operator", operator, terms)
 
 
 def within_hypothesis(group: Group, operator: str, baseline: str) -> Hypothesis:

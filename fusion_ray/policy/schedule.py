@@ -32,27 +32,25 @@ from fusion_ray.decide.questions import Arm, Group, Hypothesis, hypotheses, rows
 from fusion_ray.decide.sequential import family_evidence
 
 
-def group_of(cell: Cell) -> Group:
-    """The cells a comparison pairs within: every axis but the operator and the seed."""
-    fixed = (
-        ("dataset", cell.dataset),
-        ("position", cell.position),
-        ("attention_position", cell.attention_position),
-    )
-    return fixed + tuple(cell.axes)
+def group_of(cell: Any) -> Group:
+    """The cells a comparison pairs within: every axis but the compared one and the seed (a
+    study cell's dataset, positions and setting levels; a trainable cell's other axes)."""
+    return tuple(cell.group)
 
 
-def arm_of(cell: Cell) -> Arm:
-    return Arm(group_of(cell), cell.fusion)
+def arm_of(cell: Any) -> Arm:
+    """The cell's arm: its group and its level of the compared axis (a study cell's operator)."""
+    return Arm(group_of(cell), cell.level)
 
 
-def grid_order(cells: list[Cell], datasets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+def grid_order(cells: list[Any], datasets: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     """The regimes in the order of length (the sweep file's ``grid.datasets``, then any other
-    dataset of the cells) and each setting axis's levels, the sweep file's first first."""
-    regimes = list(dict.fromkeys([*datasets, *(c.dataset for c in cells)]))
+    regime of the cells; none for cells without one) and each setting axis's levels, the sweep
+    file's first first."""
+    regimes = list(dict.fromkeys([*datasets, *(c.regime for c in cells if c.regime)]))
     levels: dict[str, list[str]] = {}
     for cell in cells:
-        for key, text in cell.axes:
+        for key, text in cell.settings:
             levels.setdefault(key, [])
             if text not in levels[key]:
                 levels[key].append(text)

@@ -71,8 +71,9 @@ def test_the_lines_of_a_file_whose_aliases_repeat_blocks_are_read_once(tmp_path)
     assert done.returncode == 2 and "expands to more than 100,000 values" in done.stderr
 
 
-def test_the_files_problems_are_said_before_torch_ray_or_mlflow_load(tmp_path):
-    path = _misspelt(tmp_path)
+def _refused_before_torch_ray_or_mlflow(path) -> str:
+    """``fusion_ray.sweep``'s main on ``path`` in a fresh interpreter: it exits 2 with neither
+    torch, Ray nor MLflow imported; its stderr."""
     code = (
         "import sys\n"
         "from fusion_ray.sweep import main\n"
@@ -84,7 +85,13 @@ def test_the_files_problems_are_said_before_torch_ray_or_mlflow_load(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
     )
     assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
-    assert "did you mean 'seeds'?" in done.stderr
+    return done.stderr
+
+
+def test_the_files_problems_are_said_before_torch_ray_or_mlflow_load(tmp_path):
+    path = _misspelt(tmp_path)
+    stderr = _refused_before_torch_ray_or_mlflow(path)
+    assert "did you mean 'seeds'?" in stderr
 
 
 def _misnamed(tmp_path):
@@ -101,27 +108,17 @@ def test_a_misspelt_registry_name_is_said_before_torch_ray_or_mlflow_load(tmp_pa
     with the line of the value and the name it is close to."""
     path = _misnamed(tmp_path)
     lines = path.read_text().splitlines()
-    code = (
-        "import sys\n"
-        "from fusion_ray.sweep import main\n"
-        f"code = main([{str(path)!r}])\n"
-        "loaded = [m for m in ('torch', 'ray', 'mlflow') if m in sys.modules]\n"
-        "print(code, loaded)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
-    )
-    assert done.stdout.split("\n")[-2] == "2 []", done.stdout + done.stderr
+    stderr = _refused_before_torch_ray_or_mlflow(path)
     gate_line = next(i for i, line in enumerate(lines, 1) if "gate_scaler" in line)
     source_line = next(i for i, line in enumerate(lines, 1) if "synthetik" in line)
     assert (
         f"{path}:{gate_line}: grid.fusions[1]: unknown fusion 'gate_scaler'; allowed: add, "
         "concat, gate_scalar, gate_cnn, gate_mlp, gate_vector, mlp; did you mean 'gate_scalar'?"
-    ) in done.stderr
+    ) in stderr
     assert (
         f"{path}:{source_line}: datasets.short.data.source: unknown data source 'synthetik'; "
         "allowed: hub, local, synthetic; did you mean 'synthetic'?"
-    ) in done.stderr
+    ) in stderr
 
 
 def test_the_full_check_says_a_misspelt_name_in_the_same_words(tmp_path):

@@ -44,7 +44,7 @@ def _problems(tmp_path: Path, **changes) -> str:
 
 def test_a_minimal_file_compares_the_first_axis_against_its_first_level(tmp_path):
     spec = load_trainable_sweep(_write(tmp_path))
-    assert (spec.axis, spec.baseline_label) == ("label_smoothing", "0.0")
+    assert (spec.axis, spec.baseline_label) == ("label_smoothing", "label_smoothing=0.0")
     assert (spec.metric.name, spec.metric.mode) == (None, "max")
     assert spec.adaptive is None and spec.seeds == [0, 1, 2]
 
@@ -60,7 +60,7 @@ def test_an_adaptive_block_and_a_chosen_axis_baseline_and_metric(tmp_path):
     )
     assert spec.seeds == list(range(10)) and spec.adaptive is not None
     assert spec.adaptive.first == 4
-    assert (spec.axis, spec.baseline_label, spec.metric.mode) == ("hidden", "64", "min")
+    assert (spec.axis, spec.baseline_label, spec.metric.mode) == ("hidden", "hidden=64", "min")
 
 
 @pytest.mark.parametrize(
@@ -109,10 +109,10 @@ def test_cells_are_seed_major_and_pair_the_compared_arms_within_a_group(tmp_path
     assert [c.seed for c in cells] == sorted(c.seed for c in cells)
     first = cells[:4]
     assert [(c.level, c.group) for c in first] == [
-        ("0.0", (("hidden", "16"),)),
-        ("0.0", (("hidden", "64"),)),
-        ("0.1", (("hidden", "16"),)),
-        ("0.1", (("hidden", "64"),)),
+        ("label_smoothing=0.0", (("hidden", "16"),)),
+        ("label_smoothing=0.0", (("hidden", "64"),)),
+        ("label_smoothing=0.1", (("hidden", "16"),)),
+        ("label_smoothing=0.1", (("hidden", "64"),)),
     ]
     assert first[2].config == {
         "epochs": 3,
@@ -143,3 +143,38 @@ def test_dotted_keys_set_nested_settings_without_touching_the_defaults():
 
 def test_the_installed_trainables_are_known_by_name():
     assert "study" in trainable_names()
+
+
+def test_an_adaptive_schedule_decides_a_trainable_sweep_per_group(tmp_path):
+    """The engine's schedule on a trainable sweep's cells: one comparison per group (the
+    compared level against the baseline within each level of the other axis) and the
+    interaction; a clear effect in every group is decided better, the null interaction is not
+    decided, and cells run only while a question is open."""
+    from fusion_ray.policy.schedule import SeedSchedule
+
+    spec = load_trainable_sweep(_write(tmp_path, seeds={"adaptive": True, "first": 4, "max": 12}))
+    cells = trainable_cells(spec)
+    rule = spec.adaptive.model_copy(update={"decide": spec.decided_kinds()})
+    results: dict = {}
+    schedule = SeedSchedule(cells, spec.baseline_label, rule, results)
+    assert [h.name for h in schedule.family] == [
+        "hidden=16: label_smoothing=0.1 vs label_smoothing=0.0",
+        "hidden=64: label_smoothing=0.1 vs label_smoothing=0.0",
+        "hidden=64-16: label_smoothing=0.1 vs label_smoothing=0.0",
+    ]
+    ran = 0
+    while needed := schedule.needed():
+        for cell in needed:  # +5 points for smoothing in every group, the same in both
+            bump = 0.05 if cell.level == "label_smoothing=0.1" else 0.0
+            results[cell.cell_id] = 0.8 + bump + 0.001 * ((cell.seed * 7 + len(cell.cell_id)) % 5)
+        ran += len(needed)
+    states = {name: seq[-1] for name, seq in schedule.states().items()}
+    assert states["hidden=16: label_smoothing=0.1 vs label_smoothing=0.0"] == "better"
+    assert states["hidden=64: label_smoothing=0.1 vs label_smoothing=0.0"] == "better"
+    assert states["hidden=64-16: label_smoothing=0.1 vs label_smoothing=0.0"] != "better"
+    assert ran < len(cells)
+
+
+def test_a_length_question_is_refused_for_a_trainable_sweep(tmp_path):
+    problems = _problems(tmp_path, seeds={"adaptive": True, "decide": ["operator", "length"]})
+    assert "seeds.decide: length asks about document length" in problems
