@@ -27,6 +27,7 @@ from fusion_ray.config.combinations import deep_merge, set_dotted
 from fusion_ray.config.messages import key_lines, line_suffix
 from fusion_ray.config.names import name_problems
 from fusion_ray.config.spec import SweepSpec, error_lines
+from fusion_ray.config.trainable import TrainableSweep, trainable_sweep_problems
 from fusion_ray.redact import redact
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -312,6 +313,38 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
     return spec, problems
 
 
+TRAINABLE_FILE = (
+    "trainable: this file names a trainable ({name}): fusion-ray sweep runs the study's sweep "
+    "files only in this version; check the trainable with fusion_ray.testing.check_trainable "
+    "(docs/how-to/trainables.md)"
+)
+
+
+def load_trainable_sweep(path: str | Path, overrides: Sequence[str] = ()) -> TrainableSweep:
+    """Read and validate a trainable sweep file, with ``key=value`` overrides applied as edits;
+    raises ``SweepFileError`` listing every problem (nothing is imported: the trainable's name
+    is checked against the installed ones)."""
+    raw = apply_overrides(read_sweep_dict(path), overrides, path)
+    spec, problems = validate_collecting(TrainableSweep, raw)
+    if spec is not None and not problems:
+        problems = trainable_sweep_problems(spec)
+    if problems or spec is None:
+        raise SweepFileError(path, problems)
+    return spec
+
+
+def refuse_trainable_file(path: str | Path, raw: dict[str, Any]) -> None:
+    """A trainable sweep file (``trainable: NAME``) is refused with its own problems, or, when
+    it has none, with the fact that this version does not run it: never with the study's keys
+    it does not have."""
+    if "trainable" not in raw:
+        return
+    spec, problems = validate_collecting(TrainableSweep, raw)
+    if spec is not None and not problems:
+        problems = trainable_sweep_problems(spec)
+    raise SweepFileError(path, problems or [TRAINABLE_FILE.format(name=raw["trainable"])])
+
+
 def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
     """The file's own problems, which need no registry's code: it exists and is YAML of the
     sweep file's keys and types (with ``overrides`` applied), and the registry names it selects
@@ -320,6 +353,7 @@ def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
     path, key or name is said at once."""
     original = read_sweep_dict(path)
     raw = apply_overrides(original, overrides, path)
+    refuse_trainable_file(path, raw)
     spec, problems = validate_collecting(SweepSpec, raw)
     if spec is not None and not problems:
         problems = name_problems(spec)
@@ -341,6 +375,7 @@ def load_sweep(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
     that only the overrides bring named by the override (``override train.lrr=3: ...``)."""
     original = read_sweep_dict(path)
     raw = apply_overrides(original, overrides, path)
+    refuse_trainable_file(path, raw)
     spec, problems = validate_sweep_dict(raw)
     if problems or spec is None:
         if overrides:

@@ -24,10 +24,8 @@ import copy
 import hashlib
 import itertools
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -40,12 +38,6 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_ray.config.files import (
-    SweepFileError,
-    apply_overrides,
-    read_sweep_dict,
-    validate_collecting,
-)
 from fusion_ray.config.spec import (
     AdaptiveSeeds,
     Address,
@@ -168,19 +160,6 @@ def question_problems(spec: TrainableSweep) -> list[str]:
         f"seeds.decide: {', '.join(wrong)} asks about document length, which a trainable sweep "
         "has no axis for; decide operator (each level against the baseline) and interaction"
     ]
-
-
-def load_trainable_sweep(path: str | Path, overrides: Sequence[str] = ()) -> TrainableSweep:
-    """Read and validate a trainable sweep file, with ``key=value`` overrides applied as edits;
-    raises ``SweepFileError`` listing every problem (nothing is imported: the trainable's name
-    is checked against the installed ones)."""
-    raw = apply_overrides(read_sweep_dict(path), overrides, path)
-    spec, problems = validate_collecting(TrainableSweep, raw)
-    if spec is not None and not problems:
-        problems = trainable_sweep_problems(spec)
-    if problems or spec is None:
-        raise SweepFileError(path, problems)
-    return spec
 
 
 def grid_problems(grid: dict[str, list[Any]]) -> list[str]:

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fusion_ray.config.files import SweepFileError
+from fusion_ray.config.files import SweepFileError, load_trainable_sweep
 from fusion_ray.config.trainable import (
-    load_trainable_sweep,
     trainable_cells,
     trainable_names,
     with_levels,
@@ -178,3 +177,17 @@ def test_an_adaptive_schedule_decides_a_trainable_sweep_per_group(tmp_path):
 def test_a_length_question_is_refused_for_a_trainable_sweep(tmp_path):
     problems = _problems(tmp_path, seeds={"adaptive": True, "decide": ["operator", "length"]})
     assert "seeds.decide: length asks about document length" in problems
+
+
+def test_the_sweep_command_says_what_a_trainable_sweep_file_is(tmp_path, capsys):
+    """Not the study's keys it lacks: its own problems, or, when it has none, that this version
+    does not run it, with where to go instead (exit 2, before any compute)."""
+    from fusion_ray.sweep import main
+
+    assert main([str(_write(tmp_path, trainable="stduy")), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown trainable 'stduy'" in err and "datasets" not in err
+    assert main([str(_write(tmp_path)), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "trainable: this file names a trainable (study): fusion-ray sweep runs" in err
+    assert "check_trainable" in err and "datasets" not in err
