@@ -38,6 +38,7 @@ from pydantic import (
     model_validator,
 )
 
+from fusion_ray.config.combinations import set_dotted
 from fusion_ray.config.spec import (
     AdaptiveSeeds,
     Address,
@@ -236,11 +237,7 @@ def with_levels(defaults: dict[str, Any], levels: dict[str, Any]) -> dict[str, A
     """A copy of ``defaults`` with each (dotted) key of ``levels`` set."""
     config = copy.deepcopy(defaults)
     for key, value in levels.items():
-        *parents, last = key.split(".")
-        node = config
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
+        set_dotted(config, key, value)
     return config
 
 
