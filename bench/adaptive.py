@@ -388,15 +388,22 @@ def agreement(rng: np.random.Generator, families: int = 150) -> None:
 # ----------------------------------------------------------------------------- the replay
 
 
-def read_replay(path: Path) -> dict[str, list[float | None]]:
-    """Per comparison: the deltas (points) in seed order from a per-seed accuracy CSV
-    (columns group, fusion, seed, test_acc; the first fusion of each group is the baseline)."""
+def read_runs(path: Path) -> tuple[dict[tuple[str, str], dict[int, float]], dict[str, str]]:
+    """A per-seed accuracy CSV (columns group, fusion, seed, test_acc): (group, fusion) -> seed
+    -> test accuracy, and each group's baseline (its first fusion)."""
     acc: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     baselines: dict[str, str] = {}
     with path.open() as handle:
         for row in csv.DictReader(handle):
             baselines.setdefault(row["group"], row["fusion"])
             acc[row["group"], row["fusion"]][int(row["seed"])] = float(row["test_acc"])
+    return acc, baselines
+
+
+def read_replay(path: Path) -> dict[str, list[float | None]]:
+    """Per comparison: the deltas (points) in seed order from a per-seed accuracy CSV
+    (``read_runs``)."""
+    acc, baselines = read_runs(path)
     out = {}
     for (group, fusion), by_seed in acc.items():
         base = acc[group, baselines[group]]

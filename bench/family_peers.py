@@ -46,23 +46,11 @@ sys.path.insert(0, str(ROOT))
 import questions  # noqa: E402  (bench/questions.py)
 from peers import step_down_look  # noqa: E402  (bench/peers.py)
 
-from analysis.stats import signed_rank_null_cdf  # noqa: E402
-
 ALPHA, CAP = 0.05, 20
 FIXED = (6, 8, 10, 14, 20)
 ORACLE_SEEDS = (8, 10, 12, 14, 16, 18, 20, 25, 30)
 NOISES = ("normal", "binomial", "t3")
 KINDS = ("operator", "length", "interaction")
-
-
-def exact_p(d: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Two-sided exact Wilcoxon p and the median's sign [F, m] on the first ``n`` values."""
-    x = d[:, :, :n]
-    ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
-    t_plus = np.where(x > 0, ranks, 0).sum(axis=2)
-    cdf = signed_rank_null_cdf(n)
-    upper = 1 - np.concatenate([[0.0], cdf])[t_plus]
-    return np.minimum(1.0, 2 * np.minimum(cdf[t_plus], upper)), np.sign(np.median(x, axis=2))
 
 
 def outcome(decided: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -73,8 +61,7 @@ def outcome(decided: np.ndarray, true: np.ndarray) -> tuple[np.ndarray, np.ndarr
 
 
 def fixed(fam: questions.Family, d: np.ndarray, n: int) -> np.ndarray:
-    p, sign = exact_p(d, n)
-    return np.where(questions.holm_reject(p, ALPHA), sign, 0).astype(int)
+    return questions.fixed_wilcoxon(d, n, ALPHA)
 
 
 def group_sequential(
@@ -113,7 +100,7 @@ def oracle_table(
     fam: questions.Family, d: np.ndarray, true: np.ndarray
 ) -> dict[tuple[int, ...], tuple[float, float]]:
     """(n per kind) -> (mean correct, trials) of the allocator that knows the effects."""
-    tests = {n: exact_p(d, n) for n in ORACLE_SEEDS}
+    tests = {n: questions.exact_p(d, n) for n in ORACLE_SEEDS}
     kinds = np.array([KINDS.index(k) for k in fam.kinds])
     real = true != 0
     touches = fam.signs != 0

@@ -53,7 +53,6 @@ error (any decision on a null, or a wrong direction), trials (runs); and correct
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import logging
 import sys
@@ -68,33 +67,28 @@ from scipy.stats import wilcoxon
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from adaptive import REPLAY_CSV, read_runs  # noqa: E402  (bench/adaptive.py)
+
 from fusion_ray.decide.sequential import replay_adaptive  # noqa: E402
 
 ALPHA, FIRST, CAP = 0.05, 6, 14
 LONG = 25  # AdaStop's documented n = 5, K = 5 needs 25 seeds
 EFFECTS = np.array([0.0, 0.0, 0.5, 0.5, 1.0, 1.0])
 NOISE = ("normal", "binomial", "shared", "heavy", "replayed")
-REPLAY_CSV = Path(__file__).resolve().parent / "results" / "quickstart_20_seeds.csv"
 FIXED = (6, 8, 10, 14)
 TEST_DOCS, ACCURACY = 400, 0.80
 
 
 @functools.cache
 def logged() -> tuple[np.ndarray, np.ndarray]:
-    """The quickstart's 20 logged seeds (``REPLAY_CSV``): (baseline, operator) test accuracy
-    [group, seed] of its 6 groups, each divided by its group's paired-delta SD."""
-    runs: dict[tuple[str, str], dict[int, float]] = {}
-    baselines: dict[str, str] = {}
-    with REPLAY_CSV.open() as handle:
-        for row in csv.DictReader(handle):
-            baselines.setdefault(row["group"], row["fusion"])
-            runs.setdefault((row["group"], row["fusion"]), {})[int(row["seed"])] = float(
-                row["test_acc"]
-            )
+    """The quickstart's 20 logged seeds (``REPLAY_CSV``, read by ``adaptive.read_runs``):
+    (baseline, operator) test accuracy [group, seed] of its 6 groups, each divided by its
+    group's paired-delta SD."""
+    runs, baselines = read_runs(REPLAY_CSV)
     groups = list(baselines)
     seeds = sorted(runs[groups[0], baselines[groups[0]]])
-    base = np.array([[runs[g, baselines[g]][s] for s in seeds] for g in groups])
     other = {g: next(f for h, f in runs if h == g and f != baselines[g]) for g in groups}
+    base = np.array([[runs[g, baselines[g]][s] for s in seeds] for g in groups])
     op = np.array([[runs[g, other[g]][s] for s in seeds] for g in groups])
     sd = (op - base).std(axis=1, ddof=1)[:, None]
     return base / sd, op / sd

@@ -233,16 +233,22 @@ def holm_reject(p: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
-def fixed_wilcoxon(d: np.ndarray, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
-    """Exact two-sided Wilcoxon + Holm over each row's hypotheses on their first ``seeds``
-    values (ties broken by rank order: continuous noise): the sign of the median where
-    rejected, else 0 [F, m]."""
+def exact_p(d: np.ndarray, seeds: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two-sided exact Wilcoxon p and the median's sign [F, m] of each hypothesis's first
+    ``seeds`` values (ties broken by rank order: continuous noise)."""
     x = d[:, :, :seeds]
     ranks = np.argsort(np.argsort(np.abs(x), axis=2), axis=2) + 1
     t_plus = np.where(x > 0, ranks, 0).sum(axis=2)
     cdf = signed_rank_null_cdf(seeds)
     p = np.minimum(1.0, 2 * np.minimum(cdf[t_plus], 1 - np.concatenate([[0.0], cdf])[t_plus]))
-    return np.where(holm_reject(p, alpha), np.sign(np.median(x, axis=2)), 0).astype(int)
+    return p, np.sign(np.median(x, axis=2))
+
+
+def fixed_wilcoxon(d: np.ndarray, seeds: int = 10, alpha: float = ALPHA) -> np.ndarray:
+    """Exact two-sided Wilcoxon + Holm over each row's hypotheses on their first ``seeds``
+    values: the sign of the median where rejected, else 0 [F, m]."""
+    p, sign = exact_p(d, seeds)
+    return np.where(holm_reject(p, alpha), sign, 0).astype(int)
 
 
 # ----------------------------------------------------------------------------- intervals

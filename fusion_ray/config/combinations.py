@@ -96,6 +96,20 @@ def combinations(spec: SweepSpec) -> list[Combination]:
     return list(combos.values())
 
 
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as one level with dotted keys (``{"model": {"d_model": 8}}`` -> ``model.d_model``)."""
+    if not isinstance(value, dict):
+        return {prefix: value}
+    out: dict[str, Any] = {}
+    for key, inner in value.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(inner, dict) and inner:
+            out.update(flatten(inner, name))
+        else:
+            out[name] = inner
+    return out
+
+
 def set_dotted(target: dict[str, Any], dotted: str, value: Any) -> None:
     """``target["a"]["b"] = value`` for ``dotted`` "a.b", creating inner mappings on the way."""
     *path, last = dotted.split(".")

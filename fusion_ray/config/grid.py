@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fusion_ray.config import GridPoint, SweepFileError, SweepSpec, semantic_problems
+from fusion_ray.config.combinations import flatten
 from fusion_ray.model.fusion import is_gated
 from fusion_ray.model.positions import POSITIONS
 from fusion_ray.schema import AXIS_TAG_PREFIX, EXECUTION_PARAMS, GATED_TAG, POSITION_ALIAS_TAG
@@ -32,20 +33,6 @@ _ID_DEFAULTS: dict[str, Any] = {
     "data.eval_lengths": [],
     "data.max_eval_samples": None,
 }
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings as one level with dotted keys (``{"model": {"d_model": 8}}`` -> ``model.d_model``)."""
-    if not isinstance(value, dict):
-        return {prefix: value}
-    out: dict[str, Any] = {}
-    for key, inner in value.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(inner, dict) and inner:
-            out.update(flatten(inner, name))
-        else:
-            out[name] = inner
-    return out
 
 
 def cell_id(trial: TrialConfig) -> str:

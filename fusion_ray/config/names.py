@@ -34,14 +34,16 @@ class Family:
     """This package's entries, in registration order."""
 
     def names(self) -> list[str]:
-        """Every name the registry would hold: its own once imported, else this package's and
-        the installed entry points'."""
+        """Every name the registry would hold: once imported, its own (with the installed entry
+        points' where it has not loaded its plug-ins yet: loading imports their modules), else
+        this package's and the installed entry points'."""
         loaded = sys.modules.get(self.module)
         registry = getattr(loaded, self.attribute, None) if loaded is not None else None
-        if registry is not None:
+        if registry is not None and registry.plugins_loaded:
             return list(registry.names())
+        own = registry.names_so_far() if registry is not None else list(self.built_in)
         plugins = sorted(point.name for point in metadata.entry_points(group=self.group))
-        return [*self.built_in, *(name for name in plugins if name not in self.built_in)]
+        return [*own, *(name for name in plugins if name not in own)]
 
 
 FUSIONS = Family(
@@ -76,6 +78,10 @@ TOKENIZERS = Family(
     "tokenizer", "fusion_ray.data.tokenizer", "TOKENIZERS", "fusion_ray.tokenizers", ("bpe", "word")
 )
 FAMILIES = (FUSIONS, POSITIONS, ATTENTION_POSITIONS, SOURCES, TOKENIZERS)
+TRAINABLES = Family(
+    "trainable", "fusion_ray.trainables.registry", "TRAINABLES", "fusion_ray.trainables", ()
+)
+"""Trainables: every one, the study's encoder included, is an entry point (none built in)."""
 
 _AXES = {"fusions": FUSIONS, "positions": POSITIONS, "attention_positions": ATTENTION_POSITIONS}
 

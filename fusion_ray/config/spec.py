@@ -364,6 +364,21 @@ class AdaptiveSeeds(Strict):
         return build_rule(self.rule, **self.rule_options)
 
 
+def unique_seeds(seeds: list[int]) -> list[int]:
+    """``seeds`` when each is listed once and within 0 .. MAX_SEED; a ValueError saying which not."""
+    dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
+    if dupes:
+        raise ValueError(f"duplicate seeds {dupes}; list each seed once")
+    if any(s < 0 or s > MAX_SEED for s in seeds):
+        raise ValueError(f"each seed must be in 0..{MAX_SEED} (2**63 - 1)")
+    return seeds
+
+
+SeedList = Annotated[list[StrictInt], Field(min_length=1), AfterValidator(unique_seeds)]
+"""A list of seeds, each once, each in 0 .. MAX_SEED (a fixed ``seeds:`` list, or the seeds an
+adaptive block becomes)."""
+
+
 class SharedSettings(Strict):
     """What a sweep file and an HPO file share: the experiment, the presets, the resources and
     where results go (the HPO file's trials come from its ``tune:`` section, a sweep's from its
@@ -396,7 +411,7 @@ class SharedSettings(Strict):
 class SweepSpec(SharedSettings):
     """A whole sweep: the grid, its seeds (the blocking factor), presets, resources and where results go."""
 
-    seeds: list[StrictInt] = Field(min_length=1)
+    seeds: SeedList
     """Every cell runs once per seed (each in 0 .. 2**63 - 1); seeds are never sampled. Written as an adaptive block
     (``{adaptive: true, first: 6, max: 20, alpha: 0.05, margin: 1.0}``) it becomes seeds
     0 .. max-1, of which the evidence decides how many each comparison runs (``adaptive``)."""
@@ -437,11 +452,6 @@ class SweepSpec(SharedSettings):
     def _adaptive_block(cls, raw: Any) -> Any:
         return adaptive_block(raw)
 
-    @field_validator("seeds")
-    @classmethod
-    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
-        return unique_seeds(seeds)
-
 
 def adaptive_block(raw: Any) -> Any:
     """``seeds: {adaptive: true, ...}`` -> the seeds 0 .. max-1 and the ``adaptive`` block."""
@@ -451,16 +461,6 @@ def adaptive_block(raw: Any) -> Any:
     most = block.get("max", AdaptiveSeeds.model_fields["max"].default)
     seeds = list(range(most)) if is_int(most) and 2 <= most <= 10_000 else [0]
     return {**raw, "seeds": seeds, "adaptive": block}
-
-
-def unique_seeds(seeds: list[int]) -> list[int]:
-    """``seeds`` when each is listed once and within 0 .. MAX_SEED; a ValueError saying which not."""
-    dupes = sorted(s for s, n in collections.Counter(seeds).items() if n > 1)
-    if dupes:
-        raise ValueError(f"duplicate seeds {dupes}; list each seed once")
-    if any(s < 0 or s > MAX_SEED for s in seeds):
-        raise ValueError(f"each seed must be in 0..{MAX_SEED} (2**63 - 1)")
-    return seeds
 
 
 def pydantic_problems(exc: ValidationError, root: Any = None) -> list[str]:

@@ -25,7 +25,6 @@ import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
-from importlib import metadata
 from typing import Any, Literal
 
 from pydantic import (
@@ -34,26 +33,25 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
-    field_validator,
     model_validator,
 )
 
-from fusion_ray.config.combinations import set_dotted
+from fusion_ray.config.combinations import flatten, set_dotted
+from fusion_ray.config.names import TRAINABLES as TRAINABLE_NAMES
 from fusion_ray.config.spec import (
     AdaptiveSeeds,
     Address,
     Description,
     Resources,
+    SeedList,
     StoragePath,
     Strict,
     SweepName,
     TrackingUri,
     adaptive_block,
-    unique_seeds,
 )
 from fusion_ray.registry import unknown_name
 from fusion_ray.schema import AXIS_TAG_PREFIX, axis_text
-from fusion_ray.trainables.registry import TRAINABLES
 
 Level = StrictBool | StrictInt | StrictFloat | StrictStr
 """A grid level: a number, a string or a boolean (what a tag and a table cell show as written)."""
@@ -93,7 +91,7 @@ class TrainableSweep(Strict):
     (``optim.lr``) set a nested setting."""
     compare: Compare = Field(default_factory=Compare)
     metric: Metric = Field(default_factory=Metric)
-    seeds: list[StrictInt] = Field(min_length=1)
+    seeds: SeedList
     """Every grid point runs once per seed; or an adaptive block (``{adaptive: true, first: 6,
     max: 14}``)."""
     adaptive: AdaptiveSeeds | None = None
@@ -108,11 +106,6 @@ class TrainableSweep(Strict):
     @classmethod
     def _adaptive_block(cls, raw: Any) -> Any:
         return adaptive_block(raw)
-
-    @field_validator("seeds")
-    @classmethod
-    def _unique_seeds(cls, seeds: list[int]) -> list[int]:
-        return unique_seeds(seeds)
 
     @property
     def axis(self) -> str:
@@ -199,13 +192,8 @@ def compare_problems(spec: TrainableSweep) -> list[str]:
 
 
 def trainable_names() -> list[str]:
-    """Every trainable name, without importing any trainable: those registered in this
-    process (once the registry is imported) and the installed entry points'."""
-    if TRAINABLES.plugins_loaded:
-        return TRAINABLES.names()
-    own = TRAINABLES.names_so_far()
-    points = sorted(p.name for p in metadata.entry_points(group=str(TRAINABLES.group)))
-    return [*own, *(name for name in points if name not in own)]
+    """Every trainable name, without importing any trainable (``config.names``)."""
+    return TRAINABLE_NAMES.names()
 
 
 def name_problems(spec: TrainableSweep) -> list[str]:
@@ -293,21 +281,10 @@ class TrainableCell:
 
     def params(self) -> dict[str, str]:
         """Its config flattened with dots, as MLflow params."""
-        flat = _flatten(self.config)
+        flat = flatten(self.config)
         return {
             k: json.dumps(v) if isinstance(v, (dict, list)) else str(v) for k, v in flat.items()
         }
-
-
-def _flatten(value: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, inner in value.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(inner, dict) and inner:
-            out.update(_flatten(inner, name))
-        else:
-            out[name] = inner
-    return out
 
 
 def cell_key(trainable: str, config: dict[str, Any], seed: int) -> str:

@@ -54,7 +54,7 @@ class ReportReporter(Reporter):
     """The training loop's ``Reporter`` over a trainable's ``Report``: metrics and checkpoints
     go through the report; a resume reads the state file of the report's ``resume_from``."""
 
-    through: Report = field(default=None, repr=False)  # type: ignore[assignment]
+    through: Report = field(kw_only=True, repr=False)
 
     def restore(self) -> dict[str, Any] | None:
         folder = self.through.resume_from

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from fusion_ray.config import load_sweep
-from fusion_ray.config.grid import expand, flatten
+from fusion_ray.config.combinations import flatten
+from fusion_ray.config.grid import expand
 from fusion_ray.driver.callbacks import Best
 from fusion_ray.hpo import (
     OPERATOR_INDEX,

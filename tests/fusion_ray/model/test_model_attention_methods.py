@@ -682,7 +682,8 @@ def test_the_xpos_default_enters_the_config_and_the_cell_id() -> None:
     """Runs of ``xpos`` made before its direction option had ``attention_position_kwargs {}``
     and the published form: the default form records its direction in the config, so it never
     shares their cell id; entries without recorded options keep their config (and ids)."""
-    from fusion_ray.config.grid import cell_id, flatten
+    from fusion_ray.config.combinations import flatten
+    from fusion_ray.config.grid import cell_id
     from fusion_ray.train.spec import TrialConfig
 
     default = ModelSpec(attention_position="xpos")
