@@ -444,6 +444,11 @@ def _job_env(data_cache: str, site: Path | None = None) -> dict[str, str]:
     }
 
 
+# A job queued or running. SIGNALING is a running job while SLURM sends it a signal (the
+# time-limit warning among them): it shows between the signal and the job's log line.
+LIVE_STATES = ("PENDING", "RUNNING", "CONFIGURING", "SIGNALING")
+
+
 def _held(tmp_path: Path) -> tuple[Path, Path]:
     """``held_add`` for a job: the trials after the first wait after their first epoch
     (``STEPS_PER_EPOCH``), checkpointed, until the file it returns exists. The plug-in folder
@@ -494,7 +499,7 @@ def _wait_for_line(log: Path, pattern: str, job: tuple[Slurm, str], after: int =
         text = log.read_text() if log.exists() else ""
         if re.search(pattern, text[after:]):
             return time.time()
-        assert state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "COMPLETING"), (
+        assert state in (*LIVE_STATES, "REQUEUED", "COMPLETING"), (
             f"job {job_id} {state} before {pattern!r}: {text[-3000:]}"
         )
         time.sleep(0.25)
@@ -507,7 +512,7 @@ def _job_ended(job: tuple[Slurm, str]):
 
     def check() -> str | None:
         state = slurm.job(job_id)["JobState"]
-        return None if state in ("PENDING", "RUNNING", "CONFIGURING") else f"job {job_id} {state}"
+        return None if state in LIVE_STATES else f"job {job_id} {state}"
 
     return check
 
