@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fusion_ray.config import SweepFileError, SweepSpec, load_sweep, resources_for, smoke_version
+from fusion_ray.config import SweepFileError, SweepSpec, resources_for
+from fusion_ray.config.workload import AnySweep, is_trainable, load_any, smoke_of
 from fusion_ray.console import dry_run_text as _dry_run_text
 from fusion_ray.driver import placement
 from fusion_ray.driver.preflight import preflight
@@ -44,13 +45,20 @@ __all__ = [
 ]
 
 
-def load(path: str | Path, overrides: Sequence[str] = ()) -> SweepSpec:
-    """The sweep file validated, with ``key=value`` overrides applied as edits of the file;
-    raises ``SweepFileError`` listing every problem, ``FileNotFoundError`` for a missing file."""
-    return load_sweep(path, overrides)
+def load(path: str | Path, overrides: Sequence[str] = ()) -> AnySweep:
+    """The sweep file validated, with ``key=value`` overrides applied as edits of the file: the
+    study's ``SweepSpec``, or a ``TrainableSweep`` for a file that names a trainable; raises
+    ``SweepFileError`` listing every problem, ``FileNotFoundError`` for a missing file."""
+    return load_any(path, overrides)
 
 
-def check_stores(spec: SweepSpec, *, remote: bool = True, source: str | Path | None = None) -> None:
+def smoke_version(spec: AnySweep) -> AnySweep:
+    """The ``--smoke`` copy of a sweep (``config.workload.smoke_of``): one seed, shrunk, as
+    experiment NAME-smoke."""
+    return smoke_of(spec)
+
+
+def check_stores(spec: AnySweep, *, remote: bool = True, source: str | Path | None = None) -> None:
     """Raises ``SweepFileError`` when the storage path cannot be written or the tracking store
     cannot be reached (what would fail only after Ray starts); ``source``: the sweep file the
     message names (default: the sweep's name)."""
@@ -64,7 +72,7 @@ DRY_RUN_WAIT_S = 5
 waits out MLflow's retries: minutes)."""
 
 
-def dry_run(spec: SweepSpec) -> Plan:
+def dry_run(spec: AnySweep) -> Plan:
     """The sweep's cells and which of them already have a FINISHED run; starts nothing. A
     tracking server that does not answer within ``DRY_RUN_WAIT_S`` is a
     ``fusion_ray.store_errors.StoreAccessError`` ("unreachable"), as one that refuses the
@@ -80,20 +88,20 @@ def dry_run(spec: SweepSpec) -> Plan:
 
 
 def dry_run_text(
-    spec: SweepSpec, todo: Plan | None = None, *, address: str | None = None, smoke: bool = False
+    spec: AnySweep, todo: Plan | None = None, *, address: str | None = None, smoke: bool = False
 ) -> str:
     """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, what
     the seed policy would run, and whether the pending trials fit (``placement.dry_run_check``
     against this machine for a local Ray: trials it cannot hold are a warning, after the plan;
     ``smoke``: GPU trials rehearsed on CPUs, as ``--smoke`` runs them)."""
     todo = todo if todo is not None else dry_run(spec)
-    pending = list(dict.fromkeys(c.dataset for c in todo.pending))  # in the sweep's order
+    pending = list(dict.fromkeys(c.resource_group for c in todo.pending))  # the sweep's order
     fits = placement.dry_run_check(spec, pending, address, smoke=smoke)
     return _dry_run_text(spec, todo) + "\n" + fits
 
 
 def run(
-    spec: SweepSpec,
+    spec: AnySweep,
     sweep_file: str | None = None,
     *,
     address: str | None = None,
@@ -119,7 +127,7 @@ def run(
     )
 
 
-def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
+def report(spec: AnySweep, out_dir: str | Path | None = None) -> Any:
     """The analysis report of the sweep's runs, written to ``out_dir`` (default
     ``reports/<name>``) and logged to the sweep's parent run; raises ``analysis.AnalysisError``
     when there is nothing to analyse."""
@@ -127,12 +135,17 @@ def report(spec: SweepSpec, out_dir: str | Path | None = None) -> Any:
     from analysis.report import ReportOptions, build_report
 
     out = str(out_dir or Path("reports") / spec.name)
+    if is_trainable(spec):
+        # lazy: as above
+        from analysis.report.trainable import build_trainable_report
+
+        return build_trainable_report(spec.name, spec.tracking_uri, out)
     return build_report(
         spec.name, spec.tracking_uri, ReportOptions(baseline=spec.baseline_label, out=out)
     )
 
 
-def existing_tracker(spec: SweepSpec) -> Any:
+def existing_tracker(spec: AnySweep) -> Any:
     """The sweep's tracker if its store and experiment exist (None, without importing MLflow,
     when a local store is not there yet)."""
     if spec.tracking_uri.startswith("sqlite:///"):

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from fusion_ray.config import SweepSpec
 from fusion_ray.config.grid import axis_counts, expand
+from fusion_ray.config.trainable import TrainableSweep, trainable_cells
+from fusion_ray.config.workload import AnySweep
 from fusion_ray.driver.runner import SweepOutcome
 from fusion_ray.policy.plan import Plan
 from fusion_ray.policy.seed_policy import policy_for
 from fusion_ray.redact import redact
 
 
-def dry_run_text(spec: SweepSpec, todo: Plan) -> str:
+def dry_run_text(spec: AnySweep, todo: Plan) -> str:
     """What ``--dry-run`` prints: the cells, how many each axis has, which are FINISHED, and
     for an adaptive sweep its first wave, cap and worst case."""
+    if isinstance(spec, TrainableSweep):
+        return trainable_dry_run_text(spec, todo)
     cells, done = todo.cells, todo.done
     out = [
         f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at {redact(spec.tracking_uri)})"
@@ -41,7 +44,44 @@ def dry_run_text(spec: SweepSpec, todo: Plan) -> str:
     return "\n".join(out)
 
 
-def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> None:
+def what_it_compares(spec: TrainableSweep) -> str:
+    """``trainable digits_mlp: label_smoothing levels against 0.0 on test_acc (more is
+    better)``: what a trainable's sweep decides."""
+    metric = spec.metric.name or "its first returned metric"
+    better = "more" if spec.metric.mode == "max" else "less"
+    return (
+        f"trainable {spec.trainable}: {spec.axis} levels against {spec.baseline_text} on "
+        f"{metric} ({better} is better)"
+    )
+
+
+def trainable_dry_run_text(spec: TrainableSweep, todo: Plan) -> str:
+    """``dry_run_text`` of a trainable's sweep: its cells by grid axis and seed."""
+    cells, done = todo.cells, todo.done
+    out = [
+        f"sweep {spec.name}: {len(cells)} cells ({len(done)} already FINISHED in MLflow at "
+        f"{redact(spec.tracking_uri)}); {what_it_compares(spec)}"
+    ]
+    out += policy_for(spec, todo).plan_lines()
+    for key in spec.grid:
+        counts: dict[str, int] = {}
+        for cell in cells:
+            text = dict(cell.axes)[key]
+            counts[text] = counts.get(text, 0) + 1
+        out.append(f"  {key:<19} " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    note = todo.other_settings_note(spec.name)
+    if note:
+        out.append(f"  note: {note}")
+    columns = ", ".join(["seed", *spec.grid])
+    out.append(f"  {'seed-major order':<19} ({columns}, status, cell_id):")
+    for cell in cells:
+        status = "FINISHED" if cell.cell_id in done else "pending"
+        levels = "".join(f"{text:<12} " for _, text in cell.axes)
+        out.append(f"    {cell.seed:>4}  {levels}{status:<8} {cell.cell_id}")
+    return "\n".join(out)
+
+
+def print_outcome(spec: AnySweep, outcome: SweepOutcome, note: bool = True) -> None:
     """What the sweep did; ``note``: also what the experiment holds beyond its cells (the
     report says it too, so the CLI leaves it to the report when there is one)."""
     print()
@@ -71,10 +111,41 @@ def print_outcome(spec: SweepSpec, outcome: SweepOutcome, note: bool = True) -> 
     print()
 
 
-def summary_table(spec: SweepSpec) -> str:
+def trainable_summary_table(spec: TrainableSweep) -> str:
+    """The decision metric's mean and finished seeds per grid point of a trainable's sweep,
+    over this sweep's cells only."""
+    # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
+    from fusion_ray.driver.tracking import Tracker
+    from fusion_ray.schema import returned_metrics
+
+    tracker = Tracker.existing(spec.tracking_uri, spec.name)
+    if tracker is None:
+        return "no runs yet"
+    cells = {c.cell_id: c for c in trainable_cells(spec)}
+    values: dict[tuple[str, ...], list[float]] = defaultdict(list)
+    shown = spec.metric.name
+    for run in tracker.trial_runs():
+        cell = cells.get(run.data.tags.get("cell_id", ""))
+        name = spec.metric.name or next(iter(returned_metrics(run.data.tags)), None)
+        if cell is None or run.info.status != "FINISHED" or name not in run.data.metrics:
+            continue
+        shown = shown or name
+        values[tuple(text for _, text in cell.axes)].append(run.data.metrics[name])
+    head = "".join(f"{key:<17} " for key in spec.grid)
+    lines = [head + f"{'seeds':>5} {shown or 'metric':>12}"]
+    for key in sorted(values):
+        got = values[key]
+        levels = "".join(f"{text:<17} " for text in key)
+        lines.append(f"{levels}{len(got):>5} {sum(got) / len(got):>12.4g}")
+    return "\n".join(lines)
+
+
+def summary_table(spec: AnySweep) -> str:
     """Mean test accuracy and finished seeds per grid point (dataset, position, attention
     position, fusion and setting-axis values), over this sweep's cells only (runs of other
     settings in the experiment are left out)."""
+    if isinstance(spec, TrainableSweep):
+        return trainable_summary_table(spec)
     # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
     from fusion_ray.driver.tracking import Tracker
 

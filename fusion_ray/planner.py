@@ -17,7 +17,14 @@ from collections.abc import Sequence
 
 from fusion_ray.cli import add_file_arguments, plain
 from fusion_ray.config.files import SweepFileError, check_file_shape
+from fusion_ray.config.spec import SweepSpec
 from fusion_ray.redact import redact
+
+TRAINABLE_PLAN = (
+    "trainable: the planner forecasts the study's sweeps (its pilot effects are by dataset and "
+    "operator); for a trainable's sweep, run its first wave and read the decisions' evidence "
+    "(fusion-ray sweep FILE seeds.max=FIRST)"
+)
 
 
 def _pairs(text: str, form: str, example: str) -> dict[str, float]:
@@ -131,6 +138,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fusion_ray.pl
 
     try:
         spec = api.load(args.sweep_file, args.overrides)
+        if not isinstance(spec, SweepSpec):
+            raise SweepFileError(args.sweep_file, [TRAINABLE_PLAN])
         result = api.forecast(
             spec,
             pilot=(args.pilot or spec.name) if args.pilot is not None else None,

@@ -58,6 +58,22 @@ FAILURE_KIND_TAG = "failure_kind"
 #: before that are of the attempt set aside; the later ones, from epoch 0 again, of the new one.
 CHECKPOINT_SET_ASIDE_TAG = "checkpoint_set_aside"
 
+#: A trainable's trial run (``trainable: NAME``): the names of the final metrics its trainable
+#: returned, a JSON list in the order returned (the first is the decision metric when the sweep
+#: names none); its intermediate reports are logged under their own names, step = ``step``.
+RETURNED_TAG = "metrics_returned"
+STEP_METRIC = "step"
+
+
+def returned_metrics(tags: dict[str, str]) -> list[str]:
+    """``RETURNED_TAG`` of a run's tags as a list (empty: none, or not a trainable's run)."""
+    try:
+        names = json.loads(tags.get(RETURNED_TAG, "[]"))
+    except ValueError:
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
 #: Metrics logged once per epoch (step = epoch); search_runs returns their last value.
 EPOCH_METRICS = ("train_loss", "val_loss", "val_acc", "epoch_seconds")
 #: Metrics logged once, when the trial ends (test metrics at the best validation epoch).
@@ -108,6 +124,10 @@ AXIS_TAG_PREFIX = "axis."
 #: On a sweep's parent run: JSON ``{dotted key: [value texts in the sweep file's order]}``; the
 #: first value of an axis is its reference level in interaction tests.
 GRID_AXES_TAG = "grid_axes"
+#: On a trainable sweep's parent run: JSON ``{"trainable", "axis", "baseline", "metric",
+#: "mode"}``: what its runs were made by, the compared axis and its baseline level, and the
+#: decision metric (null: the first each run returned, ``RETURNED_TAG``) with its direction.
+TRAINABLE_TAG = "trainable_sweep"
 #: On a sweep's parent run: JSON ``{"operator": [...], "dataset": [...]}``, the sweep's
 #: operators in the fusion registry's order (the built-ins as registered, then plug-ins) and its
 #: datasets in the sweep file's order. The report shows them in this order (datasets by median

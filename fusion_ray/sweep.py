@@ -21,7 +21,7 @@ from fusion_ray.config.files import SweepFileError, check_file_shape
 from fusion_ray.redact import redact, split_credentials
 
 if TYPE_CHECKING:
-    from fusion_ray.config import SweepSpec
+    from fusion_ray.config.workload import AnySweep
 
 
 def build_parser(prog: str = "python -m fusion_ray.sweep") -> argparse.ArgumentParser:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.sweep"
         return 2
     # lazy: the API, the grid and the driver import torch, Ray and MLflow (~2.5 s)
     from fusion_ray import api
-    from fusion_ray.config.grid import expand
+    from fusion_ray.config.workload import cells_of
     from fusion_ray.console import print_outcome, summary_table
     from fusion_ray.driver.session import quiet_console
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.sweep"
         print(text)
         return 0
     print(
-        f"sweep {spec.name}: {len(expand(spec))} cells; MLflow at {redact(spec.tracking_uri)}, "
+        f"sweep {spec.name}: {len(cells_of(spec))} cells; MLflow at {redact(spec.tracking_uri)}, "
         f"checkpoints in {redact(spec.storage_path)}"
     )
     outcome = run_command(
@@ -142,12 +142,13 @@ def _quiet_tune() -> None:
         os.environ.setdefault(name, "1e9")
 
 
-def _report(spec: SweepSpec, out_dir: str) -> None:
+def _report(spec: AnySweep, out_dir: str) -> None:
     """The analysis report of the sweep's experiment, written to ``out_dir`` and logged to its
     parent run; a report that cannot be made says why and how to run it by hand."""
     # lazy: the report takes ~1.3 s to import; only the end-of-sweep report needs it
     from analysis.load import AnalysisError, StoreAccessError
     from analysis.report import print_summary
+    from analysis.report.trainable import TrainableReport
     from analysis.stats import StatsSettings
     from fusion_ray import api
 
@@ -158,6 +159,9 @@ def _report(spec: SweepSpec, out_dir: str) -> None:
             f"analysis report did not complete: {err}\nrun it by hand: python -m analysis.report "
             f"--experiment {spec.name} --tracking-uri {redact(spec.tracking_uri)}"
         )
+        return
+    if isinstance(result, TrainableReport):
+        print("\n".join(result.summary_lines()))
         return
     print_summary(result, StatsSettings().alpha)  # the alpha api.report uses
 

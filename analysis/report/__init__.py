@@ -52,6 +52,7 @@ from analysis.load.other_settings import OtherSettings
 from analysis.render.tables import Table
 from analysis.report.html import describe_experiment, describe_parent, write_html
 from analysis.report.markdown import WARNINGS_FILE, render_report, warnings_text
+from analysis.report.trainable import report_if_trainable
 from analysis.sections.base import Section, jsonable, records
 from analysis.sections.context import (
     ARTIFACT_PATH,
@@ -451,6 +452,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m analysis.repo
         return 2
     try:
         options = options_from_args(args)
+        if report_if_trainable(args.experiment, args.tracking_uri, args.out):
+            return 0
         result = build_report(args.experiment, args.tracking_uri, options)
     except StoreAccessError as err:
         print(f"error: {redact(err)}", file=sys.stderr)

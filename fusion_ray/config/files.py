@@ -314,9 +314,8 @@ def validate_sweep_dict(raw: dict[str, Any]) -> tuple[SweepSpec | None, list[str
 
 
 TRAINABLE_FILE = (
-    "trainable: this file names a trainable ({name}): fusion-ray sweep runs the study's sweep "
-    "files only in this version; check the trainable with fusion_ray.testing.check_trainable "
-    "(docs/how-to/trainables.md)"
+    "trainable: this file names a trainable ({name}): load it with fusion_ray.api.load (or "
+    "config.workload.load_any), which reads either kind of sweep file"
 )
 
 
@@ -325,24 +324,27 @@ def load_trainable_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Tra
     raises ``SweepFileError`` listing every problem (nothing is imported: the trainable's name
     is checked against the installed ones)."""
     raw = apply_overrides(read_sweep_dict(path), overrides, path)
+    problems = trainable_file_problems(raw)
+    if problems:
+        raise SweepFileError(path, problems)
+    return TrainableSweep.model_validate(raw)
+
+
+def trainable_file_problems(raw: dict[str, Any]) -> list[str]:
+    """A trainable sweep file's own problems (schema, then ``trainable_sweep_problems``)."""
     spec, problems = validate_collecting(TrainableSweep, raw)
     if spec is not None and not problems:
         problems = trainable_sweep_problems(spec)
-    if problems or spec is None:
-        raise SweepFileError(path, problems)
-    return spec
+    return problems
 
 
 def refuse_trainable_file(path: str | Path, raw: dict[str, Any]) -> None:
-    """A trainable sweep file (``trainable: NAME``) is refused with its own problems, or, when
-    it has none, with the fact that this version does not run it: never with the study's keys
-    it does not have."""
-    if "trainable" not in raw:
-        return
-    spec, problems = validate_collecting(TrainableSweep, raw)
-    if spec is not None and not problems:
-        problems = trainable_sweep_problems(spec)
-    raise SweepFileError(path, problems or [TRAINABLE_FILE.format(name=raw["trainable"])])
+    """A trainable sweep file (``trainable: NAME``) given where the study's is read: refused
+    with its own problems, or, when it has none, with where it is read (never with the study's
+    keys it does not have)."""
+    if "trainable" in raw:
+        problems = trainable_file_problems(raw)
+        raise SweepFileError(path, problems or [TRAINABLE_FILE.format(name=raw["trainable"])])
 
 
 def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
@@ -353,7 +355,11 @@ def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
     path, key or name is said at once."""
     original = read_sweep_dict(path)
     raw = apply_overrides(original, overrides, path)
-    refuse_trainable_file(path, raw)
+    if "trainable" in raw:  # a trainable's sweep: its own schema (nothing of it is imported)
+        problems = trainable_file_problems(raw)
+        if problems:
+            raise SweepFileError(path, problems)
+        return
     spec, problems = validate_collecting(SweepSpec, raw)
     if spec is not None and not problems:
         problems = name_problems(spec)

@@ -53,6 +53,10 @@ def _hash_config(flat: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+IDENTITY_TAGS = ("dataset", "position", "attention_position", "fusion", "seed")
+"""The tags that name a study cell's grid point and seed (``Cell.identity``)."""
+
+
 @dataclass(frozen=True)
 class Cell:
     """One trial of the sweep."""
@@ -100,6 +104,21 @@ class Cell:
     def regime(self) -> str:
         """Its place on the axis a trend runs along (the length question): its dataset."""
         return self.dataset
+
+    @property
+    def resource_group(self) -> str:
+        """The cells that ask for the same resources: its dataset's (``resources_for``)."""
+        return self.dataset
+
+    @property
+    def trial_name(self) -> str:
+        """Its Ray Tune trial's name."""
+        return f"{self.dataset}-{self.fusion}-{self.position}-s{self.seed}-{self.cell_id[:6]}"
+
+    def identity(self) -> dict[str, str]:
+        """The tags that name its grid point and seed (a run of other settings is matched by
+        them to say what differs)."""
+        return {t: str(getattr(self, t)) for t in IDENTITY_TAGS}
 
     @property
     def label(self) -> str:

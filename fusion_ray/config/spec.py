@@ -32,6 +32,7 @@ from fusion_ray.checks import address_problem, error_text, is_int, not_bool
 from fusion_ray.config.messages import keys_at, unknown_key_text
 from fusion_ray.data.spec import DataSpec
 from fusion_ray.redact import credentials_problem
+from fusion_ray.schema import axis_text
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
 
@@ -435,6 +436,19 @@ class SweepSpec(SharedSettings):
     def baseline_label(self) -> str:
         """The operator every comparison is against: ``baseline``, else the grid's first."""
         return self.baseline or self.grid.fusions[0].label
+
+    @property
+    def regimes(self) -> list[str]:
+        """The regimes a trend runs along, in the order of length: the datasets as listed."""
+        return list(self.grid.datasets)
+
+    def grid_levels(self) -> dict[str, list[str]]:
+        """Each setting axis's levels as text, in the file's order (``grid_axes``)."""
+        return {key: [axis_text(v) for v in values] for key, values in self.grid.settings.items()}
+
+    def group_resources(self, group: str) -> Resources:
+        """The trial resources of a resource group of cells (a dataset): ``resources_for``."""
+        return resources_for(self, group)
 
     def keep_points(self, points: list[Any] | None) -> None:
         """Remember the grid points validation built for exactly these settings."""

@@ -101,6 +101,9 @@ class TrainableSweep(Strict):
     tracking_uri: TrackingUri = "sqlite:///mlflow.db"
     retries: StrictInt = Field(1, ge=0, le=100)
     address: Address = None
+    smoke: dict[str, Any] = Field(default_factory=dict)
+    """Settings set over every cell's config by ``--smoke`` (dotted keys allowed), e.g.
+    ``{epochs: 1}``: the shrunk copy that checks the file end to end in seconds."""
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +125,19 @@ class TrainableSweep(Strict):
     def baseline_label(self) -> str:
         """The baseline arm's name: ``axis=level`` (what the comparisons are against)."""
         return f"{self.axis}={self.baseline_text}"
+
+    @property
+    def regimes(self) -> list[str]:
+        """No trend axis: a trainable sweep asks no length question."""
+        return []
+
+    def grid_levels(self) -> dict[str, list[str]]:
+        """Each grid axis's levels as text, in the file's order (the parent run's ``grid_axes``)."""
+        return {key: [axis_text(v) for v in levels] for key, levels in self.grid.items()}
+
+    def group_resources(self, group: str) -> Resources:
+        """Every trial holds the sweep's ``resources:`` (one resource group: the trainable)."""
+        return self.resources
 
     def decided_kinds(self) -> list[str]:
         """The questions an adaptive sweep decides: each level against the baseline per group
@@ -256,6 +272,24 @@ class TrainableCell:
         rest = " ".join(f"{key}={text}" for key, text in self.group)
         lead = f"{self.level} seed {self.seed}"
         return f"{lead} | {rest}" if rest else lead
+
+    @property
+    def resource_group(self) -> str:
+        """The cells that ask for the same resources: every cell of the sweep (its trainable)."""
+        return self.trainable
+
+    @property
+    def trial_name(self) -> str:
+        """Its Ray Tune trial's name: the grid point, the seed and the cell id's start."""
+        levels = "-".join(text for _, text in self.axes)
+        return f"{self.trainable}-{levels}-s{self.seed}-{self.cell_id[:6]}"
+
+    def identity(self) -> dict[str, str]:
+        """The tags that name its grid point and seed (a run of other settings is matched by
+        them to say what differs)."""
+        return {f"{AXIS_TAG_PREFIX}{key}": text for key, text in self.axes} | {
+            "seed": str(self.seed)
+        }
 
     @property
     def settings(self) -> tuple[tuple[str, str], ...]:

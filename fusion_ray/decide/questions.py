@@ -193,12 +193,13 @@ def possible(
 ) -> tuple[str, ...]:
     """The kinds a grid of ``groups`` decides by default: ``operator`` always; ``length`` with
     two regimes or more, else ``length_within`` (one regime: its long against its short
-    documents); ``interaction`` with a setting axis of two levels or more."""
-    present = {dict(g)["dataset"] for g in groups}
+    documents; none for groups without a dataset: a trainable's); ``interaction`` with a
+    setting axis of two levels or more."""
+    present = {dict(g).get("dataset") for g in groups} - {None}
     kinds = ["operator"]
     if sum(r in present for r in regimes) >= 2:
         kinds.append("length")
-    else:
+    elif present:
         kinds.append("length_within")
     if any(len(v) >= 2 for v in levels.values()):
         kinds.append("interaction")

@@ -13,7 +13,6 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
@@ -25,7 +24,9 @@ from fusion_ray.driver.progress import (
     STATUS_SECONDS,
     duration,
     fit_line,
+    outcome_text,
     time_left,
+    trial_error_text,
 )
 from fusion_ray.driver.storage import checkpoint_uri
 from fusion_ray.driver.store_faults import store_gone
@@ -57,18 +58,6 @@ def failure_kind(reason: str) -> str:
     (Tune's retries included), else "trial" (its code raised: an out-of-memory error of the
     operator, a NaN loss, a bug). Only a trial's own failure counts in the decisions."""
     return "infrastructure" if _LOST.search(reason) else "trial"
-
-
-def trial_error_text(trial: Any) -> str:
-    """The end of a failed Tune trial's traceback, for the run's failure_reason tag."""
-    try:
-        error_file = trial.error_file
-        if error_file and Path(error_file).exists():
-            text = Path(error_file).read_text().strip().splitlines()
-            return "\n".join(text[-15:])
-    except OSError:
-        pass
-    return "the trial raised an error; see the Ray Tune logs"
 
 
 _HOOKS = (
@@ -187,7 +176,7 @@ class MLflowSweepCallback(TrackingCallback):
     def __init__(
         self,
         tracker: Tracker,
-        cells: dict[str, Cell],
+        cells: dict[str, Any],
         existing: dict[str, CellRun],
         parent_id: str,
         storage_path: str,
@@ -195,8 +184,11 @@ class MLflowSweepCallback(TrackingCallback):
         lease: SweepLease | None = None,
         cells_left: Callable[[], tuple[int, int] | None] | None = None,
         hypotheses_open: Callable[[], tuple[int, int] | None] | None = None,
+        metric: str | None = None,
     ) -> None:
         super().__init__(tracker, lease)
+        self.metric = metric
+        """A trainable's decision metric, shown on each finished trial's line (None: its first)."""
         self.cells_left = cells_left
         """An adaptive sweep's (cells its open hypotheses need now, cells if they all ran to the
         cap), for the time-left estimate; None: every pending cell runs."""
@@ -237,7 +229,7 @@ class MLflowSweepCallback(TrackingCallback):
         prefix, suffix = f"[{done}/{total}] ", f": {outcome} ({seconds:.1f} s)"
         name = cell.run_name
         if len(prefix) + len(name) + len(suffix) > LINE_WIDTH:  # the dataset says where enough
-            name = f"{name.rsplit(' | ', 1)[0]} | {cell.dataset}"
+            name = f"{name.rsplit(' | ', 1)[0]} | {cell.resource_group}"
         line = fit_line(prefix, name, suffix)
         print(line, flush=True)
         now = time.monotonic()
@@ -296,8 +288,8 @@ class MLflowSweepCallback(TrackingCallback):
                 # a run that already holds its final metrics (its trial ended before the driver
                 # died) is only re-tested on resume, with the same weights: log them once
                 self.tracker.log_final(run_id, result)
-            dataset = self.cells[cid].dataset
-            if dataset not in self.references_logged:
+            dataset = self.cells[cid].resource_group
+            if reported.reported is None and dataset not in self.references_logged:
                 self.tracker.log_reference(self.parent_id, dataset, result)
                 self.references_logged.add(dataset)
         elif reported.epoch is not None and reported.epoch > self.logged_until[cid]:
@@ -342,12 +334,13 @@ class MLflowSweepCallback(TrackingCallback):
             self.failed[cid] = reason
             self._progress(cid, f"FAILED: {reason}")
             return
-        checkpoint = self.checkpoints.get(cid)
-        if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
-            log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
+        if last.reported is None:  # the study's trial: its predictions are in its checkpoint
+            checkpoint = self.checkpoints.get(cid)
+            if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
+                log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(cid)
-        self._progress(cid, f"test_acc {100 * (last.test_acc or 0.0):.2f}%")
+        self._progress(cid, outcome_text(last, self.metric))
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Tune retries a failed trial (``retries``): one line, so a lost node is seen when it

@@ -42,3 +42,23 @@ class TrialJob:
     """The checkpoint the cell resumes from (its MLflow run's, inside storage), or None."""
     latency_baseline: OperatorRef | None = None
     """The operator the trial times itself against; None measures no latency ratio."""
+
+
+@dataclass(frozen=True)
+class TrainableJob:
+    """One cell of a trainable's sweep (``trainable: NAME``) as the driver hands it to Ray Tune."""
+
+    cell_id: str
+    sweep: str
+    tune_run: str
+    trainable: str
+    """The trainable's registered name (loaded in the trial's process)."""
+    config: dict[str, Any]
+    """The cell's config: the sweep's defaults with its grid point's levels set."""
+    seed: int
+    """The paired seed (every arm of a block gets the same one)."""
+    resources: Resources
+    train_storage: str
+    metric: str | None = None
+    """The sweep's decision metric, which the trainable must return (None: its first)."""
+    resume_from: str | None = None

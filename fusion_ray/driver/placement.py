@@ -19,7 +19,8 @@ from typing import Any
 
 import yaml
 
-from fusion_ray.config import Resources, resources_for
+from fusion_ray.config import Resources
+from fusion_ray.config.trainable import TrainableSweep
 from fusion_ray.driver import head
 from fusion_ray.driver.trial import CPU_FALLBACK_ENV, trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
@@ -126,7 +127,7 @@ def dry_run_check(
         capacity, what = local_capacity(), "this machine"
     rehearsed = rehearses_on_cpus(spec, datasets, capacity, smoke)
     placed = on_cpus(spec) if rehearsed else spec
-    check = check_placement({d: resources_for(placed, d) for d in datasets}, capacity)
+    check = check_placement({d: placed.group_resources(d) for d in datasets}, capacity)
     if check.never:
         return "\n".join(
             [
@@ -209,7 +210,7 @@ def rehearses_on_cpus(spec: Any, datasets: Sequence[str], capacity: Capacity, sm
     smoke run or with ``FUSION_RAY_CPU_FALLBACK=1``."""
     asked = smoke or os.environ.get(CPU_FALLBACK_ENV) == "1"
     return (
-        asked and not has_gpus(capacity) and any(resources_for(spec, d).use_gpu for d in datasets)
+        asked and not has_gpus(capacity) and any(spec.group_resources(d).use_gpu for d in datasets)
     )
 
 
@@ -244,7 +245,9 @@ def has_gpus(capacity: Capacity) -> bool:
 def on_cpus(spec: Any) -> Any:
     """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker: a
     new value with the grid points validation built (a trial's settings do not depend on where
-    it runs), not built again."""
+    it runs), not built again. A trainable's sweep has one ``resources:``."""
+    if isinstance(spec, TrainableSweep):
+        return spec.model_copy(update={"resources": without_gpus(spec.resources)})
     datasets = {
         name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
         if preset.resources is not None
@@ -284,7 +287,7 @@ def fit(spec: Any, datasets: Sequence[str], *, smoke: bool) -> Placement:
             f"{spec.name}: {why} on a Ray without GPUs: the GPU trials are rehearsed on CPUs "
             f"(tag {CPU_REHEARSAL_TAG} on the parent run)"
         )
-    check = check_placement({d: resources_for(spec, d) for d in datasets}, capacity)
+    check = check_placement({d: spec.group_resources(d) for d in datasets}, capacity)
     if check.never:
         raise PlacementError(check.error(capacity))
     return Placement(spec, rehearse, check)

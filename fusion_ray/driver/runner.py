@@ -19,13 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fusion_ray.config import SweepSpec, resources_for
-from fusion_ray.config.grid import Cell
+from fusion_ray.config import SweepSpec
+from fusion_ray.config.trainable import TrainableSweep
+from fusion_ray.config.workload import AnySweep, decision_metric
 from fusion_ray.driver import placement
-from fusion_ray.driver.job import OperatorRef, TrialJob
+from fusion_ray.driver.job import OperatorRef, TrainableJob, TrialJob
 from fusion_ray.driver.placement import PlacementError, placement_timeout_s
 from fusion_ray.driver.session import DriverSession, tune_output
 from fusion_ray.driver.storage import finish_ended_trials, resume_point, storage_uri
+from fusion_ray.driver.trainable_trial import run_trainable_cell
 from fusion_ray.driver.trial import run_cell, trial_resources
 from fusion_ray.model.fusion import FUSIONS
 from fusion_ray.policy.plan import Plan, plan
@@ -35,7 +37,7 @@ from fusion_ray.schema import (
     DISPLAY_ORDER_TAG,
     GRID_AXES_TAG,
     OVERRIDES_TAG,
-    axis_text,
+    TRAINABLE_TAG,
 )
 
 log = logging.getLogger("fusion_ray.sweep")
@@ -60,7 +62,7 @@ class SweepOutcome:
 
 
 def run_sweep(
-    spec: SweepSpec,
+    spec: AnySweep,
     sweep_file: str | None = None,
     *,
     address: str | None = None,
@@ -99,7 +101,7 @@ def run_sweep(
 
 
 def _parent_params(
-    spec: SweepSpec, todo: Plan, policy: SeedPolicy, rehearsal: bool, overrides: Sequence[str]
+    spec: AnySweep, todo: Plan, policy: SeedPolicy, rehearsal: bool, overrides: Sequence[str]
 ) -> dict[str, str]:
     """What the parent run records of this invocation."""
     params = {"seeds": str(spec.seeds), "cells": str(len(todo.cells))}
@@ -110,14 +112,19 @@ def _parent_params(
     if overrides:
         params[OVERRIDES_TAG] = json.dumps(list(overrides))
     params.update(policy.parent_params())
-    params[GRID_AXES_TAG] = json.dumps(
-        {key: [axis_text(v) for v in values] for key, values in spec.grid.settings.items()}
-    )
-    params[DISPLAY_ORDER_TAG] = json.dumps(display_order(todo.cells))
+    params[GRID_AXES_TAG] = json.dumps(spec.grid_levels())
+    if isinstance(spec, TrainableSweep):
+        name, mode = decision_metric(spec)
+        params[TRAINABLE_TAG] = json.dumps(
+            {"trainable": spec.trainable, "axis": spec.axis, "baseline": spec.baseline_text}
+            | {"metric": name, "mode": mode}
+        )
+    else:
+        params[DISPLAY_ORDER_TAG] = json.dumps(display_order(todo.cells))
     return params
 
 
-def display_order(cells: Sequence[Cell]) -> dict[str, list[str]]:
+def display_order(cells: Sequence[Any]) -> dict[str, list[str]]:
     """The sweep's operators in the fusion registry's order and its datasets in the sweep
     file's (the grid's cells come in it): how the report lists them (``DISPLAY_ORDER_TAG``)."""
     used = {c.fusion.split("(", 1)[0] for c in cells}
@@ -128,12 +135,13 @@ def display_order(cells: Sequence[Cell]) -> dict[str, list[str]]:
     }
 
 
-def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
-    """``placement.fit`` for the pending cells, saying which datasets wait for the autoscaler."""
-    datasets = list(dict.fromkeys(c.dataset for c in todo.pending))  # in the sweep's order
-    placed = placement.fit(spec, datasets, smoke=smoke)
+def _placed(spec: AnySweep, todo: Plan, smoke: bool) -> tuple[AnySweep, bool]:
+    """``placement.fit`` for the pending cells, saying which of their resource groups (the
+    study's datasets) wait for the autoscaler."""
+    groups = list(dict.fromkeys(c.resource_group for c in todo.pending))  # in the sweep's order
+    placed = placement.fit(spec, groups, smoke=smoke)
     for dataset, request in placed.check.later.items():
-        pending = sum(c.dataset == dataset for c in todo.pending)
+        pending = sum(c.resource_group == dataset for c in todo.pending)
         print(
             f"waiting for the autoscaler to add a node for {dataset} ({request}); {pending} "
             f"trials pending (gives up after {placement.placement_timeout_s():g} s, "
@@ -143,7 +151,7 @@ def _placed(spec: SweepSpec, todo: Plan, smoke: bool) -> tuple[SweepSpec, bool]:
 
 
 def _run_cells(
-    spec: SweepSpec, session: DriverSession, todo: Plan, policy: SeedPolicy, verbose: int
+    spec: AnySweep, session: DriverSession, todo: Plan, policy: SeedPolicy, verbose: int
 ) -> SweepOutcome:
     # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
     from fusion_ray.driver.callbacks import MLflowSweepCallback
@@ -166,6 +174,7 @@ def _run_cells(
         lease=session.lease,
         cells_left=policy.cells_left if policy.at_most else None,
         hypotheses_open=policy.hypotheses_open if policy.at_most else None,
+        metric=decision_metric(spec)[0],
     )
     try:
         with session.tune_run(lambda: len(callback.finished)):
@@ -197,7 +206,7 @@ def _run_cells(
 
 
 def _run_policy(
-    spec: SweepSpec,
+    spec: AnySweep,
     todo: Plan,
     policy: SeedPolicy,
     callback: Any,
@@ -217,15 +226,32 @@ def _run_policy(
     return ran
 
 
-def _job(spec: SweepSpec, cell: Cell, resume_from: str | None, tune_run: str) -> TrialJob:
+def _job(
+    spec: AnySweep, cell: Any, resume_from: str | None, tune_run: str
+) -> TrialJob | TrainableJob:
     storage = storage_uri(spec.storage_path)
+    train_storage = f"{storage.rstrip('/')}/{spec.name}-train"
+    resources = spec.group_resources(cell.resource_group)
+    if isinstance(spec, TrainableSweep):
+        return TrainableJob(
+            cell.cell_id,
+            spec.name,
+            tune_run,
+            spec.trainable,
+            cell.config,
+            cell.seed,
+            resources,
+            train_storage,
+            metric=spec.metric.name,
+            resume_from=resume_from,
+        )
     return TrialJob(
         cell_id=cell.cell_id,
         sweep=spec.name,
         tune_run=tune_run,
         trial=cell.trial,
-        resources=resources_for(spec, cell.dataset),
-        train_storage=f"{storage.rstrip('/')}/{spec.name}-train",
+        resources=resources,
+        train_storage=train_storage,
         resume_from=resume_from,
         latency_baseline=_latency_baseline(spec),
     )
@@ -240,9 +266,9 @@ def _latency_baseline(spec: SweepSpec) -> OperatorRef:
 
 
 def _tuner(
-    spec: SweepSpec,
+    spec: AnySweep,
     run: TuneRun,
-    jobs: list[TrialJob],
+    jobs: list[TrialJob | TrainableJob],
     callback: Any,
     stopping: Callable[[], bool],
     verbose: int,
@@ -260,7 +286,7 @@ def _tuner(
     searcher, tune_run = run.searcher, run.name
     by_id = {c.cell_id: c for c in run.cells}
     resources_by_id = {
-        c.cell_id: PlacementGroupFactory([trial_resources(resources_for(spec, c.dataset))])
+        c.cell_id: PlacementGroupFactory([trial_resources(spec.group_resources(c.resource_group))])
         for c in run.cells
     }
     # The jobs go to the object store once (with_parameters); each trial picks its own by id.
@@ -275,7 +301,7 @@ def _tuner(
             # Start each trial in a warm actor when resources match: no new Python process per
             # trial. The loop sets every seed and RNG state itself, so nothing leaks between trials.
             reuse_actors=True,
-            trial_name_creator=lambda t: _trial_name(by_id[t.config["cell_id"]]),
+            trial_name_creator=lambda t: by_id[t.config["cell_id"]].trial_name,
             trial_dirname_creator=lambda t: t.config["cell_id"],
         ),
         run_config=tune.RunConfig(
@@ -322,9 +348,9 @@ def _placement_callback() -> Any:
     return _Watch()
 
 
-def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob]) -> None:
-    run_cell(jobs[config["cell_id"]])
-
-
-def _trial_name(cell: Cell) -> str:
-    return f"{cell.dataset}-{cell.fusion}-{cell.position}-s{cell.seed}-{cell.cell_id[:6]}"
+def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob | TrainableJob]) -> None:
+    job = jobs[config["cell_id"]]
+    if isinstance(job, TrainableJob):
+        run_trainable_cell(job)
+    else:
+        run_cell(job)

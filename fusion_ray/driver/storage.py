@@ -19,8 +19,7 @@ from urllib.parse import parse_qs, urlparse, urlsplit
 
 import pyarrow.fs
 
-from fusion_ray.config import SweepSpec
-from fusion_ray.config.grid import Cell
+from fusion_ray.config.workload import AnySweep
 from fusion_ray.policy.plan import Plan
 from fusion_ray.redact import redact
 
@@ -90,7 +89,7 @@ def _directory_exists(uri: str) -> bool:
 
 
 def finish_ended_trials(
-    spec: SweepSpec, tracker: Any, todo: Plan, lease_token: str | None = None
+    spec: AnySweep, tracker: Any, todo: Plan, lease_token: str | None = None
 ) -> None:
     """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
     storage) but whose run was never marked FINISHED, because the driver died (or was paused
@@ -109,7 +108,7 @@ def finish_ended_trials(
             log.info("cell %s: its trial had ended; its run is finished from storage", cid)
 
 
-def resume_point(spec: SweepSpec, cell: Cell, existing: dict[str, Any]) -> str | None:
+def resume_point(spec: AnySweep, cell: Any, existing: dict[str, Any]) -> str | None:
     """The checkpoint a cell resumes from: its MLflow run's, while that checkpoint still exists
     and lies under this sweep's storage (a path read from the tracking store is trusted only
     there: checkpoints are loaded, and a path elsewhere may be anyone's file)."""

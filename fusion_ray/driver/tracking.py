@@ -14,6 +14,7 @@ holds that), so every read and write of the tracking store is here.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -59,11 +60,15 @@ from fusion_ray.schema import (
     PARENT_TAG,
     PREDICTIONS_FILE,
     REFERENCE_METRIC_PREFIX,
+    RETURNED_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
+    STEP_METRIC,
+    returned_metrics,
 )
 from fusion_ray.store_errors import sqlite_file
+from fusion_ray.train.result import TrialResult
 from fusion_ray.version import git_sha
 
 if TYPE_CHECKING:
@@ -124,8 +129,10 @@ class CellRun:
     checkpoint_path: str | None
     has_final: bool = False
     """The run already holds the trial's final metrics (its trial ended; maybe not its run)."""
-    test_acc: float | None = None
-    """Its final test accuracy, when logged (what adaptive seeds decide from)."""
+    score: float | None = None
+    """Its final value of the sweep's decision metric, signed so that more is better (the
+    study's test accuracy; a trainable's ``metric:``, negated for ``mode: min``), when logged:
+    what adaptive seeds decide from."""
     parts: dict[str, float] = field(default_factory=dict)
     """Its accuracy on the shortest and longest length quarter of its test split, when logged
     (``fusion_ray.decide.questions.quarter_accuracy``)."""
@@ -251,19 +258,26 @@ class Tracker:
                 return runs
 
     @staticmethod
-    def best_runs(runs: list[Any]) -> dict[str, CellRun]:
-        """The best run of every cell id among ``runs``: FINISHED first, else the most recent."""
+    def best_runs(
+        runs: list[Any], metric: str | None = "test_acc", mode: str = "max"
+    ) -> dict[str, CellRun]:
+        """The best run of every cell id among ``runs``: FINISHED first, else the most recent;
+        ``metric`` and ``mode``: the sweep's decision metric (None: the first metric each run's
+        trainable returned, ``RETURNED_TAG``)."""
         rank = {"FINISHED": 0, "RUNNING": 1, "KILLED": 2, "FAILED": 3, "SCHEDULED": 4}
         best: dict[str, CellRun] = {}
         for run in sorted(runs, key=lambda r: (rank.get(r.info.status, 9), -r.info.start_time)):
             cid = run.data.tags.get("cell_id")
             if cid and cid not in best:
+                name = metric or next(iter(returned_metrics(run.data.tags)), None)
+                value = run.data.metrics.get(name) if name else None
+                returned = RETURNED_TAG in run.data.tags
                 best[cid] = CellRun(
                     run.info.run_id,
                     run.info.status,
                     run.data.tags.get(CHECKPOINT_TAG),
-                    "test_acc" in run.data.metrics,
-                    run.data.metrics.get("test_acc"),
+                    returned or "test_acc" in run.data.metrics,
+                    None if value is None else (value if mode == "max" else -value),
                     quarter_accuracy(run.data.metrics),
                     run.data.tags.get(FAILURE_KIND_TAG) == "infrastructure",
                     _seconds(run.info),
@@ -436,17 +450,30 @@ class Tracker:
         return run.info.run_id
 
     def last_logged_epoch(self, run_id: str) -> int:
-        """The highest epoch a run already has (-1 for none), so a resumed run logs each epoch once."""
-        return max((m.step for m in self.client.get_metric_history(run_id, "val_acc")), default=-1)
+        """The highest epoch (a trainable's step) a run already has (-1 for none), so a resumed
+        run logs each one once."""
+        for name in ("val_acc", STEP_METRIC):
+            steps = [m.step for m in self.client.get_metric_history(run_id, name)]
+            if steps:
+                return max(steps)
+        return -1
 
     def log_epoch(self, run_id: str, result: dict[str, Any]) -> None:
+        """An epoch's metrics (a trainable's report: its own metrics and its ``step``)."""
         step = int(result["epoch"])
-        metrics = [
-            Metric(k, float(result[k]), _now_ms(), step) for k in EPOCH_METRICS if k in result
-        ]
+        reported = TrialResult.of(result).reported
+        names = EPOCH_METRICS if reported is None else (*reported, STEP_METRIC)
+        metrics = [Metric(k, float(result[k]), _now_ms(), step) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
     def log_final(self, run_id: str, result: dict[str, Any]) -> None:
+        """The final metrics (a trainable's: what it returned, their order in ``RETURNED_TAG``)."""
+        reported = TrialResult.of(result).reported
+        if reported is not None:
+            self.client.set_tag(run_id, RETURNED_TAG, json.dumps(reported)[:4900])
+            metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in reported]
+            self.client.log_batch(run_id, metrics=metrics)
+            return
         names: tuple[str, ...] = (
             *FINAL_METRICS,
             *LENGTH_QUARTER_METRICS,

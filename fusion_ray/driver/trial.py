@@ -99,7 +99,8 @@ def run_direct(
 
 def run_cell(job: TrialJob) -> None:
     """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
-    ``job`` was built and checked by the driver; it is used as it is."""
+    ``job`` was built and checked by the driver; it is used as it is (a trainable's cell runs
+    through ``trainable_trial.run_trainable_cell``)."""
     res = job.resources
     if res.workers == 1 and not res.force_trainer:
         try:
@@ -116,7 +117,7 @@ def run_cell(job: TrialJob) -> None:
             # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
             from ray import tune
 
-            tune.report({TRIAL_ERROR: _error_summary(exc)})
+            tune.report({TRIAL_ERROR: error_summary(exc)})
         return
     _run_trainer(job)
 
@@ -133,21 +134,18 @@ REPEATING_ERRORS = (
 seed, a missing file, a dataset that cannot be downloaded): retrying would repeat them."""
 
 
-def _error_summary(exc: BaseException) -> str:
+def error_summary(exc: BaseException) -> str:
     lines = traceback.format_exception(exc)
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
 
 
 def _run_trainer(job: TrialJob) -> None:
     # lazy: ray.train takes ~3 s to import; only a multi-worker trial needs it
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
+    from ray.train.torch import TorchTrainer
 
     from fusion_ray.train.loop import train_worker
 
     res = job.resources
-    per_worker = worker_resources(res)
     baseline = job.latency_baseline
     trainer = TorchTrainer(
         train_worker,
@@ -157,17 +155,31 @@ def _run_trainer(job: TrialJob) -> None:
             "threads": max(1, int(res.cpus_per_worker)),
             "latency_baseline": baseline.mapping() if baseline is not None else None,
         },
-        torch_config=TorchConfig(backend="nccl" if res.use_gpu else "gloo"),
-        scaling_config=ScalingConfig(
-            num_workers=res.workers, use_gpu=res.use_gpu, resources_per_worker=per_worker
+        **trainer_settings(res, f"{job.tune_run}-{job.cell_id}", job.train_storage),
+    )
+    trainer.fit()
+
+
+def trainer_settings(res: Resources, name: str, storage: str) -> dict[str, Any]:
+    """The ``TorchTrainer`` keywords of every multi-worker sweep trial: DDP's backend (NCCL on
+    GPUs, gloo on CPUs), its workers, and its Ray Train run ``name`` under ``storage``."""
+    # lazy: ray.train takes ~3 s to import; only a multi-worker trial needs it
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    return {
+        "torch_config": TorchConfig(backend="nccl" if res.use_gpu else "gloo"),
+        "scaling_config": ScalingConfig(
+            num_workers=res.workers, use_gpu=res.use_gpu, resources_per_worker=worker_resources(res)
         ),
         # One Train run per cell and sweep invocation: a Tune retry of this trial restarts the
         # trainer under the same name, and Ray Train resumes it from its last checkpoint. Across
         # invocations a cell resumes only from the checkpoint its MLflow run records
         # (`resume_from`). Retries happen at one level, Tune's, so `retries` means what it says.
-        run_config=RunConfig(
-            name=f"{job.tune_run}-{job.cell_id}",
-            storage_path=job.train_storage,
+        "run_config": RunConfig(
+            name=name,
+            storage_path=storage,
             # ray.train exports Train V2's configs at run time (V2 is on by default), but
             # type checkers read its V1 ones (ray.air.config): no max_preemption_failures there,
             # and callbacks typed as Tune's
@@ -177,5 +189,4 @@ def _run_trainer(job: TrialJob) -> None:
             checkpoint_config=CheckpointConfig(num_to_keep=2),
             callbacks=[TuneReportCallback()],  # type: ignore[list-item]
         ),
-    )
-    trainer.fit()
+    }

@@ -11,20 +11,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fusion_ray.config import SweepSpec
-from fusion_ray.config.grid import Cell, expand
+from fusion_ray.config.workload import AnySweep, cells_of, decision_metric
 from fusion_ray.other_settings import describe_differences, param_differences
 
 # MLflow keeps at most this many characters of a param value (the tracker truncates to it).
 PARAM_CHARS = 6000
-_MATCH_TAGS = ("dataset", "position", "attention_position", "fusion", "seed")
 
 
 @dataclass
 class Plan:
     """What is left to do for a sweep, and what in its experiment is not part of it."""
 
-    cells: list[Cell]
+    cells: list[Any]
+    """The sweep's cells (``config.workload.cells_of``)."""
     existing: dict[str, Any] = field(default_factory=dict)
     """The best run (``tracking.CellRun``) of each of this sweep's cells that has one."""
     done: set[str] = field(default_factory=set)
@@ -35,7 +34,7 @@ class Plan:
     """What those runs differ in, most common first (``train.epochs 2 in 9 runs vs 1 here``)."""
 
     @property
-    def pending(self) -> list[Cell]:
+    def pending(self) -> list[Any]:
         return [c for c in self.cells if c.cell_id not in self.done]
 
     def other_settings_note(self, sweep: str) -> str | None:
@@ -50,14 +49,16 @@ class Plan:
         )
 
 
-def plan(spec: SweepSpec, tracker: Any | None) -> Plan:
-    """The sweep's cells against the runs ``tracker`` sees (None: an experiment not made yet)."""
-    cells = expand(spec)
+def plan(spec: AnySweep, tracker: Any | None) -> Plan:
+    """The sweep's cells against the runs ``tracker`` sees (None: an experiment not made yet),
+    each run scored by the sweep's decision metric (``config.workload.decision_metric``)."""
+    cells = cells_of(spec)
     if tracker is None:
         return Plan(cells)
     ids = {c.cell_id for c in cells}
     runs = tracker.trial_runs()
-    existing = {cid: run for cid, run in tracker.best_runs(runs).items() if cid in ids}
+    best = tracker.best_runs(runs, *decision_metric(spec))
+    existing = {cid: run for cid, run in best.items() if cid in ids}
     done = {cid for cid, run in existing.items() if run.status == "FINISHED"}
     foreign = [
         r for r in runs if r.info.status == "FINISHED" and r.data.tags.get("cell_id") not in ids
@@ -65,13 +66,15 @@ def plan(spec: SweepSpec, tracker: Any | None) -> Plan:
     return Plan(cells, existing, done, len(foreign), other_settings_lines(cells, foreign))
 
 
-def other_settings_lines(cells: list[Cell], runs: list[Any]) -> list[str]:
-    """What ``runs`` (matching no cell) differ in from the cells with their dataset, position,
-    operator and seed, worded as the report words it (``fusion_ray.other_settings``)."""
-    by_key = {tuple(str(getattr(c, t)) for t in _MATCH_TAGS): c for c in cells}
+def other_settings_lines(cells: list[Any], runs: list[Any]) -> list[str]:
+    """What ``runs`` (matching no cell) differ in from the cells with their grid point and seed
+    (``Cell.identity``: a study cell's dataset, positions, operator and seed), worded as the
+    report words it (``fusion_ray.other_settings``)."""
+    names = list(cells[0].identity()) if cells else []
+    by_key = {tuple(c.identity().values()): c for c in cells}
     pairs, unmatched = [], 0
     for run in runs:
-        cell = by_key.get(tuple(run.data.tags.get(t, "") for t in _MATCH_TAGS))
+        cell = by_key.get(tuple(run.data.tags.get(t, "") for t in names))
         if cell is None:
             unmatched += 1
             continue
@@ -79,5 +82,5 @@ def other_settings_lines(cells: list[Cell], runs: list[Any]) -> list[str]:
         pairs.append((run.data.params, mine))
     lines = describe_differences(param_differences(pairs))
     if unmatched:
-        lines.append(f"{unmatched} run(s) of a {'/'.join(_MATCH_TAGS)} this file does not have")
+        lines.append(f"{unmatched} run(s) of a {'/'.join(names)} this file does not have")
     return lines

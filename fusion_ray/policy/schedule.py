@@ -148,15 +148,15 @@ class SeedSchedule:
 def finished_results(
     cells: list[Cell], runs: Mapping[str, object]
 ) -> dict[str, float | Mapping[str, float] | None]:
-    """Results of the cells whose run ended (``tracking.CellRun``): the test accuracy of a
-    FINISHED run, None for a cell whose best run FAILED by its own code (it counts as a failure
+    """Results of the cells whose run ended (``tracking.CellRun``): the score of a FINISHED run
+    (its decision metric, more is better: the study's test accuracy), None for a cell whose best run FAILED by its own code (it counts as a failure
     and is not run again); a run whose process or node was lost (``infrastructure``) and a
     KILLED one (interrupted) are no result: the cell runs (or continues) again."""
     out: dict[str, float | Mapping[str, float] | None] = {}
     for cell in cells:
         run = runs.get(cell.cell_id)
         status = getattr(run, "status", None)
-        acc = getattr(run, "test_acc", None)
+        acc = getattr(run, "score", None)
         if status == "FINISHED" and acc is not None:
             out[cell.cell_id] = {"all": float(acc), **getattr(run, "parts", {})}
         elif status == "FAILED" and not getattr(run, "infrastructure", False):

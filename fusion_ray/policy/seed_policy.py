@@ -25,8 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from fusion_ray.config import SweepSpec
-from fusion_ray.config.grid import Cell
+from fusion_ray.config.workload import AnySweep
 from fusion_ray.decide.questions import KINDS, failed_runs_by_operator
 from fusion_ray.decide.sequential import decision_rows, decisions_text
 from fusion_ray.policy.plan import Plan, plan
@@ -78,7 +77,7 @@ class TuneRun:
     suggests them (None: all of them, as a grid)."""
 
     name: str
-    cells: list[Cell]
+    cells: list[Any]
     searcher: Any = None
 
 
@@ -88,7 +87,7 @@ class SeedPolicy(Protocol):
     at_most: bool
     """Whether the sweep's cell count is a worst case (the progress line says "at most")."""
 
-    def needed(self) -> list[Cell]:
+    def needed(self) -> list[Any]:
         """The cells this invocation would run now (empty: nothing to do)."""
 
     def nothing_to_do(self) -> str:
@@ -126,10 +125,10 @@ class FixedSeedPolicy:
 
     at_most = False
 
-    def __init__(self, spec: SweepSpec, todo: Plan) -> None:
+    def __init__(self, spec: AnySweep, todo: Plan) -> None:
         self.spec, self.todo = spec, todo
 
-    def needed(self) -> list[Cell]:
+    def needed(self) -> list[Any]:
         return self.todo.pending
 
     def nothing_to_do(self) -> str:
@@ -167,7 +166,7 @@ class AdaptiveSeedPolicy:
 
     at_most = True
 
-    def __init__(self, spec: SweepSpec, todo: Plan) -> None:
+    def __init__(self, spec: AnySweep, todo: Plan) -> None:
         assert spec.adaptive is not None, "an adaptive policy for a sweep with fixed seeds"
         self.spec, self.todo, self.rule = spec, todo, spec.adaptive
         self.schedule = SeedSchedule(
@@ -175,10 +174,10 @@ class AdaptiveSeedPolicy:
             spec.baseline_label,
             spec.adaptive,
             finished_results(todo.cells, todo.existing),
-            regimes=list(spec.grid.datasets),
+            regimes=spec.regimes,
         )
 
-    def needed(self) -> list[Cell]:
+    def needed(self) -> list[Any]:
         return self.schedule.needed()
 
     def nothing_to_do(self) -> str:
@@ -288,7 +287,7 @@ def decision_table(schedule: SeedSchedule, with_evidence: bool = False) -> Any:
     return (rows, evidence) if with_evidence else rows
 
 
-def policy_for(spec: SweepSpec, todo: Plan) -> SeedPolicy:
+def policy_for(spec: AnySweep, todo: Plan) -> SeedPolicy:
     """The sweep's seed policy over the cells ``todo`` plans."""
     return (
         AdaptiveSeedPolicy(spec, todo) if spec.adaptive is not None else FixedSeedPolicy(spec, todo)

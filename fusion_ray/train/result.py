@@ -5,6 +5,7 @@ mappings), read in one place. The trial's loop writes the keys (``FINAL``, ``TRI
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,11 @@ CHECKPOINT_SET_ASIDE = "checkpoint_set_aside"
 and started again from scratch: ``<path>: <reason>; set aside as <path>.unreadable`` (a local
 folder, renamed) or ``<path>: <reason>; left in place`` (a URI); ``set_aside_note`` writes it,
 ``SetAside.parse`` reads it."""
+
+REPORTED = "reported_metrics"
+"""The key a trainable's trial (``fusion_ray.trainables``) adds to each report: the names of the
+trainable's own metrics in it, as a JSON list, in the order given (its final report: the order
+it returned them). The driver logs exactly those; a study trial's reports have no such key."""
 
 _MOVED, _KEPT = "; set aside as ", "; left in place"
 
@@ -89,6 +95,12 @@ class TrialResult:
     def final(self) -> bool:
         """Whether these are the trial's final metrics (test accuracy at the best epoch)."""
         return bool(self.metrics.get(FINAL)) and self.error is None
+
+    @property
+    def reported(self) -> list[str] | None:
+        """A trainable's own metric names in this report (``REPORTED``); None for the study's."""
+        names = self.metrics.get(REPORTED)
+        return None if names is None else list(json.loads(names))
 
     @property
     def epoch(self) -> int | None:

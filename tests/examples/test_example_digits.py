@@ -46,3 +46,37 @@ def test_the_contract_test_over_every_trainable_covers_the_installed_example(sit
     test = "tests/fusion_ray/trainables/test_trainables.py::test_every_registered_trainable_keeps_the_contract"
     proc = _run(site, "-m", "pytest", "-q", "-p", "no:cacheprovider", test)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def test_the_examples_adaptive_sweep_runs_end_to_end_through_the_report(site, tmp_path):
+    """``fusion-ray sweep examples/digits/sweeps/label_smoothing.yaml``, shortened (3 epochs,
+    seeds 4 to 6): the first wave and the seeds the open comparisons need run on Ray, the
+    decisions are said, every cell has at most one run with the compared level as a tag, and
+    the report (decisions, paired statistics, the figures) is written and logged."""
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = _run(
+        site, "-m", "fusion_ray.sweep", "examples/digits/sweeps/label_smoothing.yaml",
+        "defaults.epochs=3", "seeds.first=4", "seeds.max=6", f"tracking_uri={store}",
+        f"storage_path={tmp_path / 'ray_results'}", "--report-dir", str(tmp_path / "report"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    out = proc.stdout
+    assert "decisions (anytime-valid over the 6 hypotheses, one closed test):" in out
+    assert "hidden=16: label_smoothing=0.1 vs label_smoothing=0.0" in out
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(store)
+    experiment = client.get_experiment_by_name("digits_label_smoothing")
+    trials = client.search_runs([experiment.experiment_id], "tags.role = 'trial'")
+    assert 24 <= len(trials) <= 36  # the first wave (4 seeds of 6 grid points), at most 6 seeds
+    assert len({r.data.tags["cell_id"] for r in trials}) == len(trials)
+    assert {r.data.tags["axis.label_smoothing"] for r in trials} == {"0.0", "0.1", "0.2"}
+    assert all(r.info.status == "FINISHED" and "test_acc" in r.data.metrics for r in trials)
+    for name in ("report.md", "tables/decisions.csv", "tables/paired.tex",
+                 "figures/decided_effects.png", "figures/e_processes.png"):  # fmt: skip
+        assert (tmp_path / "report" / name).is_file(), name
+    parent = client.search_runs([experiment.experiment_id], "tags.role = 'sweep'")[0]
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
+    assert "report/report.md" in logged and "decisions.csv" in {
+        a.path for a in client.list_artifacts(parent.info.run_id)
+    }

@@ -179,15 +179,20 @@ def test_a_length_question_is_refused_for_a_trainable_sweep(tmp_path):
     assert "seeds.decide: length asks about document length" in problems
 
 
-def test_the_sweep_command_says_what_a_trainable_sweep_file_is(tmp_path, capsys):
-    """Not the study's keys it lacks: its own problems, or, when it has none, that this version
-    does not run it, with where to go instead (exit 2, before any compute)."""
+def test_the_sweep_command_checks_a_trainable_sweep_file_as_one(tmp_path, capsys):
+    """Not the study's keys it lacks: its own problems (exit 2, before any compute); a clean
+    one is planned (its dry run)."""
     from fusion_ray.sweep import main
 
     assert main([str(_write(tmp_path, trainable="stduy")), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert "unknown trainable 'stduy'" in err and "datasets" not in err
-    assert main([str(_write(tmp_path)), "--dry-run"]) == 2
-    err = capsys.readouterr().err
-    assert "trainable: this file names a trainable (study): fusion-ray sweep runs" in err
-    assert "check_trainable" in err and "datasets" not in err
+    assert main([str(_write(tmp_path)), "--dry-run"]) == 0
+    assert "trainable study:" in capsys.readouterr().out
+
+
+def test_the_study_loader_sends_a_trainable_file_to_the_loader_of_both(tmp_path):
+    from fusion_ray.config import SweepFileError, load_sweep
+
+    with pytest.raises(SweepFileError, match=r"load it with fusion_ray.api.load"):
+        load_sweep(_write(tmp_path))
