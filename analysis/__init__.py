@@ -13,6 +13,10 @@ imports nothing else of ``fusion_ray``. Entry point: ``python -m analysis.report
     result.table       # fixed-n tests per comparison (descriptive after adaptive seeds)
     result.decisions   # the anytime-valid verdicts of every hypothesis, as decisions.csv
 
+A trainable's sweep (``trainable: NAME``): ``compare_trainable(exp)`` gives its paired
+statistics per comparison (``.paired``) and its decisions recomputed from the runs
+(``.decisions``).
+
 The packages, by role, each importing only the ones before it here: ``load`` (what was run:
 MLflow -> tidy frame of the sweep's cells, metrics checked, runs of other settings described),
 ``stats`` (seed pairs against the baseline, the paired statistics and their registry, the
@@ -43,6 +47,7 @@ from analysis.stats import (
     wilcoxon_signed_rank,
 )
 from analysis.stats.pairing import NothingToCompareError, Pairing, PairingError, pair_runs
+from analysis.stats.trainable import TrainableComparison, compare_trainable
 from analysis.stats.verdicts import compare, verdicts
 from fusion_ray.decide.sequential import family_evidence, run_family
 
@@ -60,7 +65,9 @@ __all__ = [
     "PairingError",
     "Statistic",
     "StatsSettings",
+    "TrainableComparison",
     "compare",
+    "compare_trainable",
     "hodges_lehmann",
     "holm",
     "load_experiment",

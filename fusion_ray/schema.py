@@ -63,6 +63,8 @@ CHECKPOINT_SET_ASIDE_TAG = "checkpoint_set_aside"
 #: names none); its intermediate reports are logged under their own names, step = ``step``.
 RETURNED_TAG = "metrics_returned"
 STEP_METRIC = "step"
+#: A trainable's trial run: the trainable's registered name.
+TRAINABLE_RUN_TAG = "trainable"
 
 
 def returned_metrics(tags: dict[str, str]) -> list[str]:

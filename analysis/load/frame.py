@@ -25,7 +25,9 @@ from fusion_ray.schema import (
     LENGTH_QUARTER_METRICS,
     POSITION_ALIAS_TAG,
     REFERENCE_METRICS,
+    RETURNED_TAG,
     ROLE_TAG,
+    TRAINABLE_RUN_TAG,
     TRIAL_TAGS,
     axis_text,
 )
@@ -64,7 +66,9 @@ OPTIONAL_METRICS = (
     *REFERENCE_METRICS,
     *LENGTH_QUARTER_METRICS,
 )
-OPTIONAL_TAGS = (POSITION_ALIAS_TAG, GATED_TAG)
+OPTIONAL_TAGS = (POSITION_ALIAS_TAG, GATED_TAG, RETURNED_TAG, TRAINABLE_RUN_TAG)
+"""Run tags a sweep may not write: the study's position alias and gate; a trainable's
+returned metric names and name."""
 OPTIONAL_COLUMNS = (*OPTIONAL_METRICS, *OPTIONAL_TAGS)
 
 

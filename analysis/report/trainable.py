@@ -5,8 +5,10 @@ have nothing to say of a trainable's runs and are not written.
 Written into the output folder and logged to the sweep's parent run (``report/``):
 
     report.md / report.html   the summary, the decisions, the paired statistics, the figures
-    tables/decisions.*        an adaptive sweep's verdicts (md, tex, csv): the driver's own
-                              decisions.csv, one row per hypothesis of the one closed family
+    tables/decisions.*        an adaptive sweep's verdicts (md, tex, csv), one row per
+                              hypothesis of the one closed family, recomputed from the runs
+                              (``analysis.stats.trainable``); a verdict that differs from the
+                              driver's decisions.csv is said
     tables/paired.*           per comparison (a level against the baseline within a group of
                               the other axes): seeds paired, mean, SD, Hodges-Lehmann estimate
                               and interval, sign consistency, exact Wilcoxon p (descriptive
@@ -22,36 +24,27 @@ Values are points: 100 x the metric's difference, signed so that positive is bet
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
+from analysis.load import Experiment
 from analysis.load import store as load_store
-from analysis.load.artifacts import read_logged_decisions
-from analysis.load.frame import parse_grid_axes
 from analysis.load.store import load_experiment, store_access
 from analysis.render.drawing import forest, save
 from analysis.render.tables import Table, fmt_p
 from analysis.report.html import write_html
-from analysis.stats.exact import hodges_lehmann, holm, wilcoxon_signed_rank
+from analysis.stats.trainable import ALPHA, TrainableComparison, compare_trainable
 from fusion_ray.schema import (
-    ADAPTIVE_TAG,
     DECISION_METRIC_PREFIX,
     DECISION_TAG_PREFIX,
-    GRID_AXES_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
     TRAINABLE_TAG,
-    returned_metrics,
 )
 from fusion_ray.store_errors import each_request_once
-
-ALPHA = 0.05
 
 
 @dataclass
@@ -59,16 +52,20 @@ class TrainableReport:
     """What the report of a trainable's sweep found, and where it wrote it."""
 
     out: Path
-    trainable: str
-    axis: str
-    baseline: str
-    metric: str
-    mode: str
-    paired: pd.DataFrame
-    """One row per comparison (``paired_statistics``)."""
-    decisions: pd.DataFrame | None
-    """An adaptive sweep's decisions (the parent run's decisions.csv); None for fixed seeds."""
+    comparison: TrainableComparison
+    notes: list[str] = field(default_factory=list)
+    """What the report noticed (a verdict that differs from the driver's decisions.csv)."""
     written: list[Path] = field(default_factory=list)
+
+    @property
+    def paired(self) -> pd.DataFrame:
+        """One row per comparison (``analysis.stats.trainable.paired_statistics``)."""
+        return self.comparison.paired
+
+    @property
+    def decisions(self) -> pd.DataFrame | None:
+        """An adaptive sweep's decisions, recomputed from its runs; None for fixed seeds."""
+        return self.comparison.decisions
 
     def summary_lines(self) -> list[str]:
         """What the console says of the report: each comparison's verdict, and where it is."""
@@ -76,91 +73,6 @@ class TrainableReport:
         for row in verdict_rows(self):
             lines.append(f"  {row['comparison']}: {row['verdict']} ({row['effect']})")
         return lines
-
-
-def sweep_settings(tags: dict[str, str], client: Any, runs: pd.DataFrame) -> dict[str, Any]:
-    """The parent run's ``trainable_sweep`` record, its metric named (null: the first metric
-    the first finished run returned)."""
-    if TRAINABLE_TAG not in tags:
-        raise ValueError(
-            "the experiment's parent run has no trainable_sweep tag: it is not a trainable's "
-            "sweep (run python -m analysis.report for the study's)"
-        )
-    record = json.loads(tags[TRAINABLE_TAG])
-    if record.get("metric") is None:
-        finished = runs[runs["status"] == "FINISHED"]
-        first = client.get_run(str(finished["run_id"].iloc[0])) if len(finished) else None
-        names = returned_metrics(dict(first.data.tags)) if first is not None else []
-        record["metric"] = names[0] if names else "metric"
-    return record
-
-
-def paired_statistics(
-    runs: pd.DataFrame, levels: dict[str, list[str]], record: dict[str, Any]
-) -> pd.DataFrame:
-    """Each level of the compared axis against the baseline, within each group of the other
-    axes, over the seeds where both finished (points, positive = better)."""
-    axis, baseline, metric = record["axis"], record["baseline"], record["metric"]
-    sign = 1.0 if record.get("mode", "max") == "max" else -1.0
-    others = [k for k in levels if k != axis]
-    finished = runs[runs["status"] == "FINISHED"]
-    rows = []
-    for group, part in _groups(finished, others, levels):
-        base = part[part[axis] == baseline].set_index("seed")[metric]
-        for level in [v for v in levels[axis] if v != baseline]:
-            arm = part[part[axis] == level].set_index("seed")[metric]
-            seeds = sorted(set(base.index) & set(arm.index), key=int)
-            deltas = np.array([100.0 * sign * (arm[s] - base[s]) for s in seeds]).round(9)
-            name = f"{axis}={level} vs {axis}={baseline}"
-            failed = _failed(runs, others, group, axis, (level, baseline))
-            rows.append(_paired_row(f"{group}: {name}" if group else name, deltas, failed))
-    table = pd.DataFrame(rows)
-    if len(table):
-        table["p_holm"] = holm(table["wilcoxon_p"].fillna(1.0).to_numpy(dtype=float))
-    return table
-
-
-def _groups(
-    runs: pd.DataFrame, others: list[str], levels: dict[str, list[str]]
-) -> list[tuple[str, pd.DataFrame]]:
-    """The runs of each group of the other axes (``k=v k=v``), in the grid's order of levels."""
-    if not others:
-        return [("", runs)]
-    found = []
-    for key, part in runs.groupby(others, sort=False):
-        values = key if isinstance(key, tuple) else (key,)
-        rank = tuple(_rank(levels[k], str(v)) for k, v in zip(others, values, strict=True))
-        name = " ".join(f"{k}={v}" for k, v in zip(others, values, strict=True))
-        found.append((rank, name, part))
-    return [(name, part) for _, name, part in sorted(found, key=lambda f: f[0])]
-
-
-def _rank(levels: list[str], value: str) -> int:
-    return levels.index(value) if value in levels else len(levels)
-
-
-def _failed(
-    runs: pd.DataFrame, others: list[str], group: str, axis: str, arms: tuple[str, str]
-) -> int:
-    """FAILED runs of the comparison's two arms in its group (its paired seeds leave them out;
-    an adaptive sweep's decision counts them as a loss of their arm)."""
-    failed = runs[(runs["status"] == "FAILED") & runs[axis].isin(arms)]
-    for key, value in (item.split("=", 1) for item in group.split(" ") if item):
-        failed = failed[failed[key] == value]
-    return len(failed) if others or not group else 0
-
-
-def _paired_row(name: str, d: np.ndarray, failed: int) -> dict[str, Any]:
-    n = len(d)
-    row: dict[str, Any] = {"comparison": name, "n_seeds": n, "failed_runs": failed}
-    row["mean"] = float(d.mean()) if n else math.nan
-    row["sd"] = float(d.std(ddof=1)) if n > 1 else math.nan
-    hl = hodges_lehmann(d)
-    row |= {"hodges_lehmann": hl.estimate, "hl_low": hl.low, "hl_high": hl.high}
-    wins, losses = int((d > 0).sum()), int((d < 0).sum())
-    row["sign_consistency"] = max(wins, losses) / (wins + losses) if wins + losses else math.nan
-    row["wilcoxon_p"] = wilcoxon_signed_rank(d).pvalue if n else math.nan
-    return row
 
 
 def verdict_rows(report: TrainableReport) -> list[dict[str, str]]:
@@ -328,24 +240,30 @@ def build_trainable_report(name: str, tracking_uri: str, out: str | Path) -> Tra
     from mlflow import MlflowClient
 
     experiment = load_experiment(name, tracking_uri)
+    report = TrainableReport(Path(out), compare_trainable(experiment))
+    report.notes = logged_disagreements(experiment, report.decisions)
     with store_access(tracking_uri):
         client = MlflowClient(tracking_uri)
         parent = client.get_run(experiment.parent_run_id) if experiment.parent_run_id else None
-    tags = dict(parent.data.tags) if parent is not None else {}
-    runs = experiment.runs
-    record = sweep_settings(tags, client, runs)
-    levels = parse_grid_axes(tags.get(GRID_AXES_TAG), experiment.notes)
-    runs = runs.assign(seed=runs["seed"].astype(str))
-    decisions = read_logged_decisions(client, parent) if ADAPTIVE_TAG in tags else None
-    paired = paired_statistics(runs, levels, record)
-    report = TrainableReport(
-        Path(out), record["trainable"], record["axis"], record["baseline"], record["metric"],
-        record.get("mode", "max"), paired, decisions,
-    )  # fmt: skip
-    report.written = write_report(report, runs, client, parent)
+    report.written = write_report(report, experiment.runs, client, parent)
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(report.out), artifact_path="report")
     return report
+
+
+def logged_disagreements(experiment: Experiment, decisions: pd.DataFrame | None) -> list[str]:
+    """Each hypothesis whose verdict recomputed from the runs differs from the driver's
+    decisions.csv (runs changed, deleted or added in MLflow since the sweep ended)."""
+    logged = experiment.decisions
+    if decisions is None or logged is None or not len(logged):
+        return []
+    said = dict(zip(logged["comparison"], logged["verdict"], strict=True))
+    return [
+        f"{row['comparison']}: {row['verdict']} from the runs now, {said[row['comparison']]} in "
+        "the driver's decisions.csv (its runs changed in MLflow since)"
+        for row in decisions.to_dict(orient="records")
+        if row["comparison"] in said and said[row["comparison"]] != row["verdict"]
+    ]
 
 
 def write_report(
@@ -355,11 +273,12 @@ def write_report(
     out, tables_dir, fig_dir = report.out, report.out / "tables", report.out / "figures"
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    better = "more" if report.mode == "max" else "less"
+    record = report.comparison.record
+    better = "more" if record.mode == "max" else "less"
     lines = [
-        f"# {report.trainable}: {report.axis} against {report.baseline}",
+        f"# {record.trainable}: {record.axis} against {record.baseline}",
         "",
-        f"Metric `{report.metric}` ({better} is better); values in points (100 x its "
+        f"Metric `{record.metric}` ({better} is better); values in points (100 x its "
         "difference, positive = better), paired by seed within each group of the other axes.",
         "",
         "## Verdicts",
@@ -385,5 +304,5 @@ def write_report(
     runs.to_csv(out / "runs.csv", index=False)
     text = "\n".join(lines) + "\n"
     (out / "report.md").write_text(text, encoding="utf-8")
-    written += [out / "report.md", write_html(text, out, f"{report.trainable} report")]
+    written += [out / "report.md", write_html(text, out, f"{record.trainable} report")]
     return written + figures + [out / "runs.csv"]

@@ -64,7 +64,7 @@ class DecisionResult:
         )
 
 
-def _rule(experiment: Experiment, alpha: float) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+def sweep_rule(experiment: Experiment, alpha: float) -> tuple[bool, dict[str, Any], dict[str, Any]]:
     """Whether the decisions are primary, the rule's settings (the sweep's own for an adaptive
     sweep; a tag without ``rule`` was written when ``sign`` was the only rule), and how the
     driver built its family (regimes in the order of length, axis levels, questions)."""
@@ -181,7 +181,7 @@ def verdicts(
     own rule for an adaptive sweep (the primary analysis), else the default rule at ``alpha``
     with every seed as the first wave (a secondary view). ``datasets``: the regimes in the
     order of length when the experiment does not record them. None when nothing pairs."""
-    primary, rule, built = _rule(experiment, alpha)
+    primary, rule, built = sweep_rule(experiment, alpha)
     found = family_values(experiment, pairing, built, datasets)
     if not found.values:
         return None

@@ -51,7 +51,7 @@ from fusion_ray.config.spec import (
     adaptive_block,
 )
 from fusion_ray.registry import unknown_name
-from fusion_ray.schema import AXIS_TAG_PREFIX, axis_text
+from fusion_ray.schema import AXIS_TAG_PREFIX, TRAINABLE_RUN_TAG, axis_text
 
 Level = StrictBool | StrictInt | StrictFloat | StrictStr
 """A grid level: a number, a string or a boolean (what a tag and a table cell show as written)."""
@@ -306,7 +306,7 @@ class TrainableCell:
         tags = {f"{AXIS_TAG_PREFIX}{key}": text for key, text in self.axes}
         return tags | {
             "cell_id": self.cell_id,
-            "trainable": self.trainable,
+            TRAINABLE_RUN_TAG: self.trainable,
             "seed": str(self.seed),
             "sweep": sweep,
             "git_sha": git_sha,

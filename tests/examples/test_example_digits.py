@@ -75,7 +75,15 @@ def test_the_examples_adaptive_sweep_runs_end_to_end_through_the_report(site, tm
     for name in ("report.md", "tables/decisions.csv", "tables/paired.tex",
                  "figures/decided_effects.png", "figures/e_processes.png"):  # fmt: skip
         assert (tmp_path / "report" / name).is_file(), name
+    import pandas as pd
+
     parent = client.search_runs([experiment.experiment_id], "tags.role = 'sweep'")[0]
+    logged = pd.read_csv(client.download_artifacts(parent.info.run_id, "decisions.csv"))
+    again = pd.read_csv(tmp_path / "report" / "tables" / "decisions.csv")
+    # the report's decisions are recomputed from the runs: the driver's, hypothesis by hypothesis
+    assert list(again["comparison"]) == list(logged["comparison"])
+    assert list(again["verdict"]) == list(logged["verdict"])
+    assert list(again["seeds_used"]) == list(logged["seeds_used"])
     logged = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
     assert "report/report.md" in logged and "decisions.csv" in {
         a.path for a in client.list_artifacts(parent.info.run_id)

@@ -118,7 +118,7 @@ def test_a_trainable_sweep_asks_no_length_question():
 
 
 def test_the_reports_paired_statistics_pair_by_seed_within_each_group_signed_by_mode():
-    from analysis.report.trainable import paired_statistics
+    from analysis.stats.trainable import TrainableRecord, paired_statistics
 
     rng = np.random.default_rng(3)
     rows = []
@@ -130,8 +130,9 @@ def test_the_reports_paired_statistics_pair_by_seed_within_each_group_signed_by_
                              "hidden": width, "loss": base + shift})  # fmt: skip
     rows.append({"seed": "8", "status": "FAILED", "smoothing": "0.1", "hidden": "16", "loss": None})
     runs = pd.DataFrame(rows)
-    record = {"axis": "smoothing", "baseline": "0.0", "metric": "loss", "mode": "min"}
-    table = paired_statistics(runs, {"smoothing": ["0.0", "0.1"], "hidden": ["16", "64"]}, record)
+    levels = {"smoothing": ["0.0", "0.1"], "hidden": ["16", "64"]}
+    record = TrainableRecord("mine", "smoothing", "0.0", "loss", "min", levels)
+    table = paired_statistics(runs, record)
     assert list(table["comparison"]) == [
         "hidden=16: smoothing=0.1 vs smoothing=0.0",
         "hidden=64: smoothing=0.1 vs smoothing=0.0",

@@ -108,7 +108,7 @@ def test_tunes_retry_of_a_trainable_resumes_from_its_last_checkpoint(tmp_path):
     assert len(runs) == 2 and {r.info.status for r, _ in runs} == {"FINISHED"}
     started = sorted(r.data.metrics["started_at"] for r, _ in runs)
     assert started == [0.0, 2.0]  # one ran through; the other resumed after its epoch 1
-    for run, history in runs:
+    for _, history in runs:
         assert sorted(m.step for m in history) == [0, 1, 2, 3]  # each step logged once
 
 
