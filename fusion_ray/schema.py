@@ -127,8 +127,9 @@ AXIS_TAG_PREFIX = "axis."
 #: first value of an axis is its reference level in interaction tests.
 GRID_AXES_TAG = "grid_axes"
 #: On a trainable sweep's parent run: JSON ``{"trainable", "axis", "baseline", "metric",
-#: "mode"}``: what its runs were made by, the compared axis and its baseline level, and the
-#: decision metric (null: the first each run returned, ``RETURNED_TAG``) with its direction.
+#: "mode", "trend"}``: what its runs were made by, the compared axis and its baseline level, the
+#: decision metric (null: the first each run returned, ``RETURNED_TAG``) with its direction, and
+#: the ordered axis of its trend question (null: none).
 TRAINABLE_TAG = "trainable_sweep"
 #: On a sweep's parent run: JSON ``{"operator": [...], "dataset": [...]}``, the sweep's
 #: operators in the fusion registry's order (the built-ins as registered, then plug-ins) and its

@@ -45,6 +45,8 @@ class TrainableRecord:
     mode: str
     levels: dict[str, list[str]]
     """Each grid axis's levels as text, the sweep file's order (``grid_axes``)."""
+    trend: str | None = None
+    """The ordered axis of the trend question (kind ``length``), or None."""
 
     @property
     def sign(self) -> float:
@@ -76,8 +78,9 @@ def trainable_record(experiment: Experiment) -> TrainableRecord:
         names = returned_metrics({RETURNED_TAG: str(texts[0])}) if texts else []
         metric = names[0] if names else "metric"
     levels = parse_grid_axes(tags.get(GRID_AXES_TAG), experiment.notes)
+    mode, trend = raw.get("mode", "max"), raw.get("trend")
     return TrainableRecord(
-        raw["trainable"], raw["axis"], raw["baseline"], metric, raw.get("mode", "max"), levels
+        raw["trainable"], raw["axis"], raw["baseline"], metric, mode, levels, trend
     )
 
 
@@ -179,9 +182,13 @@ def trainable_decisions(experiment: Experiment, record: TrainableRecord) -> pd.D
             value = record.sign * float(run[record.metric]) if status == "FINISHED" else None
             scores[(_arm(run, record), index[int(run["seed"])])] = value
     arms = list(dict.fromkeys(arm for arm, _ in scores))
-    levels = built.get("levels") or {k: record.levels[k] for k in record.others}
-    decide = built.get("decide") or possible({a.group for a in arms}, [], levels)
-    family = hypotheses(arms, f"{record.axis}={record.baseline}", [], levels, decide)
+    key = record.trend or ""
+    regimes = built.get("regimes") or (record.levels[key] if record.trend else [])
+    settings = [k for k in record.others if k != record.trend]
+    levels = built.get("levels") or {k: record.levels[k] for k in settings}
+    decide = built.get("decide") or possible({a.group for a in arms}, regimes, levels, key)
+    baseline = f"{record.axis}={record.baseline}"
+    family = hypotheses(arms, baseline, regimes, levels, decide, key)
 
     def score(arm: Arm, seed: int, part: str) -> float | None:
         found = scores.get((arm, seed))

@@ -442,6 +442,11 @@ class SweepSpec(SharedSettings):
         """The regimes a trend runs along, in the order of length: the datasets as listed."""
         return list(self.grid.datasets)
 
+    @property
+    def regime_key(self) -> str:
+        """The group axis the regimes are levels of."""
+        return "dataset"
+
     def grid_levels(self) -> dict[str, list[str]]:
         """Each setting axis's levels as text, in the file's order (``grid_axes``)."""
         return {key: [axis_text(v) for v in values] for key, values in self.grid.settings.items()}

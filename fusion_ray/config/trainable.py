@@ -91,6 +91,10 @@ class TrainableSweep(Strict):
     (``optim.lr``) set a nested setting."""
     compare: Compare = Field(default_factory=Compare)
     metric: Metric = Field(default_factory=Metric)
+    trend: str | None = None
+    """A grid axis whose levels are ordered as listed (not the compared one): the sweep also
+    asks whether each comparison's difference changes from its first level to its last (kind
+    ``length`` in the decisions, as the study's question over its datasets)."""
     seeds: SeedList
     """Every grid point runs once per seed; or an adaptive block (``{adaptive: true, first: 6,
     max: 14}``)."""
@@ -128,8 +132,15 @@ class TrainableSweep(Strict):
 
     @property
     def regimes(self) -> list[str]:
-        """No trend axis: a trainable sweep asks no length question."""
-        return []
+        """The trend axis's levels as text, in the file's order (none without ``trend:``)."""
+        if self.trend is None or self.trend not in self.grid:
+            return []
+        return [axis_text(v) for v in self.grid[self.trend]]
+
+    @property
+    def regime_key(self) -> str:
+        """The group axis the regimes are levels of: the trend axis ("" without one)."""
+        return self.trend or ""
 
     def grid_levels(self) -> dict[str, list[str]]:
         """Each grid axis's levels as text, in the file's order (the parent run's ``grid_axes``)."""
@@ -144,8 +155,10 @@ class TrainableSweep(Strict):
         (``operator``), and, with another axis of two levels or more, the interactions."""
         if self.adaptive is not None and self.adaptive.decide is not None:
             return list(self.adaptive.decide)
-        varied = any(len(v) >= 2 for k, v in self.grid.items() if k != self.axis)
-        return ["operator", "interaction"] if varied else ["operator"]
+        skip = (self.axis, self.trend)
+        varied = any(len(v) >= 2 for k, v in self.grid.items() if k not in skip)
+        kinds = ["operator"] + (["length"] if len(self.regimes) >= 2 else [])
+        return kinds + (["interaction"] if varied else [])
 
 
 def trainable_sweep_problems(spec: TrainableSweep) -> list[str]:
@@ -161,15 +174,35 @@ def trainable_sweep_problems(spec: TrainableSweep) -> list[str]:
 
 
 def question_problems(spec: TrainableSweep) -> list[str]:
-    """The length questions need the study's datasets and documents: not a trainable's."""
+    """The trend axis against the grid; ``length`` (the trend question) only with one, and
+    ``length_within`` never (it needs the study's documents)."""
+    problems = trend_problems(spec)
     asked = spec.adaptive.decide if spec.adaptive is not None else None
-    wrong = [k for k in asked or [] if k not in ("operator", "interaction")]
-    if not wrong:
+    allowed = ("operator", "interaction", "length") if spec.trend else ("operator", "interaction")
+    wrong = [k for k in asked or [] if k not in allowed]
+    if wrong:
+        problems.append(
+            f"seeds.decide: {', '.join(wrong)} asks about document length or a trend, which "
+            "this sweep has no axis for; decide operator (each level against the baseline), "
+            "interaction, and length with an ordered axis named by trend: KEY"
+        )
+    return problems
+
+
+def trend_problems(spec: TrainableSweep) -> list[str]:
+    """``trend:`` names a grid axis of two levels or more other than the compared one."""
+    if spec.trend is None:
         return []
-    return [
-        f"seeds.decide: {', '.join(wrong)} asks about document length, which a trainable sweep "
-        "has no axis for; decide operator (each level against the baseline) and interaction"
-    ]
+    if spec.trend not in spec.grid:
+        return [f"trend: {unknown_name('grid axis', spec.trend, list(spec.grid))}"]
+    if spec.trend == spec.axis:
+        return [
+            f"trend: {spec.trend} is the compared axis; a trend is along another axis (the "
+            "comparisons' difference from its first level to its last)"
+        ]
+    if len(spec.grid[spec.trend]) < 2:
+        return [f"trend: grid.{spec.trend} has one level; a trend needs two or more"]
+    return []
 
 
 def grid_problems(grid: dict[str, list[Any]]) -> list[str]:
@@ -260,6 +293,8 @@ class TrainableCell:
     """(key, level as text) of every axis, the compared one included, in the grid's order."""
     config: dict[str, Any] = field(repr=False, compare=False)
     """The trainable's config: the defaults with this grid point's levels set."""
+    trend: str = ""
+    """The sweep's trend axis ("" without one)."""
 
     @property
     def label(self) -> str:
@@ -293,13 +328,13 @@ class TrainableCell:
 
     @property
     def settings(self) -> tuple[tuple[str, str], ...]:
-        """The axes an interaction varies: every axis but the compared one."""
-        return self.group
+        """The axes an interaction varies: every axis but the compared one and the trend's."""
+        return tuple((k, t) for k, t in self.group if k != self.trend)
 
     @property
     def regime(self) -> str:
-        """No trend axis: a trainable sweep asks no length question."""
-        return ""
+        """Its level of the trend axis ("" without one)."""
+        return dict(self.axes).get(self.trend, "") if self.trend else ""
 
     def tags(self, sweep: str, git_sha: str) -> dict[str, str]:
         """Its MLflow tags: one per grid axis (``axis.<key>``), and what names the cell."""
@@ -347,7 +382,14 @@ def trainable_cells(spec: TrainableSweep) -> list[TrainableCell]:
         )
     return [
         TrainableCell(
-            cell_key(spec.trainable, config, seed), spec.trainable, seed, level, group, axes, config
+            cell_key(spec.trainable, config, seed),
+            spec.trainable,
+            seed,
+            level,
+            group,
+            axes,
+            config,
+            spec.trend or "",
         )
         for seed in spec.seeds
         for config, axes, group, level in points

@@ -67,6 +67,8 @@ QUARTER_METRICS = {
 """Per part: the final metrics (correct, total) every trial reports for it (the schema's
 ``LENGTH_QUARTER_METRICS``)."""
 FIXED_KEYS = ("dataset", "position", "attention_position")
+REGIME_KEY = "dataset"
+"""The group axis the study's regimes are levels of (a trainable names its own: ``trend:``)."""
 """The group keys every cell has; setting axes (dotted keys) follow them."""
 FAILURE_SCALE = 0.5
 """A failed run counts as a loss (a gain, for the other side's run) of this many times the root
@@ -189,17 +191,20 @@ def contrast_hypothesis(
 
 
 def possible(
-    groups: Iterable[Group], regimes: Sequence[str], levels: Mapping[str, Sequence[str]]
+    groups: Iterable[Group],
+    regimes: Sequence[str],
+    levels: Mapping[str, Sequence[str]],
+    regime_key: str = REGIME_KEY,
 ) -> tuple[str, ...]:
     """The kinds a grid of ``groups`` decides by default: ``operator`` always; ``length`` with
     two regimes or more, else ``length_within`` (one regime: its long against its short
     documents; none for groups without a dataset: a trainable's); ``interaction`` with a
     setting axis of two levels or more."""
-    present = {dict(g).get("dataset") for g in groups} - {None}
+    present = {dict(g).get(regime_key) for g in groups} - {None}
     kinds = ["operator"]
     if sum(r in present for r in regimes) >= 2:
         kinds.append("length")
-    elif present:
+    elif present and regime_key == REGIME_KEY:  # a dataset's quarters: the study's trials only
         kinds.append("length_within")
     if any(len(v) >= 2 for v in levels.values()):
         kinds.append("interaction")
@@ -212,6 +217,7 @@ def hypotheses(
     regimes: Sequence[str],
     levels: Mapping[str, Sequence[str]],
     decide: Sequence[str] | None = None,
+    regime_key: str = REGIME_KEY,
 ) -> list[Hypothesis]:
     """Every hypothesis of the family, in the order every surface lists them: kinds in
     ``KINDS`` order; within a kind by regime (in the order of length), position, attention
@@ -221,11 +227,13 @@ def hypotheses(
     ``arms``: every (group, operator) of the grid, in the grid's order; ``regimes``: the
     datasets in the order of length (the sweep file's ``grid.datasets``); ``levels``: each
     setting axis's levels, the reference first; ``decide``: the kinds to include (None: every
-    kind the grid makes possible)."""
+    kind the grid makes possible); ``regime_key``: the group's axis the regimes are levels of
+    (the study's ``dataset``; a trainable's ``trend:`` axis)."""
     arms = list(arms)
-    groups = sorted(dict.fromkeys(a.group for a in arms), key=_rank(regimes, levels))
+    order = _rank(regimes, levels, regime_key)
+    groups = sorted(dict.fromkeys(a.group for a in arms), key=order)
     have = {(a.group, a.fusion) for a in arms}
-    kinds = possible(groups, regimes, levels) if decide is None else tuple(decide)
+    kinds = possible(groups, regimes, levels, regime_key) if decide is None else tuple(decide)
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
         raise ValueError(f"decide: unknown question(s) {unknown}; choose from {list(KINDS)}")
@@ -241,7 +249,7 @@ def hypotheses(
     if "operator" in kinds:
         out += per_group(operator_hypothesis)
     if "length" in kinds:
-        out += _length(groups, operators, baseline, regimes, complete)
+        out += _length(groups, operators, baseline, (regime_key, regimes), complete)
     if "length_within" in kinds:
         out += per_group(within_hypothesis)
     if "interaction" in kinds:
@@ -249,35 +257,40 @@ def hypotheses(
     return out
 
 
-def _rank(regimes: Sequence[str], levels: Mapping[str, Sequence[str]]) -> Callable:
+def _rank(
+    regimes: Sequence[str], levels: Mapping[str, Sequence[str]], regime_key: str = REGIME_KEY
+) -> Callable:
     """A group's sort key: regime by length, position, attention position, then each setting
     axis's level in the sweep file's order (unknown values last, by text)."""
 
     def key(group: Group) -> tuple:
         out: list[tuple[int, str]] = []
         for k, v in group:
-            order = list(regimes) if k == "dataset" else list(levels.get(k, ()))
+            order = list(regimes) if k == regime_key else list(levels.get(k, ()))
             out.append((order.index(v) if v in order else len(order), v))
         return tuple(out)
 
     return key
 
 
-def _length(groups, operators, baseline, regimes, complete) -> list[Hypothesis]:
+def _length(groups, operators, baseline, regime, complete) -> list[Hypothesis]:
+    """The trend contrasts: per operator and the rest of a group, its delta at the last regime
+    minus at the first (``regime``: the regime key and the regimes in order)."""
+    key, regimes = regime
     out, seen = [], set()
     for g in groups:
-        rest = tuple((k, v) for k, v in g if k != "dataset")
-        if rest in seen:
+        rest = tuple((k, v) for k, v in g if k != key)
+        if rest in seen or key not in dict(g):
             continue
         seen.add(rest)
-        present = [r for r in regimes if _with(g, "dataset", r) in groups]
+        present = [r for r in regimes if _with(g, key, r) in groups]
         if len(present) < 2:
             continue
         ends = (present[-1], present[0])
-        anchor = _with(g, "dataset", ends[0])
+        anchor = _with(g, key, ends[0])
         for op in operators:
-            if complete(_with(g, "dataset", ends[0]), _with(g, "dataset", ends[1]), op=op):
-                out.append(contrast_hypothesis("length", anchor, "dataset", ends, op, baseline))
+            if complete(_with(g, key, ends[0]), _with(g, key, ends[1]), op=op):
+                out.append(contrast_hypothesis("length", anchor, key, ends, op, baseline))
     return out
 
 

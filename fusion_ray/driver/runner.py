@@ -117,7 +117,7 @@ def _parent_params(
         name, mode = decision_metric(spec)
         params[TRAINABLE_TAG] = json.dumps(
             {"trainable": spec.trainable, "axis": spec.axis, "baseline": spec.baseline_text}
-            | {"metric": name, "mode": mode}
+            | {"metric": name, "mode": mode, "trend": spec.trend}
         )
     else:
         params[DISPLAY_ORDER_TAG] = json.dumps(display_order(todo.cells))

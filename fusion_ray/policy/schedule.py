@@ -28,7 +28,7 @@ from typing import Any
 
 from fusion_ray.config import AdaptiveSeeds
 from fusion_ray.config.grid import Cell
-from fusion_ray.decide.questions import Arm, Group, Hypothesis, hypotheses, rows
+from fusion_ray.decide.questions import REGIME_KEY, Arm, Group, Hypothesis, hypotheses, rows
 from fusion_ray.decide.sequential import family_evidence
 
 
@@ -69,6 +69,9 @@ class SeedSchedule:
     test split (``questions.PARTS``: "all", "shortest", "longest"); None for a failed one."""
     regimes: list[str] = field(default_factory=list)
     """The datasets in the order of length (empty: the order of the cells)."""
+    regime_key: str = REGIME_KEY
+    """The group axis the regimes are levels of: the study's ``dataset``, a trainable's
+    ``trend:`` axis."""
 
     def __post_init__(self) -> None:
         self.by_key: dict[tuple[Arm, int], Cell] = {(arm_of(c), c.seed): c for c in self.cells}
@@ -77,7 +80,7 @@ class SeedSchedule:
         self.regimes = regimes
         arms = list(dict.fromkeys(arm_of(c) for c in self.cells))
         self.family: list[Hypothesis] = hypotheses(
-            arms, self.baseline, regimes, self.levels, self.rule.decide
+            arms, self.baseline, regimes, self.levels, self.rule.decide, self.regime_key
         )
         self.by_name = {h.name: h for h in self.family}
         self.kinds = {h.name: h.kind for h in self.family}

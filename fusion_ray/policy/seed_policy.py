@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fusion_ray.config.workload import AnySweep
-from fusion_ray.decide.questions import KINDS, failed_runs_by_operator
+from fusion_ray.decide.questions import KINDS, REGIME_KEY, failed_runs_by_operator
 from fusion_ray.decide.sequential import decision_rows, decisions_text
 from fusion_ray.policy.plan import Plan, plan
 from fusion_ray.policy.schedule import SeedSchedule, finished_results
@@ -175,6 +175,7 @@ class AdaptiveSeedPolicy:
             spec.adaptive,
             finished_results(todo.cells, todo.existing),
             regimes=spec.regimes,
+            regime_key=spec.regime_key,
         )
 
     def needed(self) -> list[Any]:
@@ -238,6 +239,8 @@ class AdaptiveSeedPolicy:
         schedule = self.schedule
         record = json.loads(self.rule.model_dump_json(exclude={"adaptive"}))
         record |= {"regimes": schedule.regimes, "levels": schedule.levels}
+        if schedule.regime_key != REGIME_KEY:  # a trainable's trend axis
+            record["regime_key"] = schedule.regime_key
         return {ADAPTIVE_TAG: json.dumps(record, separators=(",", ":"))}
 
     def finish(self, tracker: Tracker, parent_id: str) -> list[dict[str, Any]]:

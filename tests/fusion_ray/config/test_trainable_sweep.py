@@ -196,3 +196,46 @@ def test_the_study_loader_sends_a_trainable_file_to_the_loader_of_both(tmp_path)
 
     with pytest.raises(SweepFileError, match=r"load it with fusion_ray.api.load"):
         load_sweep(_write(tmp_path))
+
+
+def test_a_trend_axis_asks_whether_the_difference_grows_along_it(tmp_path):
+    """``trend: hidden``: the comparison's difference at the axis's last level minus at its
+    first is a hypothesis of the family (kind ``length``, the study's question over its
+    datasets), not an interaction; an effect that grows along the axis is decided to grow."""
+    from fusion_ray.policy.schedule import SeedSchedule
+
+    seeds = {"adaptive": True, "first": 4, "max": 14}
+    grid = {"label_smoothing": [0.0, 0.1], "hidden": [16, 32, 64], "dropout": [0.0, 0.5]}
+    spec = load_trainable_sweep(_write(tmp_path, seeds=seeds, grid=grid, trend="hidden"))
+    assert spec.regimes == ["16", "32", "64"] and spec.decided_kinds() == [
+        "operator", "length", "interaction",
+    ]  # fmt: skip
+    cells = trainable_cells(spec)
+    results: dict = {}
+    schedule = SeedSchedule(
+        cells, spec.baseline_label, spec.adaptive, results, spec.regimes, spec.regime_key
+    )
+    kinds = [h.kind for h in schedule.family]
+    assert kinds.count("operator") == 6 and kinds.count("length") == 2
+    assert kinds.count("interaction") == 3  # dropout only: hidden is the trend, not a setting
+    grows = "hidden=64-16/dropout=0.0: label_smoothing=0.1 vs label_smoothing=0.0"
+    assert grows in schedule.by_name
+    while needed := schedule.needed():
+        for cell in needed:  # smoothing's gain: 0 at width 16, 2 points at 32, 6 at 64
+            gain = {"16": 0.0, "32": 0.02, "64": 0.06}[dict(cell.axes)["hidden"]]
+            bump = gain if cell.level == "label_smoothing=0.1" else 0.0
+            results[cell.cell_id] = 0.8 + bump + 0.001 * ((cell.seed * 7 + len(cell.cell_id)) % 5)
+    states = {name: seq[-1] for name, seq in schedule.states().items()}
+    assert states[grows] == "better" and schedule.by_name[grows].verdict("better") == "grows"
+    assert states["hidden=16/dropout=0.0: label_smoothing=0.1 vs label_smoothing=0.0"] != "better"
+
+
+@pytest.mark.parametrize(
+    "trend, said",
+    [
+        ("width", "trend: unknown grid axis 'width'"),
+        ("label_smoothing", "trend: label_smoothing is the compared axis"),
+    ],
+)
+def test_a_trend_axis_the_grid_does_not_allow_is_refused(tmp_path, trend, said):
+    assert said in _problems(tmp_path, trend=trend)
