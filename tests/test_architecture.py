@@ -266,17 +266,17 @@ def test_rooms_import_only_what_they_may(room, allowed):
 
 @pytest.mark.unit
 def test_the_ray_boundary_is_a_typed_job_not_a_dict_of_strings():
-    """What crosses into the trial's process is ``job.TrialJob``: the trial's entry
-    (``fusion_ray.driver.trial``) reads no value out of a mapping by a string key (a payload
+    """What crosses into the study's trial's process is ``TrialJob``: the trial's entry
+    (``fusion_ray.study.trial``) reads no value out of a mapping by a string key (a payload
     dict), and its trainable takes the job."""
     import inspect
 
-    from fusion_ray.driver import trial
-    from fusion_ray.driver.job import TrialJob
+    from fusion_ray.study import trial
+    from fusion_ray.study.trial import TrialJob
 
-    source = (ROOT / "fusion_ray" / "driver" / "trial.py").read_text()
+    source = (ROOT / "fusion_ray" / "study" / "trial.py").read_text()
     reads = [
-        f"driver/trial.py:{node.lineno}: {ast.unparse(node)}"
+        f"study/trial.py:{node.lineno}: {ast.unparse(node)}"
         for node in ast.walk(ast.parse(source))
         if isinstance(node, ast.Subscript)
         and isinstance(node.ctx, ast.Load)
@@ -437,6 +437,7 @@ LAYERS = {
     "fusion_ray.testing": 6,
     "fusion_ray.launch": 6,  # the files that run a sweep on a cluster
     "fusion_ray.driver": 5,  # running trials on Ray
+    "fusion_ray.study": 5,  # the study's sweeps as a workload of the driver (a plug-in of it)
     "fusion_ray.policy": 4,  # which cells run
     "fusion_ray.config": 3,  # the sweep file, the grid and its cells
     "fusion_ray.train": 2,  # one trial, and its typed result
@@ -531,6 +532,54 @@ def test_every_package_of_fusion_ray_has_a_layer():
         if name.startswith("fusion_ray.") and path.parent != ROOT / "fusion_ray"
     }
     assert not sorted(packages - set(LAYERS)), "packages without a layer in LAYERS"
+
+
+ENGINE = ("fusion_ray.driver", "fusion_ray.policy", "fusion_ray.decide")
+"""The engine: it runs any kind of sweep (``fusion_ray.driver.workload``) and knows no study."""
+NOT_YET_OUTSIDE_THE_STUDY = {
+    "fusion_ray.driver.tracking": "writes the study's metric lists, reference baselines and "
+    "predictions by name (a trainable's results say their own names: REPORTED)",
+    "fusion_ray.decide.questions": "its length questions key regimes by the study's dataset "
+    "by default and read its test split's length quarters",
+    "fusion_ray.policy.forecast": "the planner's forecast: its pilot effects are by dataset and "
+    "operator",
+}
+"""Engine modules that still know the study, each with what it knows."""
+STUDY = (
+    "fusion_ray.model",
+    "fusion_ray.data",
+    "fusion_ray.study",
+    "fusion_ray.hpo",
+    "fusion_ray.config.grid",
+    "fusion_ray.config.build",
+    "fusion_ray.config.smoke",
+    "fusion_ray.train",
+)
+"""The study's modules: its encoder, data, trial, HPO phase, and its sweep file's grid."""
+STUDY_NAMES = {"SweepSpec", "Cell", "TrialConfig", "FUSIONS", "POSITIONS", "DatasetPreset"}
+PROTOCOL = ("fusion_ray.train.result",)
+"""What crosses back from any trial: the result keys every kind of trial reports."""
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+@pytest.mark.unit
+def test_the_engine_imports_nothing_of_the_study():
+    """The driver, the policies and the decision code reach a sweep only through its spec's
+    adapter (``config.workload``) and its workload (``driver.workload``: the study's is the
+    plug-in ``fusion_ray.study``): no import of the study's modules or names, at any depth,
+    type hints included (beyond the modules that say what they still know)."""
+    reaching = [
+        f"{MODULES[name].relative_to(ROOT)}:{line}: {module} {sorted(set(names) & STUDY_NAMES)}"
+        for name in MODULES
+        if name.startswith(ENGINE) and name not in NOT_YET_OUTSIDE_THE_STUDY
+        for module, names, line in _imports(MODULES[name])
+        if (_within(module, STUDY) and not _within(module, PROTOCOL)) or set(names) & STUDY_NAMES
+    ]
+    assert not reaching, "the engine imports the study:\n" + "\n".join(reaching)
+    assert all(name in MODULES for name in NOT_YET_OUTSIDE_THE_STUDY)
 
 
 @pytest.mark.unit

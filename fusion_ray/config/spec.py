@@ -11,9 +11,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import re
-import unicodedata
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -28,10 +26,10 @@ from pydantic import (
     model_validator,
 )
 
-from fusion_ray.checks import address_problem, error_text, is_int, not_bool
+from fusion_ray.checks import error_text, is_int, not_bool
+from fusion_ray.config.fields import Address, Description, StoragePath, TrackingUri
 from fusion_ray.config.messages import keys_at, unknown_key_text
 from fusion_ray.data.spec import DataSpec
-from fusion_ray.redact import credentials_problem
 from fusion_ray.schema import axis_text
 
 AXES = ("datasets", "positions", "attention_positions", "fusions")
@@ -41,108 +39,6 @@ Number = Annotated[float, Field(allow_inf_nan=False), BeforeValidator(not_bool)]
 
 MAX_SEED = 2**63 - 1
 """The largest seed: a 64-bit integer (seeds are hashed into each generator's own seed)."""
-
-
-def _text_problem(value: str) -> str | None:
-    """Why ``value`` cannot be a path or URI: empty, or with characters no path or URI means (a
-    NUL, a newline, an invisible one such as a right-to-left override)."""
-    if not value.strip():
-        return "must not be empty"
-    hidden = next((c for c in value if unicodedata.category(c) in ("Cc", "Cf")), None)
-    if hidden is not None:
-        return f"must not contain control or invisible characters (found U+{ord(hidden):04X})"
-    return None
-
-
-def _a_path(value: str) -> str:
-    problem = _text_problem(value)
-    if problem:
-        raise ValueError(f"{problem}; give a folder, or a URI such as s3://bucket/prefix")
-    scheme, sep, rest = value.partition("://")
-    if sep and scheme.lower() != "file" and not rest.split("/", 1)[0].split("?", 1)[0]:
-        raise ValueError(
-            f"{scheme}:// names no bucket; write {scheme}://BUCKET/PREFIX (or a local folder)"
-        )
-    return value
-
-
-def _a_description(value: str) -> str:
-    hidden = next(
-        (c for c in value if unicodedata.category(c) in ("Cc", "Cf") and c not in "\n\t"), None
-    )
-    if hidden is not None:
-        raise ValueError(
-            f"must not contain control or invisible characters but line breaks and tabs "
-            f"(found U+{ord(hidden):04X})"
-        )
-    return value
-
-
-def _an_address(value: str | None) -> str | None:
-    problem = address_problem(value) if value is not None else None
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-TRACKING_STORES = "sqlite:///PATH (a local file) or http(s)://HOST:PORT (an MLflow server)"
-"""What ``tracking_uri`` may be, in messages (a database URI such as postgresql://... too)."""
-_DATABASES = ("postgresql", "mysql", "mssql")
-
-
-def tracking_uri_problem(uri: str) -> str | None:
-    """Why ``uri`` names no MLflow store a sweep can use, or None. Supported: ``sqlite:///PATH``
-    (PATH a file, relative to the working directory; ``sqlite:////abs/path`` for an absolute
-    one), ``http(s)://HOST[:PORT]`` (a tracking server) and the database URIs MLflow's
-    SQLAlchemy store takes (``postgresql://``, ``mysql://``, ``mssql://``, each with an optional
-    ``+driver``). Not ``file://`` or a bare folder: MLflow 3 keeps its file store only in
-    maintenance mode, and refuses it unless told otherwise."""
-    problem = _text_problem(uri)
-    if problem:
-        return f"{problem}; use {TRACKING_STORES}"
-    problem = credentials_problem(uri, "the URI")
-    if problem:
-        return problem
-    found = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):", uri)  # one letter: a Windows drive
-    scheme = found.group(1).lower() if found else ""
-    if scheme in ("", "file"):
-        return (
-            "MLflow's file store (file:// or a bare folder) is not supported: MLflow 3 keeps it "
-            f"only in maintenance mode; use {TRACKING_STORES}"
-        )
-    if scheme == "sqlite":
-        path = uri[len("sqlite:///") :] if uri.lower().startswith("sqlite:///") else ""
-        if not path or path.endswith("/") or path == ":memory:":
-            return (
-                "a sqlite store needs a database file after the three slashes: "
-                "sqlite:///mlflow.db (relative to the working directory) or "
-                "sqlite:////abs/path/mlflow.db"
-            )
-        return None
-    if scheme in ("http", "https"):
-        try:
-            host = urlsplit(uri).hostname
-        except ValueError:
-            host = None
-        return None if host else f"names no server; use {TRACKING_STORES}"
-    if scheme.partition("+")[0] in _DATABASES:
-        return None
-    return f"{scheme}: is not an MLflow store fusion-ray supports; use {TRACKING_STORES}"
-
-
-def _a_tracking_uri(uri: str) -> str:
-    problem = tracking_uri_problem(uri)
-    if problem:
-        raise ValueError(problem)
-    return uri
-
-
-SweepName = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)]
-"""A sweep's name: letters, digits, ``_``, ``.``, ``-``, from a letter or digit (it names folders)."""
-Description = Annotated[str, AfterValidator(_a_description), Field(max_length=10_000)]
-StoragePath = Annotated[str, AfterValidator(_a_path)]
-TrackingUri = Annotated[str, AfterValidator(_a_tracking_uri)]
-Address = Annotated[str | None, AfterValidator(_an_address)]
 
 
 class Strict(BaseModel):
@@ -388,7 +284,7 @@ class SharedSettings(Strict):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     """The MLflow experiment and the Ray Tune run name: letters, digits, ``_``, ``.``, ``-``,
     starting with a letter or digit (it names folders: ``..`` must not)."""
-    description: Annotated[str, AfterValidator(_a_description)] = Field("", max_length=10_000)
+    description: Description = ""
     """Free text shown as the MLflow experiment's and parent run's note (line breaks and tabs
     allowed; no other control or invisible characters)."""
     extends: list[str] = Field(default_factory=list)
@@ -396,16 +292,16 @@ class SharedSettings(Strict):
     datasets: dict[str, DatasetPreset]
     defaults: Defaults = Field(default_factory=Defaults)
     resources: Resources = Field(default_factory=Resources)
-    storage_path: Annotated[str, AfterValidator(_a_path)] = "ray_results"
+    storage_path: StoragePath = "ray_results"
     """Checkpoints and Tune state; a local path (relative to the working directory) or a URI such as s3://bucket/prefix. Never empty."""
-    tracking_uri: Annotated[str, AfterValidator(_a_tracking_uri)] = "sqlite:///mlflow.db"
+    tracking_uri: TrackingUri = "sqlite:///mlflow.db"
     """The MLflow tracking store: ``sqlite:///PATH`` (a file; ``sqlite:////abs/path.db`` for an
     absolute path), ``http(s)://HOST:PORT`` (an MLflow server), or a database URI MLflow takes
     (``postgresql://...``, ``mysql://...``, ``mssql://...``). Not MLflow's file store
     (``file://`` or a bare folder), which MLflow 3 keeps only in maintenance mode."""
     retries: StrictInt = Field(1, ge=0, le=100)
     """Times a crashed trial is retried from its last checkpoint before it is recorded FAILED."""
-    address: Annotated[str | None, AfterValidator(_an_address)] = None
+    address: Address = None
     """Ray cluster to join ('auto' or host:port); None uses $RAY_ADDRESS, else starts a local Ray."""
 
 
@@ -446,6 +342,25 @@ class SweepSpec(SharedSettings):
     def regime_key(self) -> str:
         """The group axis the regimes are levels of."""
         return "dataset"
+
+    @property
+    def workload(self) -> str:
+        """The kind of sweep the driver runs it as (``fusion_ray.driver.workload``)."""
+        return "study"
+
+    def with_resources(self, change: collections.abc.Callable[[Resources], Resources]) -> SweepSpec:
+        """A copy with ``change`` applied to every resources block (the sweep's and each
+        dataset preset's), keeping the grid points validation built (a trial's settings do not
+        depend on where it runs)."""
+        datasets = {
+            name: preset.model_copy(update={"resources": change(preset.resources)})
+            if preset.resources is not None
+            else preset
+            for name, preset in self.datasets.items()
+        }
+        moved = self.model_copy(update={"resources": change(self.resources), "datasets": datasets})
+        moved.keep_points(self.kept_points())
+        return moved
 
     def grid_levels(self) -> dict[str, list[str]]:
         """Each setting axis's levels as text, in the file's order (``grid_axes``)."""

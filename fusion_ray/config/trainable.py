@@ -24,6 +24,7 @@ import copy
 import hashlib
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,19 +38,9 @@ from pydantic import (
 )
 
 from fusion_ray.config.combinations import flatten, set_dotted
+from fusion_ray.config.fields import Address, Description, StoragePath, SweepName, TrackingUri
 from fusion_ray.config.names import TRAINABLES as TRAINABLE_NAMES
-from fusion_ray.config.spec import (
-    AdaptiveSeeds,
-    Address,
-    Description,
-    Resources,
-    SeedList,
-    StoragePath,
-    Strict,
-    SweepName,
-    TrackingUri,
-    adaptive_block,
-)
+from fusion_ray.config.spec import AdaptiveSeeds, Resources, SeedList, Strict, adaptive_block
 from fusion_ray.registry import unknown_name
 from fusion_ray.schema import AXIS_TAG_PREFIX, TRAINABLE_RUN_TAG, axis_text
 
@@ -138,6 +129,11 @@ class TrainableSweep(Strict):
         return [axis_text(v) for v in self.grid[self.trend]]
 
     @property
+    def workload(self) -> str:
+        """The kind of sweep the driver runs it as (``fusion_ray.driver.workload``)."""
+        return "trainable"
+
+    @property
     def regime_key(self) -> str:
         """The group axis the regimes are levels of: the trend axis ("" without one)."""
         return self.trend or ""
@@ -145,6 +141,10 @@ class TrainableSweep(Strict):
     def grid_levels(self) -> dict[str, list[str]]:
         """Each grid axis's levels as text, in the file's order (the parent run's ``grid_axes``)."""
         return {key: [axis_text(v) for v in levels] for key, levels in self.grid.items()}
+
+    def with_resources(self, change: Callable[[Resources], Resources]) -> TrainableSweep:
+        """A copy with ``change`` applied to its resources block."""
+        return self.model_copy(update={"resources": change(self.resources)})
 
     def group_resources(self, group: str) -> Resources:
         """Every trial holds the sweep's ``resources:`` (one resource group: the trainable)."""

@@ -1,6 +1,7 @@
 """The Ray Tune callbacks on the driver that record trials: one per sweep cell
-(``MLflowSweepCallback``) and one per tuning trial (``MLflowTuningCallback``), with one error
-policy for both. They write to MLflow only through ``tracking.Tracker``.
+(``MLflowSweepCallback``) on ``TrackingCallback``, whose one error policy the HPO phase's
+tuning callback shares (``fusion_ray.hpo.tracking``). They write to MLflow only through
+``tracking.Tracker``.
 """
 
 from __future__ import annotations
@@ -8,11 +9,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
@@ -24,7 +23,6 @@ from fusion_ray.driver.progress import (
     STATUS_SECONDS,
     duration,
     fit_line,
-    outcome_text,
     time_left,
     trial_error_text,
 )
@@ -35,7 +33,6 @@ from fusion_ray.redact import redact
 from fusion_ray.train.result import SetAside, TrialResult
 
 if TYPE_CHECKING:
-    from fusion_ray.config.grid import Cell
     from fusion_ray.driver.lease import SweepLease
 
 log = logging.getLogger(__name__)
@@ -184,11 +181,12 @@ class MLflowSweepCallback(TrackingCallback):
         lease: SweepLease | None = None,
         cells_left: Callable[[], tuple[int, int] | None] | None = None,
         hypotheses_open: Callable[[], tuple[int, int] | None] | None = None,
-        metric: str | None = None,
+        workload: Any = None,
     ) -> None:
         super().__init__(tracker, lease)
-        self.metric = metric
-        """A trainable's decision metric, shown on each finished trial's line (None: its first)."""
+        self.workload = workload
+        """The sweep's kind (``fusion_ray.driver.workload.Workload``): told of each cell's final
+        metrics and end, and says what a finished trial gave."""
         self.cells_left = cells_left
         """An adaptive sweep's (cells its open hypotheses need now, cells if they all ran to the
         cap), for the time-left estimate; None: every pending cell runs."""
@@ -200,7 +198,6 @@ class MLflowSweepCallback(TrackingCallback):
         self.logged_until: dict[str, int] = {}
         self.checkpoints: dict[str, str] = {}
         self.started_at: dict[str, float] = {}
-        self.references_logged: set[str] = set()
         self.began = time.monotonic()
         self.at_most = at_most
         self.lost: set[str] = set()
@@ -215,6 +212,7 @@ class MLflowSweepCallback(TrackingCallback):
             "cells_left": None,
             "hypotheses_open": None,
             "on_lost": None,
+            "workload": None,
         }
 
     def _progress(self, cid: str, outcome: str) -> None:
@@ -288,10 +286,8 @@ class MLflowSweepCallback(TrackingCallback):
                 # a run that already holds its final metrics (its trial ended before the driver
                 # died) is only re-tested on resume, with the same weights: log them once
                 self.tracker.log_final(run_id, result)
-            dataset = self.cells[cid].resource_group
-            if reported.reported is None and dataset not in self.references_logged:
-                self.tracker.log_reference(self.parent_id, dataset, result)
-                self.references_logged.add(dataset)
+            if self.workload is not None:
+                self.workload.final_metrics(self.tracker, self.parent_id, self.cells[cid], result)
         elif reported.epoch is not None and reported.epoch > self.logged_until[cid]:
             self.tracker.log_epoch(run_id, result)
             self.logged_until[cid] = int(reported.epoch)
@@ -334,13 +330,13 @@ class MLflowSweepCallback(TrackingCallback):
             self.failed[cid] = reason
             self._progress(cid, f"FAILED: {reason}")
             return
-        if last.reported is None:  # the study's trial: its predictions are in its checkpoint
-            checkpoint = self.checkpoints.get(cid)
-            if checkpoint is None or not self.tracker.log_predictions(run_id, checkpoint):
-                log.warning("cell %s: no test_predictions.parquet in its final checkpoint", cid)
+        if self.workload is not None:  # what it keeps of the cell (the study: its predictions)
+            self.workload.completed(
+                self.tracker, self.cells[cid], run_id, self.checkpoints.get(cid)
+            )
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(cid)
-        self._progress(cid, outcome_text(last, self.metric))
+        self._progress(cid, self.workload.outcome(last) if self.workload else "finished")
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         """Tune retries a failed trial (``retries``): one line, so a lost node is seen when it
@@ -374,111 +370,6 @@ class MLflowSweepCallback(TrackingCallback):
             self._progress(cid, f"LOST (its process or node; not scored, runs again): {last}")
             return
         self._progress(cid, "FAILED: " + last)
-
-
-@dataclass
-class Best:
-    """The best tuning trial of a study: its sampled settings, score, MLflow run, trials run."""
-
-    config: dict[str, Any]
-    value: float
-    run_id: str
-    trials: int
-
-
-class MLflowTuningCallback(TrackingCallback):
-    """Writes every tuning trial to MLflow (one run each, keyed by Tune's trial id) and keeps the
-    best by ``metric``; a sample's run carries the config ``cell_for(sample)`` builds."""
-
-    def __init__(
-        self,
-        tracker: Tracker,
-        cell_for: Callable[[dict[str, Any]], Cell],
-        parent_id: str,
-        epochs: int,
-        metric: str,
-        lease: SweepLease | None = None,
-    ) -> None:
-        super().__init__(tracker, lease)
-        self.cell_for, self.parent_id, self.epochs, self.metric = (
-            cell_for,
-            parent_id,
-            epochs,
-            metric,
-        )
-        self.last: dict[str, dict[str, Any]] = {}
-        self.configs: dict[str, dict[str, Any]] = {}
-        self.ended = 0
-
-    noun = "trial"
-
-    def key(self, trial: Any) -> str:
-        return trial.trial_id
-
-    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if trial.trial_id in self.run_ids or not self._holds():  # a retry, or fenced off
-            return
-        self.configs[trial.trial_id] = dict(trial.config)
-        cell = self.cell_for(self.configs[trial.trial_id])
-        self.run_ids[trial.trial_id] = self.tracker.open_cell_run(
-            cell, self.parent_id, None, resume=False
-        )
-
-    def on_trial_result(
-        self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
-    ) -> None:
-        self.last[trial.trial_id] = result
-        if trial.trial_id in self.run_ids and self._holds():
-            reported = TrialResult.of(result)
-            if reported.set_aside is not None:
-                self.checkpoint_set_aside(trial.trial_id, reported.set_aside)
-            self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
-
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if trial.trial_id not in self.run_ids or not self._holds():
-            return  # fenced off: the driver that took over tunes again
-        run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
-        self.tracker.log_final(run_id, result)
-        self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
-        self.finished.add(trial.trial_id)
-        self.ended += 1
-        config, cell = self.configs[trial.trial_id], self.cell_for(self.configs[trial.trial_id])
-        stopped = "" if result.get("epochs_run", 0) >= self.epochs else ", stopped early"
-        settings = ", ".join(  # without Tune's own keys (a Repeater's __trial_index__)
-            f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in config.items()
-            if not k.startswith("__")
-        )
-        print(
-            f"  [{cell.dataset} {cell.fusion} {self.ended}] {settings}: best val_acc "
-            f"{100 * result.get(self.metric, 0):.2f}% after {result.get('epochs_run', 0)} epoch(s){stopped}",
-            flush=True,
-        )
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        if not self._holds():
-            return
-        if trial.trial_id not in self.run_ids:
-            self.on_trial_start(iteration, trials, trial)
-        reason = trial_error_text(trial)
-        self.failed[trial.trial_id] = reason
-        self.ended += 1
-        self.tracker.fail(self.run_ids[trial.trial_id], reason, kind=failure_kind(reason))
-
-    def best(self) -> Best | None:
-        done = [t for t in self.last if t not in self.failed and self.metric in self.last[t]]
-        if not done:
-            return None
-        # Highest score; ties go to the lower validation loss, then the earlier trial.
-        top = max(
-            done, key=lambda t: (self.last[t][self.metric], -self.last[t].get("val_loss", math.inf))
-        )
-        return Best(
-            self.configs[top],
-            float(self.last[top][self.metric]),
-            self.run_ids[top],
-            len(self.run_ids),
-        )
 
 
 class DriverStopper(Stopper):

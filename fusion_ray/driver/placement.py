@@ -20,7 +20,6 @@ from typing import Any
 import yaml
 
 from fusion_ray.config import Resources
-from fusion_ray.config.trainable import TrainableSweep
 from fusion_ray.driver import head
 from fusion_ray.driver.trial import CPU_FALLBACK_ENV, trial_bundles
 from fusion_ray.schema import CPU_REHEARSAL_TAG
@@ -243,22 +242,9 @@ def has_gpus(capacity: Capacity) -> bool:
 
 
 def on_cpus(spec: Any) -> Any:
-    """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker: a
-    new value with the grid points validation built (a trial's settings do not depend on where
-    it runs), not built again. A trainable's sweep has one ``resources:``."""
-    if isinstance(spec, TrainableSweep):
-        return spec.model_copy(update={"resources": without_gpus(spec.resources)})
-    datasets = {
-        name: preset.model_copy(update={"resources": without_gpus(preset.resources)})
-        if preset.resources is not None
-        else preset
-        for name, preset in spec.datasets.items()
-    }
-    moved = spec.model_copy(
-        update={"resources": without_gpus(spec.resources), "datasets": datasets}
-    )
-    moved.keep_points(spec.kept_points())
-    return moved
+    """The same sweep (or HPO trials) with every GPU request replaced by one CPU per worker
+    (``spec.with_resources``: a new value, its grid points not built again)."""
+    return spec.with_resources(without_gpus)
 
 
 @dataclass(frozen=True)

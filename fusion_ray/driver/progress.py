@@ -1,12 +1,10 @@
 """What a running sweep prints of its progress: durations, the time left at the pace so far,
-and lines that fit the console (``LINE_WIDTH``), and what a trial gave or why it failed."""
+and lines that fit the console (``LINE_WIDTH``), and why a trial failed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
-from fusion_ray.train.result import TrialResult
 
 
 def duration(seconds: float) -> str:
@@ -52,17 +50,6 @@ def fit_line(prefix: str, name: str, suffix: str, width: int = LINE_WIDTH) -> st
         keep = max(room - 1, 8)
         name = name[: keep - keep // 2] + "…" + name[len(name) - keep // 2 :]
     return prefix + name + suffix
-
-
-def outcome_text(last: TrialResult, metric: str | None = None) -> str:
-    """What a finished trial gave, for its progress line: the study's test accuracy in percent;
-    a trainable's ``metric`` (None: the first metric it returned) to 4 significant digits."""
-    names = last.reported
-    if names is None:
-        return f"test_acc {100 * (last.test_acc or 0.0):.2f}%"
-    name = metric or (names[0] if names else "")
-    value = last.metrics.get(name)
-    return f"{name} {float(value):.4g}" if value is not None else "finished"
 
 
 def trial_error_text(trial: Any) -> str:

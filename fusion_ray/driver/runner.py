@@ -19,25 +19,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fusion_ray.config import SweepSpec
-from fusion_ray.config.trainable import TrainableSweep
-from fusion_ray.config.workload import AnySweep, decision_metric
+from fusion_ray.config.workload import AnySweep
 from fusion_ray.driver import placement
-from fusion_ray.driver.job import OperatorRef, TrainableJob, TrialJob
 from fusion_ray.driver.placement import PlacementError, placement_timeout_s
 from fusion_ray.driver.session import DriverSession, tune_output
 from fusion_ray.driver.storage import finish_ended_trials, resume_point, storage_uri
-from fusion_ray.driver.trainable_trial import run_trainable_cell
-from fusion_ray.driver.trial import run_cell, trial_resources
-from fusion_ray.model.fusion import FUSIONS
+from fusion_ray.driver.trial import trial_resources
+from fusion_ray.driver.workload import Workload, workload_for
 from fusion_ray.policy.plan import Plan, plan
 from fusion_ray.policy.seed_policy import SeedPolicy, TuneRun, policy_for
 from fusion_ray.schema import (
     CPU_REHEARSAL_TAG,
-    DISPLAY_ORDER_TAG,
     GRID_AXES_TAG,
     OVERRIDES_TAG,
-    TRAINABLE_TAG,
 )
 
 log = logging.getLogger("fusion_ray.sweep")
@@ -113,26 +107,8 @@ def _parent_params(
         params[OVERRIDES_TAG] = json.dumps(list(overrides))
     params.update(policy.parent_params())
     params[GRID_AXES_TAG] = json.dumps(spec.grid_levels())
-    if isinstance(spec, TrainableSweep):
-        name, mode = decision_metric(spec)
-        params[TRAINABLE_TAG] = json.dumps(
-            {"trainable": spec.trainable, "axis": spec.axis, "baseline": spec.baseline_text}
-            | {"metric": name, "mode": mode, "trend": spec.trend}
-        )
-    else:
-        params[DISPLAY_ORDER_TAG] = json.dumps(display_order(todo.cells))
+    params.update(workload_for(spec).parent_params(todo.cells))
     return params
-
-
-def display_order(cells: Sequence[Any]) -> dict[str, list[str]]:
-    """The sweep's operators in the fusion registry's order and its datasets in the sweep
-    file's (the grid's cells come in it): how the report lists them (``DISPLAY_ORDER_TAG``)."""
-    used = {c.fusion.split("(", 1)[0] for c in cells}
-    registered = [name for name in FUSIONS.names() if name in used]
-    return {
-        "operator": registered + sorted(used - set(registered)),
-        "dataset": list(dict.fromkeys(c.dataset for c in cells)),
-    }
 
 
 def _placed(spec: AnySweep, todo: Plan, smoke: bool) -> tuple[AnySweep, bool]:
@@ -164,6 +140,7 @@ def _run_cells(
         print(f"sweep {spec.name}: {policy.nothing_to_do()}; nothing to do")
         session.end({"cells_finished": len(done)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
+    workload = workload_for(spec)
     callback = MLflowSweepCallback(
         tracker,
         {c.cell_id: c for c in todo.pending},
@@ -174,11 +151,11 @@ def _run_cells(
         lease=session.lease,
         cells_left=policy.cells_left if policy.at_most else None,
         hypotheses_open=policy.hypotheses_open if policy.at_most else None,
-        metric=decision_metric(spec)[0],
+        workload=workload,
     )
     try:
         with session.tune_run(lambda: len(callback.finished)):
-            ran = _run_policy(spec, todo, policy, callback, session, verbose)
+            ran = _run_policy(spec, todo, (policy, workload), callback, session, verbose)
     finally:
         interrupted = callback.close_unfinished()
     session.after_tune(
@@ -208,67 +185,39 @@ def _run_cells(
 def _run_policy(
     spec: AnySweep,
     todo: Plan,
-    policy: SeedPolicy,
+    how: tuple[SeedPolicy, Workload],
     callback: Any,
     session: DriverSession,
     verbose: int,
 ) -> int:
     """The policy's Tune runs, one after the other (none once the lease is lost); the number of
-    trials they started."""
+    trials they started. ``how``: the sweep's seed policy and workload."""
+    policy, workload = how
     ran = 0
     for run in policy.tune_runs(f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}", callback):
         if session.lease.lost.is_set() or session.stopping():
             break
-        jobs = [_job(spec, c, resume_point(spec, c, todo.existing), run.name) for c in run.cells]
+        jobs = [
+            _job(workload, spec, c, resume_point(spec, c, todo.existing), run.name)
+            for c in run.cells
+        ]
         with tune_output(verbose):
-            _tuner(spec, run, jobs, callback, session.stopping, verbose).fit()
+            _tuner(spec, run, (jobs, workload), callback, session.stopping, verbose).fit()
         ran += len(run.searcher.started) if run.searcher is not None else len(run.cells)
     return ran
 
 
 def _job(
-    spec: AnySweep, cell: Any, resume_from: str | None, tune_run: str
-) -> TrialJob | TrainableJob:
+    workload: Workload, spec: AnySweep, cell: Any, resume_from: str | None, tune_run: str
+) -> Any:
     storage = storage_uri(spec.storage_path)
-    train_storage = f"{storage.rstrip('/')}/{spec.name}-train"
-    resources = spec.group_resources(cell.resource_group)
-    if isinstance(spec, TrainableSweep):
-        return TrainableJob(
-            cell.cell_id,
-            spec.name,
-            tune_run,
-            spec.trainable,
-            cell.config,
-            cell.seed,
-            resources,
-            train_storage,
-            metric=spec.metric.name,
-            resume_from=resume_from,
-        )
-    return TrialJob(
-        cell_id=cell.cell_id,
-        sweep=spec.name,
-        tune_run=tune_run,
-        trial=cell.trial,
-        resources=resources,
-        train_storage=train_storage,
-        resume_from=resume_from,
-        latency_baseline=_latency_baseline(spec),
-    )
-
-
-def _latency_baseline(spec: SweepSpec) -> OperatorRef:
-    """The operator every trial times itself against (the report's baseline)."""
-    label = spec.baseline_label
-    entries = [spec.grid.fusions, *(sub.fusions or [] for sub in spec.include)]
-    entry = next(e for group in entries for e in group if label in (e.name, e.label))
-    return OperatorRef(entry.name, entry.kwargs)
+    return workload.job(cell, resume_from, tune_run, f"{storage.rstrip('/')}/{spec.name}-train")
 
 
 def _tuner(
     spec: AnySweep,
     run: TuneRun,
-    jobs: list[TrialJob | TrainableJob],
+    work: tuple[list[Any], Workload],
     callback: Any,
     stopping: Callable[[], bool],
     verbose: int,
@@ -284,13 +233,16 @@ def _tuner(
     from fusion_ray.driver.callbacks import DriverStopper
 
     searcher, tune_run = run.searcher, run.name
+    jobs, workload = work
     by_id = {c.cell_id: c for c in run.cells}
     resources_by_id = {
         c.cell_id: PlacementGroupFactory([trial_resources(spec.group_resources(c.resource_group))])
         for c in run.cells
     }
     # The jobs go to the object store once (with_parameters); each trial picks its own by id.
-    trainable = tune.with_parameters(_run_by_id, jobs={j.cell_id: j for j in jobs})
+    trainable = tune.with_parameters(
+        _run_by_id, jobs={j.cell_id: j for j in jobs}, run=workload.trial_function
+    )
     return tune.Tuner(
         tune.with_resources(trainable, lambda config: resources_by_id[config["cell_id"]]),
         param_space={} if searcher else {"cell_id": tune.grid_search([j.cell_id for j in jobs])},
@@ -348,9 +300,5 @@ def _placement_callback() -> Any:
     return _Watch()
 
 
-def _run_by_id(config: dict[str, Any], jobs: dict[str, TrialJob | TrainableJob]) -> None:
-    job = jobs[config["cell_id"]]
-    if isinstance(job, TrainableJob):
-        run_trainable_cell(job)
-    else:
-        run_cell(job)
+def _run_by_id(config: dict[str, Any], jobs: dict[str, Any], run: Callable[[Any], None]) -> None:
+    run(jobs[config["cell_id"]])

@@ -15,14 +15,36 @@ import contextlib
 import json
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from fusion_ray.driver.job import TrainableJob
+from fusion_ray.config import Resources
 from fusion_ray.driver.trial import REPEATING_ERRORS, error_summary, trainer_settings
 from fusion_ray.train.result import FINAL, REPORTED, TRIAL_ERROR
 from fusion_ray.trainables import TRAINABLES, Report, run_trainable
+
+
+@dataclass(frozen=True)
+class TrainableJob:
+    """One cell of a trainable's sweep (``trainable: NAME``) as the driver hands it to Ray Tune."""
+
+    cell_id: str
+    sweep: str
+    tune_run: str
+    trainable: str
+    """The trainable's registered name (loaded in the trial's process)."""
+    config: dict[str, Any]
+    """The cell's config: the sweep's defaults with its grid point's levels set."""
+    seed: int
+    """The paired seed (every arm of a block gets the same one)."""
+    resources: Resources
+    train_storage: str
+    metric: str | None = None
+    """The sweep's decision metric, which the trainable must return (None: its first)."""
+    resume_from: str | None = None
+
 
 RESERVED = frozenset({FINAL, REPORTED, TRIAL_ERROR, "checkpoint_path", "done", "config"})
 """Names the driver's protocol uses in a report: a trainable's metric may not take them."""

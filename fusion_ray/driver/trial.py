@@ -1,11 +1,8 @@
-"""What the sweep and the HPO phase share to run one trial on Ray: where its checkpoints go,
-the resources it holds, the device it trains on, and the Tune trainable that runs it (the
-driver's side, Ray start-up, signals and stops, is ``fusion_ray.driver.session``).
-
-A trial with one worker trains directly inside its Tune trial; one with several workers runs a
-Ray Train ``TorchTrainer`` (DDP) inside it, its metrics forwarded by ``TuneReportCallback``.
-Everything here is called on the driver except ``run_cell`` and ``trial_device``, which run in
-the trial's process.
+"""What every kind of trial shares on Ray (the study's, ``fusion_ray.study.trial``; a
+trainable's, ``fusion_ray.driver.trainable_trial``): the resources it holds, the device a
+one-worker trial trains on, the errors that are not retried, and the ``TorchTrainer`` settings
+of a multi-worker trial (DDP, its metrics forwarded by ``TuneReportCallback``). The driver's
+side, Ray start-up, signals and stops, is ``fusion_ray.driver.session``.
 """
 
 from __future__ import annotations
@@ -18,10 +15,6 @@ from typing import Any
 import torch
 
 from fusion_ray.config import Resources
-from fusion_ray.driver.job import OperatorRef, TrialJob
-from fusion_ray.train.report import TuneReporter
-from fusion_ray.train.result import TRIAL_ERROR
-from fusion_ray.train.spec import TrialConfig
 
 log = logging.getLogger(__name__)
 
@@ -77,51 +70,6 @@ def trial_device(res: Resources) -> Any:
     )
 
 
-def run_direct(
-    trial: TrialConfig,
-    res: Resources,
-    reporter_cls: type,
-    *,
-    latency_baseline: OperatorRef | None = None,
-    **reporter_options: Any,
-) -> None:
-    """Train ``trial`` in this process (a one-worker Tune trial), reporting through ``reporter_cls``;
-    ``latency_baseline`` (the sweep's baseline operator, or None) as in ``run_trial``."""
-    # lazy: the training loop imports pandas and pyarrow (~0.45 s); only a trial's process
-    # trains, the driver's --help and --dry-run run without it
-    from fusion_ray.train.loop import run_trial
-
-    torch.set_num_threads(max(1, int(res.cpus_per_worker)))
-    reporter = reporter_cls(device=trial_device(res), **reporter_options)
-    baseline = latency_baseline.mapping() if latency_baseline is not None else None
-    run_trial(trial, reporter, latency_baseline=baseline)
-
-
-def run_cell(job: TrialJob) -> None:
-    """Ray Tune function trainable of a sweep cell: directly (one worker) or as a DDP TorchTrainer.
-    ``job`` was built and checked by the driver; it is used as it is (a trainable's cell runs
-    through ``trainable_trial.run_trainable_cell``)."""
-    res = job.resources
-    if res.workers == 1 and not res.force_trainer:
-        try:
-            run_direct(
-                job.trial,
-                res,
-                TuneReporter,
-                latency_baseline=job.latency_baseline,
-                resume_from=job.resume_from,
-            )
-        except REPEATING_ERRORS as exc:
-            # The same config, data and seed fail the same way every time: end the trial with
-            # the reason (recorded FAILED by the tracking callback) instead of letting Tune retry.
-            # lazy: ray.tune takes ~1.7 s to import; kept out of --dry-run and --help
-            from ray import tune
-
-            tune.report({TRIAL_ERROR: error_summary(exc)})
-        return
-    _run_trainer(job)
-
-
 REPEATING_ERRORS = (
     ValueError,
     TypeError,
@@ -137,27 +85,6 @@ seed, a missing file, a dataset that cannot be downloaded): retrying would repea
 def error_summary(exc: BaseException) -> str:
     lines = traceback.format_exception(exc)
     return "".join(lines[-6:]).strip() + "\n(not retried: this error repeats on every attempt)"
-
-
-def _run_trainer(job: TrialJob) -> None:
-    # lazy: ray.train takes ~3 s to import; only a multi-worker trial needs it
-    from ray.train.torch import TorchTrainer
-
-    from fusion_ray.train.loop import train_worker
-
-    res = job.resources
-    baseline = job.latency_baseline
-    trainer = TorchTrainer(
-        train_worker,
-        train_loop_config={
-            "trial": job.trial,
-            "resume_from": job.resume_from,
-            "threads": max(1, int(res.cpus_per_worker)),
-            "latency_baseline": baseline.mapping() if baseline is not None else None,
-        },
-        **trainer_settings(res, f"{job.tune_run}-{job.cell_id}", job.train_storage),
-    )
-    trainer.fit()
 
 
 def trainer_settings(res: Resources, name: str, storage: str) -> dict[str, Any]:

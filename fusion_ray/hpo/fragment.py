@@ -14,7 +14,7 @@ from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.spec import METRIC, HpoPlan
 
 if TYPE_CHECKING:
-    from fusion_ray.driver.callbacks import Best
+    from fusion_ray.hpo.tracking import Best
 
 
 def short(value: Any) -> str:

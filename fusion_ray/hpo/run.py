@@ -22,7 +22,7 @@ from fusion_ray.driver import placement
 from fusion_ray.driver.lease import LeaseLostError
 from fusion_ray.driver.session import DriverSession, init_ray, tune_output
 from fusion_ray.driver.storage import storage_uri
-from fusion_ray.driver.trial import run_direct, trial_resources
+from fusion_ray.driver.trial import trial_resources
 from fusion_ray.hpo.fragment import (
     fragment_text,
     refuse_if_tuned,
@@ -33,12 +33,13 @@ from fusion_ray.hpo.fragment import (
 from fusion_ray.hpo.ranking import Ranking, ScoredSetting, rank_settings
 from fusion_ray.hpo.spec import METRIC, HpoPlan
 from fusion_ray.schema import CPU_REHEARSAL_TAG, OVERRIDES_TAG
+from fusion_ray.study.trial import run_direct
 from fusion_ray.train.report import TuneReporter
 from fusion_ray.train.result import TrialResult
 from fusion_ray.train.spec import TrialConfig
 
 if TYPE_CHECKING:
-    from fusion_ray.driver.callbacks import Best, MLflowTuningCallback
+    from fusion_ray.hpo.tracking import Best, MLflowTuningCallback
 
 OPERATOR_INDEX = "__trial_index__"
 """The key Ray Tune's ``Repeater`` adds to each repeat's config (``ray.tune.search.repeater.
@@ -126,7 +127,8 @@ def tune_dataset(
     from ray.tune.search.optuna import OptunaSearch
 
     # lazy: callbacks import ray.tune and mlflow (~2.9 s); kept out of --dry-run and --help
-    from fusion_ray.driver.callbacks import DriverStopper, MLflowTuningCallback
+    from fusion_ray.driver.callbacks import DriverStopper
+    from fusion_ray.hpo.tracking import MLflowTuningCallback
 
     spec, settings = plan.spec, plan.tune
     dataset, operators = cells[0].dataset, [c.fusion for c in cells]

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fusion_ray.config import AdaptiveSeeds
-from fusion_ray.config.grid import Cell
 from fusion_ray.decide.questions import REGIME_KEY, Arm, Group, Hypothesis, hypotheses, rows
 from fusion_ray.decide.sequential import family_evidence
 
@@ -61,7 +60,8 @@ def grid_order(cells: list[Any], datasets: list[str]) -> tuple[list[str], dict[s
 class SeedSchedule:
     """The cells of an adaptive sweep, its hypotheses and what the finished cells say."""
 
-    cells: list[Cell]
+    cells: list[Any]
+    """The sweep's cells (``config.workload.cells_of``: a study's or a trainable's)."""
     baseline: str
     rule: AdaptiveSeeds
     results: dict[str, float | Mapping[str, float] | None] = field(default_factory=dict)
@@ -74,7 +74,7 @@ class SeedSchedule:
     ``trend:`` axis."""
 
     def __post_init__(self) -> None:
-        self.by_key: dict[tuple[Arm, int], Cell] = {(arm_of(c), c.seed): c for c in self.cells}
+        self.by_key: dict[tuple[Arm, int], Any] = {(arm_of(c), c.seed): c for c in self.cells}
         self.order = {c.cell_id: i for i, c in enumerate(self.cells)}
         regimes, self.levels = grid_order(self.cells, self.regimes)
         self.regimes = regimes
@@ -127,7 +127,7 @@ class SeedSchedule:
         """Each hypothesis's state after each of its resolved seeds."""
         return {name: [lk.state for lk in looks] for name, looks in self.evidence().items()}
 
-    def needed(self) -> list[Cell]:
+    def needed(self) -> list[Any]:
         """The cells the evidence needs now and that have no result yet, seed-major."""
         states, deltas = self.states(), self.deltas()
         wanted = {k for k in self.by_key if k[1] < self.rule.first}  # the first wave: every cell
@@ -144,12 +144,12 @@ class SeedSchedule:
         """Cells the sweep runs if no hypothesis is ever decided: every seed up to max."""
         return len(self.cells)
 
-    def first_wave(self) -> list[Cell]:
+    def first_wave(self) -> list[Any]:
         return [c for c in self.cells if c.seed < self.rule.first]
 
 
 def finished_results(
-    cells: list[Cell], runs: Mapping[str, object]
+    cells: list[Any], runs: Mapping[str, object]
 ) -> dict[str, float | Mapping[str, float] | None]:
     """Results of the cells whose run ended (``tracking.CellRun``): the score of a FINISHED run
     (its decision metric, more is better: the study's test accuracy), None for a cell whose best run FAILED by its own code (it counts as a failure

@@ -41,6 +41,7 @@ def test_every_listed_base_class_exists_and_every_group_is_listed():
     from analysis.stats.registry import REGISTRY as STATISTICS
     from fusion_ray.cli import registries
     from fusion_ray.decide.rules import RULES
+    from fusion_ray.driver.workload import WORKLOADS
     from fusion_ray.launch import LAUNCHERS
     from fusion_ray.trainables import TRAINABLES
 
@@ -53,6 +54,14 @@ def test_every_listed_base_class_exists_and_every_group_is_listed():
     listed = {group for row in rows for group in _names(row[1])}
     groups = {
         r.group
-        for r in [*registries().values(), RULES, STATISTICS, SECTIONS, LAUNCHERS, TRAINABLES]
+        for r in [
+            *registries().values(),
+            RULES,
+            STATISTICS,
+            SECTIONS,
+            LAUNCHERS,
+            TRAINABLES,
+            WORKLOADS,
+        ]
     }
     assert listed == groups

@@ -146,7 +146,7 @@ def test_a_password_read_in_a_uri_is_masked_where_it_shows_again_however_short(p
 def test_a_uri_whose_user_info_cannot_be_read_as_written_is_refused_with_the_encoding(
     password, says, tmp_path
 ):
-    from fusion_ray.config.spec import tracking_uri_problem
+    from fusion_ray.config.fields import tracking_uri_problem
     from fusion_ray.redact import credentials_problem
 
     uri = f"http://admin:{password}@127.0.0.1:5000"
@@ -158,7 +158,7 @@ def test_a_uri_whose_user_info_cannot_be_read_as_written_is_refused_with_the_enc
 
 
 def test_a_percent_encoded_or_at_sign_password_is_accepted_and_split_as_sent():
-    from fusion_ray.config.spec import tracking_uri_problem
+    from fusion_ray.config.fields import tracking_uri_problem
     from fusion_ray.redact import credentials_problem
 
     for uri, password in (

@@ -11,7 +11,7 @@ import yaml
 
 from fusion_ray.config import Resources, SweepFileError, load_sweep, resources_for
 from fusion_ray.config.grid import expand
-from fusion_ray.driver.job import TrialJob
+from fusion_ray.study.trial import TrialJob
 from fusion_ray.sweep import main as sweep_main
 from tests.conftest import ROOT, tiny_sweep
 
@@ -254,7 +254,7 @@ def test_a_setting_at_its_default_stays_out_of_the_id_but_counts_when_set(tmp_pa
 def test_a_gpu_trial_on_a_node_without_cuda_fails_clearly(tmp_path, monkeypatch):
     import torch
 
-    from fusion_ray.driver.trial import run_cell
+    from fusion_ray.study.trial import run_cell
 
     if torch.cuda.is_available():
         pytest.skip("this node has CUDA")

@@ -11,8 +11,9 @@ import pytest
 
 from fusion_ray.config import load_sweep
 from fusion_ray.config.grid import expand
-from fusion_ray.driver.callbacks import MLflowSweepCallback, MLflowTuningCallback
+from fusion_ray.driver.callbacks import MLflowSweepCallback
 from fusion_ray.driver.tracking import CellRun, Tracker
+from fusion_ray.hpo.tracking import MLflowTuningCallback
 from fusion_ray.schema import CHECKPOINT_SET_ASIDE_TAG, CHECKPOINT_TAG
 from fusion_ray.train.result import CHECKPOINT_SET_ASIDE, set_aside_note
 from tests.conftest import tiny_sweep

@@ -202,8 +202,8 @@ def test_the_parent_run_records_the_order_the_report_lists_the_sweep_in(tmp_path
     """Operators in the fusion registry's order whatever order the file lists them in;
     datasets in the sweep file's order."""
     from fusion_ray.config.grid import expand
-    from fusion_ray.driver.runner import display_order
     from fusion_ray.model.fusion import FUSIONS
+    from fusion_ray.study.workload import display_order
 
     path = tiny_sweep(tmp_path, grid={"datasets": ["long", "short"], "fusions": ["mlp", "add"]})
     spec = yaml.safe_load(path.read_text())

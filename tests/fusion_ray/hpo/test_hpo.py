@@ -14,7 +14,6 @@ import yaml
 from fusion_ray.config import load_sweep
 from fusion_ray.config.combinations import flatten
 from fusion_ray.config.grid import expand
-from fusion_ray.driver.callbacks import Best
 from fusion_ray.hpo import (
     OPERATOR_INDEX,
     HpoFileError,
@@ -25,6 +24,7 @@ from fusion_ray.hpo import (
     rank_settings,
 )
 from fusion_ray.hpo.cli import main as hpo_main
+from fusion_ray.hpo.tracking import Best
 from tests.conftest import ROOT
 
 HPO_FILES = sorted((ROOT / "sweeps" / "hpo").glob("*.yaml"))
