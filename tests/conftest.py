@@ -33,18 +33,25 @@ TIERS = {
 }
 """The tiers, registered as markers in pyproject.toml (``python -m pytest -m unit``: the first)."""
 
+TIER_TIMEOUT_S = {"unit": 300, "ray": 900, "process": 900, "cluster": 1500}
+"""Each tier's limit for one test, setup and teardown included (pytest-timeout; a test's own
+``@pytest.mark.timeout`` overrides it): a test that hangs fails with its stack printed, instead
+of holding its worker, and the run, until CI gives up."""
+
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects: a test without a tier fails every run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Fail the collection, naming every test under tests/ that has no tier or more than one,
     and every unit test that starts Ray through the ray_session fixture (on one process or on
-    pytest-xdist workers)."""
+    pytest-xdist workers); give every other test its tier's time limit (``TIER_TIMEOUT_S``)."""
     problems = []
     for item in items:
         path = Path(str(item.path)).resolve()
         if TESTS not in path.parents:
             continue  # another project's tests run with ours (examples/plugin/tests)
         tiers = sorted({m.name for m in item.iter_markers() if m.name in TIERS})
+        if len(tiers) == 1 and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIER_TIMEOUT_S[tiers[0]]))
         if len(tiers) != 1:
             problems.append((item.nodeid, f"has {', '.join(tiers) or 'none'}"))
         elif tiers == ["unit"] and "ray_session" in getattr(item, "fixturenames", ()):

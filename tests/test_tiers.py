@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import TESTS, pytest_collection_modifyitems
+from tests.conftest import TESTS, TIER_TIMEOUT_S, pytest_collection_modifyitems
 
 pytestmark = pytest.mark.unit
 
@@ -25,6 +25,12 @@ class _Item:
 
     def iter_markers(self):
         return iter(self.marks)
+
+    def get_closest_marker(self, name: str):
+        return next((m for m in self.marks if m.name == name), None)
+
+    def add_marker(self, mark) -> None:
+        self.marks.append(mark.mark)
 
 
 def _items() -> list[_Item]:
@@ -68,3 +74,18 @@ def test_an_xdist_worker_reports_a_failed_collection_and_runs_nothing():
     (report,) = reports
     assert report.failed and report.nodeid == "tests/conftest.py"
     _assert_names_every_problem(str(report.longrepr))
+
+
+def test_each_tiered_test_gets_its_tiers_time_limit_unless_it_sets_its_own():
+    items = [_Item("test_a", ("process",)), _Item("test_b", ("cluster",))]
+    items[1].marks.append(pytest.mark.timeout(60).mark)
+    pytest_collection_modifyitems(SimpleNamespace(), items)
+    assert items[0].get_closest_marker("timeout").args == (TIER_TIMEOUT_S["process"],)
+    assert items[1].get_closest_marker("timeout").args == (60,)
+    assert [m.name for m in items[1].marks].count("timeout") == 1
+
+
+def test_this_run_enforces_the_limit(request):
+    """pytest-timeout is loaded and this test carries the unit tier's limit."""
+    assert request.config.pluginmanager.hasplugin("timeout")
+    assert request.node.get_closest_marker("timeout").args == (TIER_TIMEOUT_S["unit"],)
