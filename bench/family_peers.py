@@ -182,8 +182,8 @@ def full_grid(reps: int, spread: float, seed: int) -> None:
 
     from fusion_ray import api
     from fusion_ray.config.grid import expand
-    from fusion_ray.policy.forecast import StatedWorld
     from fusion_ray.policy.schedule import SeedSchedule, arm_of
+    from fusion_ray.study.forecast import StatedWorld
 
     spec = api.load(ROOT.parent / "sweeps" / "full_grid.yaml", ["seeds={adaptive: true, max: 20}"])
     assert spec.adaptive is not None

@@ -31,7 +31,7 @@ most), and at any ``--seeds-per-cell`` given, e.g. the mean seeds per comparison
 longest comparison, so that mean is a lower bound for its cells).
 
     python bench/gpu_hours.py [sweeps/full_grid.yaml] [--adaptive 6,20] [--seeds-per-cell 8.3]
-        [--measured bench/results/h200_2026-11-28] [--export fusion_ray/policy/measured_trials.json]
+        [--measured bench/results/h200_2026-11-28] [--export fusion_ray/study/measured_trials.json]
 
 ``--export`` adds the machine's per-dataset epoch and test times to the table ``fusion-ray plan
 --chip`` reads (written from ``h100_2026-11-27`` and ``h200_2026-11-28``, 2026-12-02).
@@ -126,7 +126,7 @@ def main() -> None:
         type=Path,
         default=None,
         help="add this machine's per-dataset epoch and test times to a JSON file (the table "
-        "`fusion-ray plan --chip` reads: fusion_ray/policy/measured_trials.json)",
+        "`fusion-ray plan --chip` reads: fusion_ray/study/measured_trials.json)",
     )
     args = parser.parse_args()
     overrides = []

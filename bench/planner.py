@@ -1,6 +1,6 @@
 """How well ``fusion-ray plan --pilot`` foresees what an adaptive sweep then does: worlds with
 known effects, a 6-seed pilot drawn from each, the planner's forecast from that pilot alone
-(``fusion_ray.policy.forecast``, the sweep's own schedule and rule), then the sweep itself
+(``fusion_ray.study.forecast``, the sweep's own schedule and rule), then the sweep itself
 continued in the same world from the same pilot. Counted: how often the seeds a hypothesis was
 decided after (or stopped, or left open at the cap) fell inside the forecast's 5-95 % band, how
 often the sweep's trials did, and the forecast's probability to decide against how often it
@@ -32,14 +32,14 @@ sys.path.insert(0, str(ROOT))
 from fusion_ray.config import load_sweep  # noqa: E402
 from fusion_ray.config.grid import expand  # noqa: E402
 from fusion_ray.decide.questions import Arm  # noqa: E402
-from fusion_ray.policy.forecast import (  # noqa: E402
+from fusion_ray.policy.schedule import SeedSchedule, arm_of  # noqa: E402
+from fusion_ray.study.forecast import (  # noqa: E402
     PilotWorld,
     Row,
     decided_after,
     forecast,
     pilot_rows,
 )
-from fusion_ray.policy.schedule import SeedSchedule, arm_of  # noqa: E402
 
 SD = 3.5
 EFFECTS = (0.0, 2.5, 5.0, 10.0)

@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fusion_ray.config import SweepFileError, SweepSpec, resources_for
-from fusion_ray.config.workload import AnySweep, is_trainable, load_any, smoke_of
+from fusion_ray.config.workload import (
+    AnySweep,
+    decision_metric,
+    is_trainable,
+    load_any,
+    smoke_of,
+)
 from fusion_ray.console import dry_run_text as _dry_run_text
 from fusion_ray.driver import placement
 from fusion_ray.driver.preflight import preflight
@@ -30,7 +36,7 @@ from fusion_ray.policy.plan import Plan, plan
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from fusion_ray.policy.forecast import Forecast
+    from fusion_ray.study.forecast import Forecast
 
 __all__ = [
     "SweepFileError",
@@ -179,11 +185,11 @@ def forecast(
     (points against the baseline by ``OPERATOR`` or ``DATASET/OPERATOR``; each run's SD
     ``spread``, a per-seed part ``shared`` by a group; ``trial_hours``: card-hours of one trial
     per dataset; ``chip``: from the epoch times measured on that card for the study's presets,
-    ``fusion_ray.policy.forecast.measured_trial_hours``). Raises
-    ``fusion_ray.policy.forecast.ForecastInputError`` saying what to give instead."""
+    ``fusion_ray.study.forecast.measured_trial_hours``). Raises
+    ``fusion_ray.study.forecast.ForecastInputError`` saying what to give instead."""
     # lazy: the forecast runs the schedule (the decision rules: scipy); kept out of --help
     from fusion_ray.config.grid import expand
-    from fusion_ray.policy import forecast as fc
+    from fusion_ray.study import forecast as fc
 
     if spec.adaptive is None:
         raise fc.ForecastInputError(
@@ -259,8 +265,8 @@ def _pilot_world(
     # lazy: tracking imports mlflow (~1.3 s), the forecast the decision rules (scipy); only a
     # forecast from a pilot needs them
     from fusion_ray.driver.tracking import Tracker
-    from fusion_ray.policy import forecast as fc
     from fusion_ray.policy.schedule import finished_results
+    from fusion_ray.study import forecast as fc
 
     tracker = Tracker.existing(spec.tracking_uri, pilot)
     if tracker is None:
@@ -269,7 +275,7 @@ def _pilot_world(
             f"pilot: no experiment {pilot!r} in {spec.tracking_uri}: run the first wave first "
             f"(fusion-ray sweep FILE seeds.max={first}), or name the experiment that holds it"
         )
-    runs = tracker.cell_runs()
+    runs = tracker.cell_runs(*decision_metric(spec))
     rows, known = fc.pilot_rows(cells, finished_results(cells, runs), seeds)
     try:
         world = fc.PilotWorld(rows, smoothing=smoothing)

@@ -214,6 +214,17 @@ def list_entries() -> str:
         kind = "deterministic" if entry.deterministic else "not declared deterministic"
         lines.append(f"  {name:<20} [{TRAINABLES.origin(name)}]  {entry.qualname} ({kind})")
     lines += _broken_lines(TRAINABLES)
+    # lazy: the driver's workloads import Ray Train's trial code (~0.2 s beyond torch)
+    from fusion_ray.driver.workload import WORKLOADS
+
+    lines.append(f"kinds of sweep (entry-point group {WORKLOADS.group}; what the driver runs):")
+    for name in WORKLOADS.names():
+        kind = WORKLOADS.get(name)
+        summary = plain((kind.__doc__ or "").strip().split("\n")[0])
+        where = f"{kind.__module__}.{kind.__qualname__}"
+        lines.append(f"  {name:<20} [{WORKLOADS.origin(name)}]  {where}")
+        lines.append(f"  {'':<20} {summary}")
+    lines += _broken_lines(WORKLOADS)
     return "\n".join(lines)
 
 

@@ -116,7 +116,7 @@ def trainable_summary_table(spec: TrainableSweep) -> str:
     over this sweep's cells only."""
     # lazy: tracking imports mlflow (~1.3 s); kept out of --dry-run and --help
     from fusion_ray.driver.tracking import Tracker
-    from fusion_ray.schema import returned_metrics
+    from fusion_ray.schema import decided_metric, returned_metrics
 
     tracker = Tracker.existing(spec.tracking_uri, spec.name)
     if tracker is None:
@@ -126,7 +126,7 @@ def trainable_summary_table(spec: TrainableSweep) -> str:
     shown = spec.metric.name
     for run in tracker.trial_runs():
         cell = cells.get(run.data.tags.get("cell_id", ""))
-        name = spec.metric.name or next(iter(returned_metrics(run.data.tags)), None)
+        name = decided_metric(spec.metric.name, returned_metrics(run.data.tags))
         if cell is None or run.info.status != "FINISHED" or name not in run.data.metrics:
             continue
         shown = shown or name

@@ -2,7 +2,7 @@
 OP=POINTS,...)``: how many seeds, trials and card-hours an adaptive sweep will take.
 
 The sweep's own schedule and decision rule run many times on simulated results
-(``fusion_ray.policy.forecast``): drawn again from a first wave already logged (``--pilot``; its
+(``fusion_ray.study.forecast``): drawn again from a first wave already logged (``--pilot``; its
 runs stay the sweep's own), or made from stated effects and spread in points (``--effects``).
 Printed per hypothesis: the share of replays it was decided in within the cap, stopped as
 futile, its seeds' mean, 90th percentile and 5-95 % band; for the sweep: trials and card-hours
@@ -134,7 +134,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m fusion_ray.pl
         return 2
     # lazy: the API and the forecast import torch, Ray and MLflow (~2.5 s)
     from fusion_ray import api
-    from fusion_ray.policy.forecast import ForecastInputError
+    from fusion_ray.study.forecast import ForecastInputError
 
     try:
         spec = api.load(args.sweep_file, args.overrides)

@@ -13,6 +13,7 @@ other code that follows these names are analysed the same way.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 #: Tag that tells a sweep's parent run from its trial runs.
@@ -74,6 +75,12 @@ def returned_metrics(tags: dict[str, str]) -> list[str]:
     except ValueError:
         return []
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def decided_metric(named: str | None, returned: Sequence[str]) -> str | None:
+    """The metric a trainable's sweep decides on: the one its file names (``metric: {name}``),
+    else the first its trainable returned (None: it named none and returned none)."""
+    return named or next(iter(returned), None)
 
 
 #: Metrics logged once per epoch (step = epoch); search_runs returns their last value.

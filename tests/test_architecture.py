@@ -537,12 +537,8 @@ def test_every_package_of_fusion_ray_has_a_layer():
 ENGINE = ("fusion_ray.driver", "fusion_ray.policy", "fusion_ray.decide")
 """The engine: it runs any kind of sweep (``fusion_ray.driver.workload``) and knows no study."""
 NOT_YET_OUTSIDE_THE_STUDY = {
-    "fusion_ray.driver.tracking": "writes the study's metric lists, reference baselines and "
-    "predictions by name (a trainable's results say their own names: REPORTED)",
     "fusion_ray.decide.questions": "its length questions key regimes by the study's dataset "
     "by default and read its test split's length quarters",
-    "fusion_ray.policy.forecast": "the planner's forecast: its pilot effects are by dataset and "
-    "operator",
 }
 """Engine modules that still know the study, each with what it knows."""
 STUDY = (

@@ -31,6 +31,7 @@ from fusion_ray.driver.tracking import Tracker, decision_key
 from fusion_ray.policy.plan import plan
 from fusion_ray.policy.seed_policy import AdaptiveSeedPolicy, live_decisions
 from fusion_ray.schema import DECISION_METRIC_PREFIX, DECISION_TAG_PREFIX, DECISIONS_FILE
+from fusion_ray.study.workload import final_metric_names
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.unit
@@ -85,7 +86,7 @@ def sweep(tmp_path_factory, mlflow_store):
                 final = {"test_acc": correct / TOTAL, "test_correct": correct}
                 final |= {"test_total": TOTAL, "best_val_acc": 0.6, "best_epoch": 1}
                 final |= {"latency_ms_per_sample": 0.1, "num_params": 1000, "train_seconds": 1}
-                tracker.log_final(run, final)
+                tracker.log_final(run, final, final_metric_names(final))
                 tracker.finish(run)
                 schedule.results[cell.cell_id] = correct / TOTAL
             log_looks(schedule)

@@ -27,7 +27,13 @@ from analysis.stats.exact import hodges_lehmann, holm, wilcoxon_signed_rank
 from analysis.stats.verdicts import sweep_rule
 from fusion_ray.decide.questions import Arm, failed_runs_by_operator, hypotheses, possible, rows
 from fusion_ray.decide.sequential import decision_rows, family_evidence
-from fusion_ray.schema import GRID_AXES_TAG, RETURNED_TAG, TRAINABLE_TAG, returned_metrics
+from fusion_ray.schema import (
+    GRID_AXES_TAG,
+    RETURNED_TAG,
+    TRAINABLE_TAG,
+    decided_metric,
+    returned_metrics,
+)
 
 ALPHA = 0.05
 """The family-wise level of a sweep of fixed seeds (Holm); an adaptive sweep's is its own."""
@@ -58,10 +64,6 @@ class TrainableRecord:
         return [k for k in self.levels if k != self.axis]
 
 
-def is_trainable(experiment: Experiment) -> bool:
-    return TRAINABLE_TAG in experiment.parent_tags
-
-
 def trainable_record(experiment: Experiment) -> TrainableRecord:
     """The experiment's ``TrainableRecord``; ValueError for the study's sweeps."""
     tags = experiment.parent_tags
@@ -71,12 +73,10 @@ def trainable_record(experiment: Experiment) -> TrainableRecord:
             f"{TRAINABLE_TAG} tag): analyse it with compare() or python -m analysis.report"
         )
     raw = json.loads(tags[TRAINABLE_TAG])
-    metric = raw.get("metric")
-    if metric is None:
-        runs = experiment.finished
-        texts = list(runs[RETURNED_TAG].dropna()) if RETURNED_TAG in runs else []
-        names = returned_metrics({RETURNED_TAG: str(texts[0])}) if texts else []
-        metric = names[0] if names else "metric"
+    runs = experiment.finished
+    texts = list(runs[RETURNED_TAG].dropna()) if RETURNED_TAG in runs else []
+    returned = returned_metrics({RETURNED_TAG: str(texts[0])}) if texts else []
+    metric = decided_metric(raw.get("metric"), returned) or "metric"
     levels = parse_grid_axes(tags.get(GRID_AXES_TAG), experiment.notes)
     mode, trend = raw.get("mode", "max"), raw.get("trend")
     return TrainableRecord(

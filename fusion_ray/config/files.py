@@ -324,18 +324,19 @@ def load_trainable_sweep(path: str | Path, overrides: Sequence[str] = ()) -> Tra
     raises ``SweepFileError`` listing every problem (nothing is imported: the trainable's name
     is checked against the installed ones)."""
     raw = apply_overrides(read_sweep_dict(path), overrides, path)
-    problems = trainable_file_problems(raw)
-    if problems:
+    spec, problems = validate_trainable_dict(raw)
+    if spec is None or problems:
         raise SweepFileError(path, problems)
-    return TrainableSweep.model_validate(raw)
+    return spec
 
 
-def trainable_file_problems(raw: dict[str, Any]) -> list[str]:
-    """A trainable sweep file's own problems (schema, then ``trainable_sweep_problems``)."""
+def validate_trainable_dict(raw: dict[str, Any]) -> tuple[TrainableSweep | None, list[str]]:
+    """Schema, then semantics (``trainable_sweep_problems``), of a trainable's sweep mapping:
+    the spec (None if the schema never validates) and every problem found."""
     spec, problems = validate_collecting(TrainableSweep, raw)
     if spec is not None and not problems:
         problems = trainable_sweep_problems(spec)
-    return problems
+    return spec, problems
 
 
 def refuse_trainable_file(path: str | Path, raw: dict[str, Any]) -> None:
@@ -343,7 +344,7 @@ def refuse_trainable_file(path: str | Path, raw: dict[str, Any]) -> None:
     with its own problems, or, when it has none, with where it is read (never with the study's
     keys it does not have)."""
     if "trainable" in raw:
-        problems = trainable_file_problems(raw)
+        problems = validate_trainable_dict(raw)[1]
         raise SweepFileError(path, problems or [TRAINABLE_FILE.format(name=raw["trainable"])])
 
 
@@ -356,7 +357,7 @@ def check_file_shape(path: str | Path, overrides: Sequence[str] = ()) -> None:
     original = read_sweep_dict(path)
     raw = apply_overrides(original, overrides, path)
     if "trainable" in raw:  # a trainable's sweep: its own schema (nothing of it is imported)
-        problems = trainable_file_problems(raw)
+        problems = validate_trainable_dict(raw)[1]
         if problems:
             raise SweepFileError(path, problems)
         return

@@ -150,16 +150,6 @@ class TrainableSweep(Strict):
         """Every trial holds the sweep's ``resources:`` (one resource group: the trainable)."""
         return self.resources
 
-    def decided_kinds(self) -> list[str]:
-        """The questions an adaptive sweep decides: each level against the baseline per group
-        (``operator``), and, with another axis of two levels or more, the interactions."""
-        if self.adaptive is not None and self.adaptive.decide is not None:
-            return list(self.adaptive.decide)
-        skip = (self.axis, self.trend)
-        varied = any(len(v) >= 2 for k, v in self.grid.items() if k not in skip)
-        kinds = ["operator"] + (["length"] if len(self.regimes) >= 2 else [])
-        return kinds + (["interaction"] if varied else [])
-
 
 def trainable_sweep_problems(spec: TrainableSweep) -> list[str]:
     """What the schema cannot say: the grid's keys and levels, the compared axis and baseline

@@ -267,7 +267,10 @@ class MLflowSweepCallback(TrackingCallback):
         resume = prior is not None and bool(prior.checkpoint_path)  # the trial resumes from it too
         run_id = self.tracker.open_cell_run(self.cells[cid], self.parent_id, prior, resume)
         self.run_ids[cid] = run_id
-        self.logged_until[cid] = self.tracker.last_logged_epoch(run_id) if resume else -1
+        step_metric = self.workload.step_metric
+        self.logged_until[cid] = (
+            self.tracker.last_logged_epoch(run_id, step_metric) if resume else -1
+        )
 
     def on_trial_result(
         self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
@@ -285,11 +288,10 @@ class MLflowSweepCallback(TrackingCallback):
             if retrained or not (prior is not None and prior.run_id == run_id and prior.has_final):
                 # a run that already holds its final metrics (its trial ended before the driver
                 # died) is only re-tested on resume, with the same weights: log them once
-                self.tracker.log_final(run_id, result)
-            if self.workload is not None:
-                self.workload.final_metrics(self.tracker, self.parent_id, self.cells[cid], result)
+                self.tracker.log_final(run_id, result, *self.workload.final_record(result))
+            self.workload.final_metrics(self.tracker, self.parent_id, self.cells[cid], result)
         elif reported.epoch is not None and reported.epoch > self.logged_until[cid]:
-            self.tracker.log_epoch(run_id, result)
+            self.tracker.log_epoch(run_id, result, self.workload.epoch_metrics(result))
             self.logged_until[cid] = int(reported.epoch)
         # Only after the epoch's metrics are logged: a resume from this checkpoint logs later epochs.
         if reported.checkpoint_path:  # reported by Ray Train's TuneReportCallback

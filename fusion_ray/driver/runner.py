@@ -133,14 +133,14 @@ def _run_cells(
     from fusion_ray.driver.callbacks import MLflowSweepCallback
 
     tracker, parent_id = session.tracker, session.parent
-    finish_ended_trials(spec, tracker, todo, lease_token=session.lease.token)
+    workload = workload_for(spec)
+    finish_ended_trials(spec, tracker, todo, workload, lease_token=session.lease.token)
     cells, done = todo.cells, todo.done
     note = todo.other_settings_note(spec.name)
     if not policy.needed():
         print(f"sweep {spec.name}: {policy.nothing_to_do()}; nothing to do")
         session.end({"cells_finished": len(done)})
         return SweepOutcome(len(cells), len(done), 0, [], {}, [], note)
-    workload = workload_for(spec)
     callback = MLflowSweepCallback(
         tracker,
         {c.cell_id: c for c in todo.pending},

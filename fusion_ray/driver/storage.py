@@ -89,19 +89,20 @@ def _directory_exists(uri: str) -> bool:
 
 
 def finish_ended_trials(
-    spec: AnySweep, tracker: Any, todo: Plan, lease_token: str | None = None
+    spec: AnySweep, tracker: Any, todo: Plan, workload: Any, lease_token: str | None = None
 ) -> None:
-    """Cells whose trial ended (final metrics logged, final checkpoint with the predictions in
-    storage) but whose run was never marked FINISHED, because the driver died (or was paused
-    and taken over) in between: finish their runs from storage instead of training them again,
-    naming the driver that finished them (``lease_token``) as the callback does."""
+    """Cells whose trial ended (final metrics logged, final checkpoint in storage with what the
+    ``workload`` keeps of it: the study's predictions) but whose run was never marked FINISHED,
+    because the driver died (or was paused and taken over) in between: finish their runs from
+    storage instead of training them again, naming the driver that finished them
+    (``lease_token``) as the callback does."""
     for cid, run in todo.existing.items():
         path = stored_checkpoint(run.checkpoint_path or "", spec.storage_path)
         if run.status == "FINISHED" or not run.has_final or not path:
             continue
         if not checkpoint_exists(path, spec.storage_path):
             continue
-        if tracker.log_predictions(run.run_id, path):
+        if workload.keep(tracker, run.run_id, path):
             tracker.finish(run.run_id, lease_token=lease_token)
             run.status = "FINISHED"
             todo.done.add(cid)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import mlflow
 from mlflow.entities import Metric, Param, RunTag
@@ -43,38 +43,35 @@ from fusion_ray.schema import (
     DECISION_TAG_PREFIX,
     DECISIONS_FILE,
     DECISIONS_TAG_PREFIX,
-    EPOCH_METRICS,
-    EVAL_LENGTH_METRIC_PREFIXES,
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     FAILURE_KIND_TAG,
     FAILURE_TAG,
-    FINAL_METRICS,
-    GATES_FILE,
-    INIT_METRICS,
-    LATENCY_RATIO_METRIC,
     LEASE_TOKEN_TAG,
-    LENGTH_PREDICTIONS_FILE,
-    LENGTH_QUARTER_METRICS,
-    PARENT_BASELINE_PREFIX,
     PARENT_TAG,
-    PREDICTIONS_FILE,
-    REFERENCE_METRIC_PREFIX,
     RETURNED_TAG,
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
-    STEP_METRIC,
+    decided_metric,
     returned_metrics,
 )
 from fusion_ray.store_errors import sqlite_file
-from fusion_ray.train.result import TrialResult
 from fusion_ray.version import git_sha
 
-if TYPE_CHECKING:
-    from fusion_ray.config.grid import Cell
-
 log = logging.getLogger(__name__)
+
+
+class TrackedCell(Protocol):
+    """What a cell's run is opened from, whichever sweep it is of (the study's
+    ``config.grid.Cell``, a trainable's ``config.trainable.TrainableCell``)."""
+
+    @property
+    def run_name(self) -> str: ...
+
+    def tags(self, sweep: str, git_sha: str) -> dict[str, str]: ...
+
+    def params(self) -> dict[str, str]: ...
 
 
 def artifact_root(tracking_uri: str, experiment: str) -> str | None:
@@ -258,9 +255,7 @@ class Tracker:
                 return runs
 
     @staticmethod
-    def best_runs(
-        runs: list[Any], metric: str | None = "test_acc", mode: str = "max"
-    ) -> dict[str, CellRun]:
+    def best_runs(runs: list[Any], metric: str | None, mode: str = "max") -> dict[str, CellRun]:
         """The best run of every cell id among ``runs``: FINISHED first, else the most recent;
         ``metric`` and ``mode``: the sweep's decision metric (None: the first metric each run's
         trainable returned, ``RETURNED_TAG``)."""
@@ -269,14 +264,14 @@ class Tracker:
         for run in sorted(runs, key=lambda r: (rank.get(r.info.status, 9), -r.info.start_time)):
             cid = run.data.tags.get("cell_id")
             if cid and cid not in best:
-                name = metric or next(iter(returned_metrics(run.data.tags)), None)
+                name = decided_metric(metric, returned_metrics(run.data.tags))
                 value = run.data.metrics.get(name) if name else None
                 returned = RETURNED_TAG in run.data.tags
                 best[cid] = CellRun(
                     run.info.run_id,
                     run.info.status,
                     run.data.tags.get(CHECKPOINT_TAG),
-                    returned or "test_acc" in run.data.metrics,
+                    returned or value is not None,
                     None if value is None else (value if mode == "max" else -value),
                     quarter_accuracy(run.data.metrics),
                     run.data.tags.get(FAILURE_KIND_TAG) == "infrastructure",
@@ -284,9 +279,10 @@ class Tracker:
                 )
         return best
 
-    def cell_runs(self) -> dict[str, CellRun]:
-        """The best existing run of every cell: FINISHED first, else the most recent one."""
-        return self.best_runs(self.trial_runs())
+    def cell_runs(self, metric: str | None, mode: str = "max") -> dict[str, CellRun]:
+        """The best existing run of every cell: FINISHED first, else the most recent one
+        (``best_runs``, scored by ``metric``)."""
+        return self.best_runs(self.trial_runs(), metric, mode)
 
     # --- the sweep's parent run
     def parent_run(
@@ -328,7 +324,6 @@ class Tracker:
     def log_cells(self, parent_id: str, cell_ids: list[str]) -> None:
         """Record which cells make up the sweep now (the analysis uses only their runs)."""
         import datetime as dt
-        import json
 
         payload = {
             "sweep": self.sweep,
@@ -426,7 +421,7 @@ class Tracker:
 
     # --- one run per cell
     def open_cell_run(
-        self, cell: Cell, parent_id: str | None, existing: CellRun | None, resume: bool
+        self, cell: TrackedCell, parent_id: str | None, existing: CellRun | None, resume: bool
     ) -> str:
         """Continue the cell's earlier run when resuming from its checkpoint, else replace it."""
         if existing is not None and existing.status != "FINISHED" and resume:
@@ -449,60 +444,36 @@ class Tracker:
             self.client.log_batch(run.info.run_id, params=chunk)
         return run.info.run_id
 
-    def last_logged_epoch(self, run_id: str) -> int:
-        """The highest epoch (a trainable's step) a run already has (-1 for none), so a resumed
-        run logs each one once."""
-        for name in ("val_acc", STEP_METRIC):
-            steps = [m.step for m in self.client.get_metric_history(run_id, name)]
-            if steps:
-                return max(steps)
-        return -1
+    def last_logged_epoch(self, run_id: str, metric: str) -> int:
+        """The highest step of ``metric`` a run already has (the workload's ``step_metric``;
+        -1 for none), so a resumed run logs each epoch once."""
+        steps = [m.step for m in self.client.get_metric_history(run_id, metric)]
+        return max(steps, default=-1)
 
-    def log_epoch(self, run_id: str, result: dict[str, Any]) -> None:
-        """An epoch's metrics (a trainable's report: its own metrics and its ``step``)."""
+    def log_epoch(self, run_id: str, result: dict[str, Any], names: Sequence[str]) -> None:
+        """An epoch's metrics: those of ``names`` in ``result``, at its ``epoch`` as the step."""
         step = int(result["epoch"])
-        reported = TrialResult.of(result).reported
-        names = EPOCH_METRICS if reported is None else (*reported, STEP_METRIC)
         metrics = [Metric(k, float(result[k]), _now_ms(), step) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
-    def log_final(self, run_id: str, result: dict[str, Any]) -> None:
-        """The final metrics (a trainable's: what it returned, their order in ``RETURNED_TAG``)."""
-        reported = TrialResult.of(result).reported
-        if reported is not None:
-            self.client.set_tag(run_id, RETURNED_TAG, json.dumps(reported)[:4900])
-            metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in reported]
-            self.client.log_batch(run_id, metrics=metrics)
-            return
-        names: tuple[str, ...] = (
-            *FINAL_METRICS,
-            *LENGTH_QUARTER_METRICS,
-            *INIT_METRICS,
-            LATENCY_RATIO_METRIC,
-        )
-        names += tuple(
-            k
-            for k in result
-            if k.startswith((*EVAL_LENGTH_METRIC_PREFIXES, REFERENCE_METRIC_PREFIX))
-        )
+    def log_final(
+        self,
+        run_id: str,
+        result: dict[str, Any],
+        names: Sequence[str],
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        """The final metrics: those of ``names`` in ``result`` (step 0), after ``tags``."""
+        for key, value in (tags or {}).items():
+            self.client.set_tag(run_id, key, value)
         metrics = [Metric(k, float(result[k]), _now_ms(), 0) for k in names if k in result]
         self.client.log_batch(run_id, metrics=metrics)
 
-    def log_reference(self, parent_id: str, dataset: str, result: dict[str, Any]) -> None:
-        """A dataset's reference baselines on the sweep's parent run, from a trial's final
-        metrics: ``baseline.<dataset>.<baseline>.test_acc`` (and ``.val_acc``)."""
-        metrics = [
-            Metric(
-                PARENT_BASELINE_PREFIX + f"{dataset}." + k.removeprefix(REFERENCE_METRIC_PREFIX),
-                float(v),
-                _now_ms(),
-                0,
-            )
-            for k, v in result.items()
-            if k.startswith(REFERENCE_METRIC_PREFIX)
-        ]
-        if metrics:
-            self.client.log_batch(parent_id, metrics=metrics)
+    def log_parent_metrics(self, parent_id: str, metrics: dict[str, float]) -> None:
+        """Metrics of the sweep's parent run (step 0), e.g. the study's reference baselines."""
+        batch = [Metric(k, float(v), _now_ms(), 0) for k, v in metrics.items()]
+        if batch:
+            self.client.log_batch(parent_id, metrics=batch)
 
     def set_checkpoint(self, run_id: str, path: str) -> None:
         # a storage query holding a secret (secret_key=...) is not written into the tag: the
@@ -515,16 +486,14 @@ class Tracker:
         """Tag a run whose trial set aside the checkpoint it could not load, and why."""
         self.client.set_tag(run_id, CHECKPOINT_SET_ASIDE_TAG, redact(note)[:4900])
 
-    def log_predictions(self, run_id: str, checkpoint_uri: str) -> bool:
-        """Copy ``test_predictions.parquet`` from the final checkpoint into the run's artifacts,
-        and beside it ``gate_by_position.parquet`` (the loop writes it for gated operators only)
-        and ``test_predictions_by_length.parquet`` (with data.eval_lengths only) when the
-        checkpoint has them; False when the predictions are missing."""
+    def log_checkpoint_files(self, run_id: str, checkpoint_uri: str, names: Sequence[str]) -> bool:
+        """Copy the files ``names`` of a checkpoint folder (``own_copy``: regular files of the
+        folder itself) into the run's artifacts, those that are there; the first is required:
+        False, and nothing logged, when it is missing."""
         from ray.train import Checkpoint
 
         with Checkpoint(checkpoint_uri).as_directory() as directory:
             with tempfile.TemporaryDirectory(prefix="fusion-ray-artifacts-") as copies:
-                names = (PREDICTIONS_FILE, GATES_FILE, LENGTH_PREDICTIONS_FILE)
                 kept = [own_copy(Path(directory), name, Path(copies)) for name in names]
                 if kept[0] is None:
                     return False

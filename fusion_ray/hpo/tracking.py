@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from fusion_ray.driver.callbacks import TrackingCallback, failure_kind
 from fusion_ray.driver.progress import trial_error_text
 from fusion_ray.driver.tracking import Tracker
+from fusion_ray.schema import EPOCH_METRICS
+from fusion_ray.study.workload import final_metric_names
 from fusion_ray.train.result import TrialResult
 
 if TYPE_CHECKING:
@@ -75,13 +77,13 @@ class MLflowTuningCallback(TrackingCallback):
             reported = TrialResult.of(result)
             if reported.set_aside is not None:
                 self.checkpoint_set_aside(trial.trial_id, reported.set_aside)
-            self.tracker.log_epoch(self.run_ids[trial.trial_id], result)
+            self.tracker.log_epoch(self.run_ids[trial.trial_id], result, EPOCH_METRICS)
 
     def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
         if trial.trial_id not in self.run_ids or not self._holds():
             return  # fenced off: the driver that took over tunes again
         run_id, result = self.run_ids[trial.trial_id], self.last.get(trial.trial_id, {})
-        self.tracker.log_final(run_id, result)
+        self.tracker.log_final(run_id, result, final_metric_names(result))
         self.tracker.finish(run_id, lease_token=self.lease.token if self.lease else None)
         self.finished.add(trial.trial_id)
         self.ended += 1

@@ -1,9 +1,10 @@
 """Every ``.tex`` the report writes compiles with pdflatex (TeX Live's, with booktabs, the one
 package the tables ask for), whatever text the tracking store holds: a table of hostile cells
 (control characters, line breaks, Unicode beyond Latin, LaTeX's special characters, code
-spans, marks after numbers), the tables of a report on hostile names, and those of an adaptive
-sweep's report (its anytime marks and their caption). Skipped, saying so, where pdflatex is
-not installed (``.ci/run`` installs Debian's texlive-latex-base and texlive-latex-recommended).
+spans, marks after numbers), the tables of a report on hostile names, those of an adaptive
+sweep's report (its anytime marks and their caption) and a trainable's report's. Skipped,
+saying so, where pdflatex is not installed (``.ci/run`` installs Debian's texlive-latex-base
+and texlive-latex-recommended).
 """
 
 from __future__ import annotations
@@ -83,3 +84,47 @@ def test_every_table_of_an_adaptive_sweeps_report_compiles(sweep, tmp_path):  # 
     text = "\n".join(path.read_text(encoding="utf-8") for path in tex)
     assert "$^{\\uparrow}$" in text and "↑" not in text and "≈" not in text
     _assert_compiles(tmp_path, tex)
+
+
+def test_a_trainables_tables_compile_with_hostile_comparison_names(tmp_path):
+    """A trainable's grid levels are its own text (``label_smoothing=50% & #1``): its report's
+    paired statistics and decisions tables (``analysis.report.trainable``) compile whatever they
+    hold, with the values a real sweep leaves missing (an open hypothesis's interval, a
+    comparison of one seed)."""
+    from analysis.report.trainable import decisions_table, paired_table
+
+    n = len(HOSTILE)
+    paired = pd.DataFrame(
+        {
+            "comparison": [f"{name} vs base" for name in HOSTILE],
+            "n_seeds": [1 + i % 4 for i in range(n)],
+            "failed_runs": [i % 2 for i in range(n)],
+            "mean": [0.5 * i - 2 for i in range(n)],
+            "sd": [float("nan") if i == 0 else 0.3 * i for i in range(n)],
+            "hodges_lehmann": [0.4 * i - 2 for i in range(n)],
+            "hl_low": [0.4 * i - 3 for i in range(n)],
+            "hl_high": [0.4 * i - 1 for i in range(n)],
+            "sign_consistency": [float("nan") if i == 0 else i / n for i in range(n)],
+            "wilcoxon_p": [float("nan") if i == 0 else 0.5 / (i + 1) for i in range(n)],
+            "p_holm": [float("nan") if i == 0 else min(1.0, 5.0 / (i + 1)) for i in range(n)],
+        }
+    )
+    states = ["decided", "open", "futile"]
+    decisions = pd.DataFrame(
+        {
+            "comparison": [f"{name}: a vs b" for name in HOSTILE],
+            "verdict": [["better", "open", "futile"][i % 3] for i in range(n)],
+            "state": [states[i % 3] for i in range(n)],
+            "seeds_used": [4 + i for i in range(n)],
+            "mean": [0.7 * i - 3 for i in range(n)],
+            "ci_low": [0.7 * i - 4 for i in range(n)],
+            "ci_high": [0.7 * i - 2 for i in range(n)],
+            "p_family": [1.0 / (i + 2) for i in range(n)],
+        }
+    )
+    tables = [paired_table(paired, adaptive=True), paired_table(paired, False)]
+    tables.append(decisions_table(decisions))
+    paths = [tmp_path / f"{t.name}-{i}.tex" for i, t in enumerate(tables)]
+    for table, path in zip(tables, paths, strict=True):
+        path.write_text(table.to_latex(), encoding="utf-8")
+    _assert_compiles(tmp_path, paths)

@@ -153,9 +153,10 @@ def test_an_adaptive_schedule_decides_a_trainable_sweep_per_group(tmp_path):
 
     spec = load_trainable_sweep(_write(tmp_path, seeds={"adaptive": True, "first": 4, "max": 12}))
     cells = trainable_cells(spec)
-    rule = spec.adaptive.model_copy(update={"decide": spec.decided_kinds()})
     results: dict = {}
-    schedule = SeedSchedule(cells, spec.baseline_label, rule, results)
+    schedule = SeedSchedule(
+        cells, spec.baseline_label, spec.adaptive, results, spec.regimes, spec.regime_key
+    )
     assert [h.name for h in schedule.family] == [
         "hidden=16: label_smoothing=0.1 vs label_smoothing=0.0",
         "hidden=64: label_smoothing=0.1 vs label_smoothing=0.0",
@@ -207,9 +208,7 @@ def test_a_trend_axis_asks_whether_the_difference_grows_along_it(tmp_path):
     seeds = {"adaptive": True, "first": 4, "max": 14}
     grid = {"label_smoothing": [0.0, 0.1], "hidden": [16, 32, 64], "dropout": [0.0, 0.5]}
     spec = load_trainable_sweep(_write(tmp_path, seeds=seeds, grid=grid, trend="hidden"))
-    assert spec.regimes == ["16", "32", "64"] and spec.decided_kinds() == [
-        "operator", "length", "interaction",
-    ]  # fmt: skip
+    assert spec.regimes == ["16", "32", "64"]
     cells = trainable_cells(spec)
     results: dict = {}
     schedule = SeedSchedule(

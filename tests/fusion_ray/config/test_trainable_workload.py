@@ -85,7 +85,9 @@ def test_runs_are_scored_by_the_sweeps_metric_negated_when_less_is_better():
     first = Tracker.best_runs(runs, None, "max")  # no metric named: the first one returned
     assert first["a"].score == 0.25
     assert Tracker.best_runs(runs, "acc", "max")["b"].score == 0.8
-    assert Tracker.best_runs(runs)["a"].score is None  # the study's test_acc: not logged here
+    assert (
+        Tracker.best_runs(runs, "test_acc")["a"].score is None
+    )  # the study's test_acc: not logged here
 
 
 def test_a_trainables_reports_become_results_with_its_own_metric_names():

@@ -12,6 +12,7 @@ import pytest
 
 from fusion_ray.driver.tracking import Tracker
 from fusion_ray.schema import GATES_FILE, PREDICTIONS_FILE
+from fusion_ray.study.workload import log_predictions
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +46,7 @@ def test_a_link_to_a_private_file_is_not_uploaded_and_the_run_is_not_finished_fr
     folder = _checkpoint(tmp_path, "linked")
     (folder / PREDICTIONS_FILE).symlink_to(private)
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
-    assert tracker.log_predictions(run_id, str(folder)) is False  # as if it had none
+    assert log_predictions(tracker, run_id, str(folder)) is False  # as if it had none
     assert _uploaded(tracker, run_id, tmp_path) == {}
     assert "a link out of the folder" in caplog.text and PREDICTIONS_FILE in caplog.text
 
@@ -57,7 +58,7 @@ def test_the_trials_own_files_are_uploaded_and_a_planted_extra_is_not(tracker, t
     pd.DataFrame({"length": [3], "label": [1], "pred": [1]}).to_parquet(folder / PREDICTIONS_FILE)
     (folder / GATES_FILE).symlink_to(private)
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
-    assert tracker.log_predictions(run_id, str(folder)) is True
+    assert log_predictions(tracker, run_id, str(folder)) is True
     uploaded = _uploaded(tracker, run_id, tmp_path)
     assert set(uploaded) == {PREDICTIONS_FILE}
     assert all(PRIVATE not in data for data in uploaded.values())
@@ -69,7 +70,7 @@ def test_a_link_inside_the_folder_is_read_and_a_fifo_is_not(tracker, tmp_path):
     (folder / PREDICTIONS_FILE).symlink_to(folder / "real.parquet")  # the folder's own file
     os.mkfifo(folder / GATES_FILE)  # opening it would block the driver
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
-    assert tracker.log_predictions(run_id, str(folder)) is True
+    assert log_predictions(tracker, run_id, str(folder)) is True
     assert set(_uploaded(tracker, run_id, tmp_path)) == {PREDICTIONS_FILE}
 
 

@@ -14,7 +14,8 @@ from fusion_ray.config.grid import expand
 from fusion_ray.driver.callbacks import MLflowSweepCallback
 from fusion_ray.driver.tracking import CellRun, Tracker
 from fusion_ray.hpo.tracking import MLflowTuningCallback
-from fusion_ray.schema import CHECKPOINT_SET_ASIDE_TAG, CHECKPOINT_TAG
+from fusion_ray.schema import CHECKPOINT_SET_ASIDE_TAG, CHECKPOINT_TAG, EPOCH_METRICS
+from fusion_ray.study.workload import StudyWorkload
 from fusion_ray.train.result import CHECKPOINT_SET_ASIDE, set_aside_note
 from tests.conftest import tiny_sweep
 
@@ -32,16 +33,19 @@ def tracker(mlflow_store, monkeypatch) -> Tracker:
 def _resumed_cell(tracker: Tracker, tmp_path, checkpoint: str):
     """A sweep callback with one cell whose earlier run logged epochs 0-1 and names
     ``checkpoint``, and the Tune trial that resumes it (started)."""
-    cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
+    spec = load_sweep(tiny_sweep(tmp_path))
+    cell = expand(spec)[0]
     parent = tracker.client.create_run(tracker.experiment_id).info.run_id
     earlier = tracker.open_cell_run(cell, parent, None, resume=False)
     for epoch in (0, 1):
-        tracker.log_epoch(earlier, {"epoch": epoch, **EPOCH})
+        tracker.log_epoch(earlier, {"epoch": epoch, **EPOCH}, EPOCH_METRICS)
     tracker.set_checkpoint(earlier, checkpoint)
     tracker.client.set_terminated(earlier, "KILLED")
     existing = {cell.cell_id: CellRun(earlier, "KILLED", checkpoint)}
     storage = str(tmp_path / "storage")
-    callback = MLflowSweepCallback(tracker, {cell.cell_id: cell}, existing, parent, storage)
+    callback = MLflowSweepCallback(
+        tracker, {cell.cell_id: cell}, existing, parent, storage, workload=StudyWorkload(spec)
+    )
     trial = SimpleNamespace(config={"cell_id": cell.cell_id}, trial_id="t1")
     callback.on_trial_start(0, [], trial)
     assert callback.run_ids[cell.cell_id] == earlier and callback.logged_until[cell.cell_id] == 1
@@ -98,7 +102,8 @@ def test_a_uri_is_said_to_be_left_in_place_without_its_secret(
 
 
 def test_a_tuning_trial_says_it_too(tracker, tmp_path, caplog):
-    cell = expand(load_sweep(tiny_sweep(tmp_path)))[0]
+    spec = load_sweep(tiny_sweep(tmp_path))
+    cell = expand(spec)[0]
     parent = tracker.client.create_run(tracker.experiment_id).info.run_id
     callback = MLflowTuningCallback(tracker, lambda config: cell, parent, 2, "best_val_acc")
     trial = SimpleNamespace(config={}, trial_id="tune_1")

@@ -85,7 +85,7 @@ def test_a_planted_endpoint_in_a_checkpoint_tag_reaches_no_host(tmp_path, monkey
         existing = {cell.cell_id: CellRun("run-1", "FAILED", planted, has_final=True)}
         assert resume_point(spec, cell, existing) is None
         todo = Plan([cell], existing)
-        finish_ended_trials(spec, None, todo)  # would need the tracker only past the guard
+        finish_ended_trials(spec, None, todo, None)  # tracker, workload: only past the guard
         assert todo.done == set()
         assert listener.connections == 0
         # the check itself holds the guard: it does not connect either
@@ -118,6 +118,7 @@ def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path,
 
     from fusion_ray.driver.tracking import Tracker
     from fusion_ray.schema import LEASE_TOKEN_TAG, PREDICTIONS_FILE
+    from fusion_ray.study.workload import StudyWorkload
 
     spec = load_sweep(tiny_sweep(tmp_path, tracking_uri=mlflow_store()))
     cell = expand(spec)[0]
@@ -128,9 +129,49 @@ def test_a_run_finished_from_storage_names_the_driver_that_finished_it(tmp_path,
     pd.DataFrame({"label": [0, 1], "prediction": [0, 0]}).to_parquet(checkpoint / PREDICTIONS_FILE)
     todo = Plan([cell], {cell.cell_id: CellRun(run_id, "RUNNING", str(checkpoint), True)})
 
-    finish_ended_trials(spec, tracker, todo, lease_token="token-of-the-second-driver")
+    workload = StudyWorkload(spec)
+    finish_ended_trials(spec, tracker, todo, workload, lease_token="token-of-the-second-driver")
 
     run = MlflowClient(spec.tracking_uri).get_run(run_id)
     assert todo.done == {cell.cell_id}
     assert run.info.status == "FINISHED"
     assert run.data.tags[LEASE_TOKEN_TAG] == "token-of-the-second-driver"
+
+
+def test_a_trainables_ended_trial_is_finished_from_storage_without_the_studys_files(
+    tmp_path, mlflow_store
+):
+    """A trainable's checkpoint is its own folder (no study predictions in it): a run that holds
+    its returned metrics and a checkpoint in storage is finished from it, not trained again;
+    one without its final metrics is left to run."""
+    from mlflow.tracking import MlflowClient
+
+    from fusion_ray import api
+    from fusion_ray.config.workload import cells_of
+    from fusion_ray.driver.tracking import Tracker
+    from fusion_ray.driver.workload import workload_for
+
+    path = tmp_path / "t.yaml"
+    raw = {
+        "name": "t", "trainable": "study", "grid": {"model.fusion": ["add", "concat"]},
+        "seeds": [0], "tracking_uri": mlflow_store(), "storage_path": str(tmp_path / "ray_results"),
+    }  # fmt: skip
+    path.write_text(yaml.safe_dump(raw))
+    spec = api.load(path)
+    ended, running = cells_of(spec)
+    tracker = Tracker(spec.tracking_uri, spec.name)
+    runs = [tracker.client.create_run(tracker.experiment_id).info.run_id for _ in range(2)]
+    checkpoint = tmp_path / "ray_results" / "t" / "checkpoint_000003"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "state.json").write_text("{}")
+    existing = {
+        ended.cell_id: CellRun(runs[0], "RUNNING", str(checkpoint), has_final=True),
+        running.cell_id: CellRun(runs[1], "RUNNING", str(checkpoint), has_final=False),
+    }
+    todo = Plan([ended, running], existing)
+
+    finish_ended_trials(spec, tracker, todo, workload_for(spec), lease_token="token")
+
+    assert todo.done == {ended.cell_id}
+    client = MlflowClient(spec.tracking_uri)
+    assert [client.get_run(r).info.status for r in runs] == ["FINISHED", "RUNNING"]

@@ -23,6 +23,7 @@ from fusion_ray.schema import (
     LENGTH_PREDICTIONS_FILE,
     PREDICTIONS_FILE,
 )
+from fusion_ray.study.workload import final_metric_names, log_predictions
 from fusion_ray.train import TrainSpec, TrialConfig, run_local
 from fusion_ray.train.evaluate import evaluate_lengths
 from fusion_ray.train.report import Reporter, load_checkpoint_dir
@@ -232,8 +233,8 @@ def test_the_tracker_logs_the_length_metrics_and_the_artifact(order_run, tmp_pat
     _, final, checkpoint = order_run
     tracker = Tracker(mlflow_store(), "lengths")
     run_id = tracker.client.create_run(tracker.experiment_id).info.run_id
-    tracker.log_final(run_id, final)
-    assert tracker.log_predictions(run_id, str(checkpoint))
+    tracker.log_final(run_id, final, final_metric_names(final))
+    assert log_predictions(tracker, run_id, str(checkpoint))
     metrics = tracker.client.get_run(run_id).data.metrics
     for length in EVAL_LENGTHS:
         for prefix in EVAL_LENGTH_METRIC_PREFIXES:

@@ -27,6 +27,7 @@ from fusion_ray.schema import (
     ROLE_TAG,
     ROLE_TRIAL,
 )
+from fusion_ray.study.workload import final_metric_names, log_predictions
 from fusion_ray.train import TrainSpec, run_local
 from fusion_ray.train.evaluate import (
     gate_bucket_edges,
@@ -363,8 +364,8 @@ def store(tmp_path_factory, mlflow_store, gated_run, add_run):
     for key, (trial, final, checkpoint) in {"real": gated_run, "add": add_run}.items():
         tags = _tags("short", trial.model.fusion, trial.seed, **{AXIS: "true"})
         run_id = client.create_run(tracker.experiment_id, tags=tags).info.run_id
-        tracker.log_final(run_id, final)
-        assert tracker.log_predictions(run_id, str(checkpoint))
+        tracker.log_final(run_id, final, final_metric_names(final))
+        assert log_predictions(tracker, run_id, str(checkpoint))
         tracker.finish(run_id)
         ids[key] = run_id
     for dataset, axis in [("short", "true"), ("long", "false")]:

@@ -13,7 +13,9 @@ from fusion_ray import api
 from fusion_ray.config import load_sweep
 from fusion_ray.config.grid import expand
 from fusion_ray.planner import main as plan_main
-from fusion_ray.policy.forecast import (
+from fusion_ray.policy.schedule import SeedSchedule, arm_of
+from fusion_ray.schema import ROLE_TAG, ROLE_TRIAL
+from fusion_ray.study.forecast import (
     ForecastInputError,
     PilotWorld,
     StatedWorld,
@@ -21,8 +23,6 @@ from fusion_ray.policy.forecast import (
     forecast,
     pilot_rows,
 )
-from fusion_ray.policy.schedule import SeedSchedule, arm_of
-from fusion_ray.schema import ROLE_TAG, ROLE_TRIAL
 from tests.conftest import tiny_sweep
 
 pytestmark = pytest.mark.unit
@@ -200,7 +200,7 @@ def test_measured_epoch_times_give_the_card_hours_of_the_studys_presets():
     import json
 
     from fusion_ray.config import Resources
-    from fusion_ray.policy.forecast import MEASURED_TRIALS, measured_trial_hours
+    from fusion_ray.study.forecast import MEASURED_TRIALS, measured_trial_hours
 
     table = json.loads(MEASURED_TRIALS.read_text())["H200"]["datasets"]
     one_card = Resources(workers=1, use_gpu=True, gpus_per_worker=1)
