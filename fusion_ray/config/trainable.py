@@ -75,6 +75,9 @@ class TrainableSweep(Strict):
     """Free text shown as the MLflow experiment's and parent run's note."""
     trainable: str
     """The trainable's registered name (``fusion-ray list``: trainables)."""
+    extends: list[str] = Field(default_factory=list)
+    """Fragments merged under this file, in order (paths relative to it; this file's own keys
+    win): a tuning's ``defaults:`` (``fusion-ray hpo``), settings shared by several sweeps."""
     defaults: dict[str, Any] = Field(default_factory=dict)
     """Settings every cell's config starts from (free-form: the trainable's own)."""
     grid: dict[str, list[Level]] = Field(min_length=1)
@@ -235,8 +238,9 @@ def trainable_names() -> list[str]:
     return TRAINABLE_NAMES.names()
 
 
-def name_problems(spec: TrainableSweep) -> list[str]:
-    """The trainable's name, checked against the installed ones (nothing imported)."""
+def name_problems(spec: Any) -> list[str]:
+    """The trainable's name (``spec.trainable``: a sweep's or a tuning's), checked against the
+    installed ones (nothing imported)."""
     names = trainable_names()
     if spec.trainable in names:
         return []

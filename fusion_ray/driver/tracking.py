@@ -53,6 +53,7 @@ from fusion_ray.schema import (
     ROLE_SWEEP,
     ROLE_TAG,
     ROLE_TRIAL,
+    TRAINABLE_RUN_TAG,
     decided_metric,
     returned_metrics,
 )
@@ -125,7 +126,8 @@ class CellRun:
     status: str
     checkpoint_path: str | None
     has_final: bool = False
-    """The run already holds the trial's final metrics (its trial ended; maybe not its run)."""
+    """The run already holds the trial's final metrics (its trial ended; maybe not its run): a
+    trainable's its ``metrics_returned`` tag, the study's its test accuracy."""
     score: float | None = None
     """Its final value of the sweep's decision metric, signed so that more is better (the
     study's test accuracy; a trainable's ``metric:``, negated for ``mode: min``), when logged:
@@ -266,12 +268,16 @@ class Tracker:
             if cid and cid not in best:
                 name = decided_metric(metric, returned_metrics(run.data.tags))
                 value = run.data.metrics.get(name) if name else None
+                # a trainable's run holds its final metrics once it has their names (they are
+                # written after them); another's (the study's) once its decision metric is
+                # logged, which its trials log once, at the end
                 returned = RETURNED_TAG in run.data.tags
+                trainable = TRAINABLE_RUN_TAG in run.data.tags
                 best[cid] = CellRun(
                     run.info.run_id,
                     run.info.status,
                     run.data.tags.get(CHECKPOINT_TAG),
-                    returned or value is not None,
+                    returned if trainable else value is not None,
                     None if value is None else (value if mode == "max" else -value),
                     quarter_accuracy(run.data.metrics),
                     run.data.tags.get(FAILURE_KIND_TAG) == "infrastructure",

@@ -22,6 +22,7 @@ import torch
 
 from fusion_ray.config import Resources
 from fusion_ray.driver.trial import REPEATING_ERRORS, error_summary, trainer_settings
+from fusion_ray.schema import STEP_METRIC
 from fusion_ray.train.result import FINAL, REPORTED, TRIAL_ERROR
 from fusion_ray.trainables import TRAINABLES, Report, run_trainable
 
@@ -66,8 +67,11 @@ class RaySink:
             )
         step = int(metrics.get("step", metrics.get("epoch", self.reports)))
         self.reports += 1
-        names = [k for k in metrics if k != "step"]
-        self.send({**metrics, "epoch": step, REPORTED: json.dumps(names)}, checkpoint_dir)
+        names = [k for k in metrics if k != STEP_METRIC]
+        # the step always goes with the report (its run's step metric: a resumed run logs each
+        # step once), whether the trainable gave it or not
+        result = {**metrics, STEP_METRIC: float(step), "epoch": step, REPORTED: json.dumps(names)}
+        self.send(result, checkpoint_dir)
 
     def final(self, metrics: dict[str, float]) -> None:
         self.send({**metrics, FINAL: True, REPORTED: json.dumps(list(metrics))}, None)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fusion_ray.cli import add_file_arguments, common_options, run_command
-from fusion_ray.config import resources_for
+from fusion_ray.config import SweepFileError, resources_for
 from fusion_ray.config.grid import Cell, expand
 from fusion_ray.driver.preflight import preflight
 from fusion_ray.driver.session import quiet_console
@@ -16,6 +18,12 @@ from fusion_ray.hpo.fragment import exists_message, short
 from fusion_ray.hpo.ranking import Ranking
 from fusion_ray.hpo.run import run_hpo
 from fusion_ray.hpo.spec import METRIC, HpoFileError, HpoPlan, load_hpo, smoke_plan
+from fusion_ray.hpo.trainable import (
+    found_text,
+    is_trainable_hpo,
+    load_trainable_hpo,
+    print_trainable_plan,
+)
 from fusion_ray.redact import redact
 
 
@@ -89,6 +97,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.hpo") 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     quiet_console(args.verbose)
 
+    if _names_a_trainable(args.hpo_file):
+        return trainable_main(args)
     try:
         plan = load_hpo(args.hpo_file, args.overrides)
     except (HpoFileError, FileNotFoundError) as exc:
@@ -110,23 +120,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m fusion_ray.hpo") 
         return 2
 
     print_plan(plan)
-    try:
-        best = run_command(
-            lambda: run_hpo(
-                plan,
-                address=args.address,
-                verbose=args.verbose,
-                take_over=args.take_over,
-                overwrite=args.overwrite,
-            ),
-            stopped=lambda name: (
-                f"\nhpo {plan.spec.name}: stopped by {name}; the HPO parent run is marked KILLED "
-                "and no fragment was written. Run the same command again to tune from the start."
-            ),
-        )
-    except RuntimeError as exc:  # nothing finished: the parent run says so too
-        print(exc, file=sys.stderr)
-        return 1
+    best = tuned(
+        plan.spec.name,
+        lambda: run_hpo(
+            plan,
+            address=args.address,
+            verbose=args.verbose,
+            take_over=args.take_over,
+            overwrite=args.overwrite,
+        ),
+    )
     if isinstance(best, int):
         return best
     print_found(plan, best)
@@ -148,3 +151,74 @@ def print_found(plan: HpoPlan, best: dict) -> None:
         f"\nwrote {plan.output}\nadd it to a sweep file's extends: after the presets, e.g. "
         f"extends: [_study_datasets.yaml, tuned/{plan.output.name}]"
     )
+
+
+def _names_a_trainable(path: str) -> bool:
+    """Whether the file names a trainable (a file that cannot be read is the study loader's to
+    refuse, with its message)."""
+    try:
+        return is_trainable_hpo(path)
+    except (SweepFileError, OSError):
+        return False
+
+
+def trainable_main(args: argparse.Namespace) -> int:
+    """A trainable's tuning (``fusion_ray.hpo.trainable``): validate, print the plan, tune,
+    write the fragment."""
+    try:
+        plan = load_trainable_hpo(args.hpo_file, args.overrides)
+    except SweepFileError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.smoke:
+        print(
+            "--smoke: a trainable's tuning has none; run it with tune.num_samples=2",
+            file=sys.stderr,
+        )
+        return 2
+    if args.output:
+        plan.output = Path(args.output).resolve()
+    spec = plan.spec
+    problems = preflight(spec.storage_path, spec.tracking_uri, remote=not args.dry_run)
+    if problems:
+        print(SweepFileError(plan.path, problems), file=sys.stderr)
+        return 2
+    print_trainable_plan(plan)
+    if args.dry_run:
+        return 0
+    if plan.output.exists() and not args.overwrite:  # looked at again under the lease
+        print(exists_message(plan.output), file=sys.stderr)
+        return 2
+    # lazy: the tuning run imports Ray Tune, MLflow and torch (~3 s); kept out of --dry-run
+    from fusion_ray.hpo.trainable_run import run_trainable_hpo
+
+    best = tuned(
+        spec.name,
+        lambda: run_trainable_hpo(
+            plan,
+            address=args.address,
+            verbose=args.verbose,
+            take_over=args.take_over,
+            overwrite=args.overwrite,
+        ),
+    )
+    if isinstance(best, int):
+        return best
+    print(found_text(plan, best))
+    return 0
+
+
+def tuned(name: str, run: Callable[[], Any]) -> Any:
+    """``run()`` (a tuning) as the command runs it: what it found, or an exit status (1: nothing
+    finished, which its parent run says too; a signal's, its parent run KILLED)."""
+    try:
+        return run_command(
+            run,
+            stopped=lambda signal_name: (
+                f"\nhpo {name}: stopped by {signal_name}; the HPO parent run is marked KILLED "
+                "and no fragment was written. Run the same command again to tune from the start."
+            ),
+        )
+    except RuntimeError as exc:  # nothing finished: the parent run says so too
+        print(exc, file=sys.stderr)
+        return 1

@@ -21,13 +21,13 @@ def short(value: Any) -> str:
     return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
     """A sampled value as a plain Python value (Optuna may hand numpy scalars)."""
     return value.item() if hasattr(value, "item") else value
 
 
-def _values_text(config: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={short(_plain(v))}" for k, v in config.items())
+def values_text(config: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={short(plain_value(v))}" for k, v in config.items())
 
 
 def _ranking_lines(dataset: str, ranking: Ranking, experiment: str) -> list[str]:
@@ -41,7 +41,7 @@ def _ranking_lines(dataset: str, ranking: Ranking, experiment: str) -> list[str]
     for n, s in enumerate(ranking.settings):
         per_op = ", ".join(f"{op} {s.ranks[op]:g} ({s.scores[op]:.4f})" for op in ranking.operators)
         mark = "chosen" if n == 0 else "      "
-        lines.append(f"#   {mark} {s.mean_rank:.2f}: {per_op}; {_values_text(s.config)}")
+        lines.append(f"#   {mark} {s.mean_rank:.2f}: {per_op}; {values_text(s.config)}")
     runs = ", ".join(f"{op} {chosen.run_ids[op]}" for op in ranking.operators)
     lines.append(f"#   chosen setting's runs: {runs}")
     return lines
@@ -54,7 +54,7 @@ def fragment_text(plan: HpoPlan, best: dict[str, Best | Ranking], sha: str) -> s
         entry: dict[str, dict[str, Any]] = {}
         for key, value in found.config.items():
             section, _, name = key.partition(".")
-            entry.setdefault(section, {})[name] = _plain(value)
+            entry.setdefault(section, {})[name] = plain_value(value)
         body["datasets"][dataset] = entry
     t = plan.tune
     lines = [
@@ -129,17 +129,18 @@ def stamp(path: Path) -> Stamp:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def refuse_if_tuned(plan: HpoPlan, seen: Stamp, *, overwrite: bool) -> None:
-    """Under the lease, before anything runs: ``FragmentExistsError`` when the fragment exists
-    and ``--overwrite`` was not given, or when it changed since this command looked (``seen``):
-    another driver of the same file tuned while this one waited for the lease."""
-    now = stamp(plan.output)
+def refuse_if_tuned(output: Path, name: str, seen: Stamp, *, overwrite: bool) -> None:
+    """Under the lease, before anything runs: ``FragmentExistsError`` when the fragment
+    ``output`` of HPO ``name`` exists and ``--overwrite`` was not given, or when it changed since
+    this command looked (``seen``): another driver of the same file tuned while this one waited
+    for the lease."""
+    now = stamp(output)
     if now is None or (overwrite and now == seen):
         return
     if now == seen:
-        raise FragmentExistsError(exists_message(plan.output))
+        raise FragmentExistsError(exists_message(output))
     raise FragmentExistsError(
-        f"{plan.output} was written by another driver of HPO {plan.spec.name!r} after this "
+        f"{output} was written by another driver of HPO {name!r} after this "
         "command started (it tuned while this one waited for the lease): nothing was run and "
         "the fragment is left as that driver wrote it. Run the command again with --overwrite "
         "only to tune again and replace it"

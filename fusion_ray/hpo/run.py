@@ -229,7 +229,7 @@ def run_hpo(
         take_over=take_over,
         resume="it tunes from the start",
     ) as session:
-        refuse_if_tuned(plan, seen, overwrite=overwrite)
+        refuse_if_tuned(plan.output, spec.name, seen, overwrite=overwrite)
         session.open_parent(str(plan.path), _parent_params(plan, rehearsed))
         with session.driving():
             best = {

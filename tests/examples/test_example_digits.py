@@ -1,7 +1,7 @@
 """The example trainable package (examples/digits), installed as a user would: its own tests
 (fusion-ray's contract suite on ``digits_mlp``, the pairing by the seed) pass, fusion-ray's
 contract test over every registered trainable covers it, and ``fusion-ray list`` shows it with
-its package."""
+its package; its tuning file is checked against its sweep."""
 
 from __future__ import annotations
 
@@ -88,3 +88,16 @@ def test_the_examples_adaptive_sweep_runs_end_to_end_through_the_report(site, tm
     assert "report/report.md" in logged and "decisions.csv" in {
         a.path for a in client.list_artifacts(parent.info.run_id)
     }
+
+
+def test_the_examples_tuning_file_is_checked_against_its_sweep(site):
+    """``fusion-ray hpo examples/digits/sweeps/hpo/tune_lr.yaml --dry-run``: the installed
+    trainable, the comparison's seeds (the tuning seed none of them) and what is searched."""
+    proc = _run(
+        site, "-m", "fusion_ray.hpo", "examples/digits/sweeps/hpo/tune_lr.yaml", "--dry-run"
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "8 Optuna settings of trainable digits_mlp at seed 1000" in proc.stdout
+    assert (
+        "for ../label_smoothing.yaml (seeds [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]" in proc.stdout
+    )

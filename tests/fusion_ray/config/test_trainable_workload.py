@@ -105,6 +105,7 @@ def test_a_trainables_reports_become_results_with_its_own_metric_names():
         ["loss"], ["loss"], ["loss", "epoch"], ["acc", "loss"],
     ]  # fmt: skip
     assert sent[1][1] == "/ckpt" and TrialResult.of(sent[3][0]).final
+    assert [r["step"] for r, _ in sent[:3]] == [0.0, 7.0, 9.0]  # the step always goes with it
     with pytest.raises(ValueError, match=r"\['final'\] are names the sweep's results use"):
         sink({"final": 1.0}, None)
 

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from tests.conftest import ROOT, tiny_sweep
 from tests.helpers import (
     MLFLOW_SERVER_ENV,
+    SCENARIO_HANG_S,
     UNINTERRUPTED_METRICS,
     install_held_add,
     process_ended,
@@ -32,7 +33,9 @@ from tests.helpers import (
     wait_until_held,
 )
 
-pytestmark = pytest.mark.process
+# the multi-node scenarios' own guard (SCENARIO_HANG_S) fails a hung one with its output,
+# before the process tier's time limit would
+pytestmark = [pytest.mark.process, pytest.mark.timeout(SCENARIO_HANG_S + 300)]
 
 
 def _env(data_cache: str, ray_session=None) -> dict[str, str]:

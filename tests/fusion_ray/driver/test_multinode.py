@@ -21,9 +21,11 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, tiny_sweep
-from tests.helpers import run_with_hang_guard
+from tests.helpers import SCENARIO_HANG_S, run_with_hang_guard
 
-pytestmark = pytest.mark.process
+# the multi-node scenarios' own guard (SCENARIO_HANG_S) fails a hung one with its output,
+# before the process tier's time limit would
+pytestmark = [pytest.mark.process, pytest.mark.timeout(SCENARIO_HANG_S + 300)]
 
 DRIVER_RESOURCE = "fusion_ray_driver"
 

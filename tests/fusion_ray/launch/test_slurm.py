@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -50,7 +50,7 @@ from tests.helpers import install_held_add, wait_until_held
 
 SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/local/sbin"])
 DAEMONS = ("munged", "slurmctld", "slurmd")
-CLIENTS = ("sbatch", "scontrol", "srun", "sinfo")
+CLIENTS = ("sbatch", "scontrol", "srun", "sinfo", "squeue", "scancel")
 NODE_IP = "127.0.0.2"
 #: Epochs of the held tests' cells: the held cell waits after the first, and its run must show
 #: the rest continued from that epoch's checkpoint.
@@ -204,6 +204,8 @@ class Slurm:
     root: Path
     env: dict[str, str]
     pids: list[int]
+    submitted: list[str] = field(default_factory=list)
+    """Every job id ``sbatch`` returned, in order (the ``slurm`` fixture cancels a test's own)."""
 
     def run(self, *args: str, check: bool = True) -> str:
         done = subprocess.run(args, env=self.env, capture_output=True, text=True, timeout=60)
@@ -217,7 +219,20 @@ class Slurm:
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
-        return done.stdout.strip().split(";")[0]
+        job_id = done.stdout.strip().split(";")[0]
+        self.submitted.append(job_id)
+        return job_id
+
+    def cancel(self, job_ids: list[str], timeout: float = 120) -> None:
+        """Cancel ``job_ids`` (those that ended already are left as they are) and wait until none
+        is queued or running, so the nodes are free for the next test."""
+        self.run("scancel", *job_ids, check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = self.run("squeue", "-h", "-o", "%i", "-j", ",".join(job_ids), check=False)
+            if not out.split():
+                return
+            time.sleep(0.5)
 
     def job(self, job_id: str) -> dict[str, str]:
         out = self.run("scontrol", "show", "job", "-o", job_id)
@@ -374,8 +389,20 @@ def _stop(slurm: Slurm) -> None:
             time.sleep(0.2)
 
 
+@pytest.fixture
+def slurm(slurm_daemons: Slurm) -> Iterator[Slurm]:
+    """The module's SLURM (``slurm_daemons``). The jobs a test submitted are cancelled when it
+    ends: a test that failed while its job waits (a held trial) leaves the nodes free, rather
+    than the next test's job pending behind it until that test's own deadline."""
+    before = len(slurm_daemons.submitted)
+    yield slurm_daemons
+    mine = slurm_daemons.submitted[before:]
+    if mine:
+        slurm_daemons.cancel(mine)
+
+
 @pytest.fixture(scope="module")
-def slurm() -> Iterator[Slurm]:
+def slurm_daemons() -> Iterator[Slurm]:
     reason = _missing()
     if reason:
         pytest.skip(reason)
